@@ -1,0 +1,731 @@
+//! Versioned, authenticated cursor codec: the SSE event id clients see.
+//!
+//! Binary layout (version 1), all integers big-endian unless noted:
+//!
+//! | field            | size      | notes                                                   |
+//! |------------------|-----------|---------------------------------------------------------|
+//! | version          | 1         | [`CURSOR_VERSION`]                                      |
+//! | key id           | 1         | which key of the [`Keyring`] made the MAC               |
+//! | session binding  | 8         | [`session_binding`] of the session id                   |
+//! | incarnation      | 8         | u64 BE, the stream incarnation                          |
+//! | kind             | 1         | [`StreamKind::as_u8`]                                   |
+//! | seq              | 1..=10    | u64 as LEB128, minimal encoding only                    |
+//! | replica id len   | 1         | 0..=[`MAX_REPLICA_ID_BYTES`], or 0xFF = not embedded    |
+//! | replica id       | len       | UTF-8 bytes of the replica's own event id               |
+//! | MAC              | 16        | first 16 bytes of HMAC-SHA256(key, all bytes before it) |
+//!
+//! Text form: base64 URL-safe alphabet without padding, so it is a valid SSE id and HTTP
+//! header value. With a replica id of up to ~34 bytes the MAC input stays within 55 bytes,
+//! i.e. one SHA-256 block after the precomputed key pads.
+//!
+//! The owner's address is never part of a cursor. Decoding checks, in order: length, base64,
+//! version, key id, MAC (constant time), then the fields strictly.
+
+use std::fmt;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::ownership::StreamKind;
+
+pub const CURSOR_VERSION: u8 = 1;
+/// Longer replica ids are not embedded (`replica_event_id = None`); the guard's records still map seq to them.
+pub const MAX_REPLICA_ID_BYTES: usize = 128;
+/// Length of the truncated HMAC-SHA256 tag.
+pub const MAC_BYTES: usize = 16;
+
+const NOT_EMBEDDED: u8 = 0xFF;
+const FIXED_HEAD: usize = 1 + 1 + 8 + 8 + 1;
+const MAX_VARINT: usize = 10;
+/// Largest binary cursor: fixed head, longest varint, length byte, longest replica id, MAC.
+pub const MAX_CURSOR_BYTES: usize = FIXED_HEAD + MAX_VARINT + 1 + MAX_REPLICA_ID_BYTES + MAC_BYTES;
+/// Smallest binary cursor: one-byte varint, no replica id.
+const MIN_CURSOR_BYTES: usize = FIXED_HEAD + 1 + 1 + MAC_BYTES;
+/// Any longer `Last-Event-ID` is rejected before decoding (unpadded base64 of [`MAX_CURSOR_BYTES`]).
+pub const MAX_CURSOR_CHARS: usize = (MAX_CURSOR_BYTES * 4).div_ceil(3);
+// base64's decode_slice wants room for its whole-quantum estimate.
+const DECODE_BUF: usize = MAX_CURSOR_CHARS.div_ceil(4) * 3;
+
+/// One HMAC key. The secret is used directly as the HMAC-SHA256 key; its minimum length
+/// (32 bytes) is enforced by the config loader.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key {
+    pub id: u8,
+    pub secret: Vec<u8>,
+}
+
+impl fmt::Debug for Key {
+    // Never print secrets into logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyringError {
+    /// Two keys share this id, so a cursor's key id would be ambiguous.
+    DuplicateKeyId(u8),
+    /// The HMAC implementation refused this key.
+    InvalidKey(u8),
+}
+
+impl fmt::Display for KeyringError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyringError::DuplicateKeyId(id) => write!(f, "duplicate key id {id}"),
+            KeyringError::InvalidKey(id) => write!(f, "invalid key {id}"),
+        }
+    }
+}
+
+impl std::error::Error for KeyringError {}
+
+/// One active key that signs, plus verify-only keys kept during rotation.
+#[derive(Clone)]
+pub struct Keyring {
+    active: u8,
+    // Pre-keyed HMAC states: cloning one skips hashing the key pads on every cursor.
+    keys: Vec<(u8, Hmac<Sha256>)>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ids: Vec<u8> = self.keys.iter().map(|(id, _)| *id).collect();
+        f.debug_struct("Keyring")
+            .field("active", &self.active)
+            .field("key_ids", &ids)
+            .finish()
+    }
+}
+
+/// The fields of a cursor to encode; borrows the replica's event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor<'a> {
+    pub session: [u8; 8],
+    pub incarnation: u64,
+    pub kind: StreamKind,
+    pub seq: u64,
+    /// Embedded only when at most [`MAX_REPLICA_ID_BYTES`] long; otherwise decodes as `None`.
+    pub replica_event_id: Option<&'a str>,
+}
+
+/// A verified cursor. The session binding is not checked here (the caller knows the session).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedCursor {
+    pub key_id: u8,
+    pub session: [u8; 8],
+    pub incarnation: u64,
+    pub kind: StreamKind,
+    pub seq: u64,
+    pub replica_event_id: Option<String>,
+}
+
+impl DecodedCursor {
+    /// Whether this cursor was minted for `session_id`.
+    pub fn is_bound_to(&self, session_id: &[u8]) -> bool {
+        self.session == session_binding(session_id)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorError {
+    TooLong,
+    Malformed,
+    UnknownVersion,
+    UnknownKey,
+    BadMac,
+}
+
+impl CursorError {
+    /// Short name for logs and stats.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CursorError::TooLong => "too_long",
+            CursorError::Malformed => "malformed",
+            CursorError::UnknownVersion => "unknown_version",
+            CursorError::UnknownKey => "unknown_key",
+            CursorError::BadMac => "bad_mac",
+        }
+    }
+}
+
+impl fmt::Display for CursorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for CursorError {}
+
+impl Keyring {
+    pub fn new(active: Key, verify_only: Vec<Key>) -> Result<Keyring, KeyringError> {
+        let mut keys: Vec<(u8, Hmac<Sha256>)> = Vec::with_capacity(1 + verify_only.len());
+        for key in std::iter::once(&active).chain(verify_only.iter()) {
+            if keys.iter().any(|(id, _)| *id == key.id) {
+                return Err(KeyringError::DuplicateKeyId(key.id));
+            }
+            let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.secret)
+                .map_err(|_| KeyringError::InvalidKey(key.id))?;
+            keys.push((key.id, mac));
+        }
+        Ok(Keyring {
+            active: active.id,
+            keys,
+        })
+    }
+
+    pub fn active_id(&self) -> u8 {
+        self.active
+    }
+
+    /// Ids of all keys that verify, the active one first.
+    pub fn key_ids(&self) -> impl Iterator<Item = u8> + '_ {
+        self.keys.iter().map(|(id, _)| *id)
+    }
+
+    fn mac_for(&self, id: u8) -> Option<&Hmac<Sha256>> {
+        self.keys.iter().find(|(k, _)| *k == id).map(|(_, m)| m)
+    }
+
+    /// Encodes with the active key.
+    pub fn encode(&self, c: &Cursor<'_>) -> String {
+        let mut s = String::with_capacity(MAX_CURSOR_CHARS);
+        self.encode_into(c, &mut s);
+        s
+    }
+
+    /// Appends the text cursor to `out`; allocates only if `out` must grow.
+    pub fn encode_into(&self, c: &Cursor<'_>, out: &mut String) {
+        let mut buf = Buf::new();
+        buf.push(&[CURSOR_VERSION, self.active]);
+        buf.push(&c.session);
+        buf.push(&c.incarnation.to_be_bytes());
+        buf.push(&[c.kind.as_u8()]);
+        let mut v = [0u8; MAX_VARINT];
+        let n = write_varint(c.seq, &mut v);
+        buf.push(v.get(..n).unwrap_or_default());
+        match c.replica_event_id {
+            Some(r) if r.len() <= MAX_REPLICA_ID_BYTES => {
+                // Fits in u8 since MAX_REPLICA_ID_BYTES < 0xFF.
+                buf.push(&[r.len() as u8]);
+                buf.push(r.as_bytes());
+            }
+            _ => buf.push(&[NOT_EMBEDDED]),
+        }
+        if let Some(mac) = self.mac_for(self.active) {
+            let mut mac = mac.clone();
+            mac.update(buf.bytes());
+            let tag = mac.finalize().into_bytes();
+            buf.push(tag.get(..MAC_BYTES).unwrap_or_default());
+        }
+        out.reserve((buf.len * 4).div_ceil(3));
+        URL_SAFE_NO_PAD.encode_string(buf.bytes(), out);
+    }
+
+    /// Verifies and parses a text cursor with whichever key of the ring its key id names.
+    pub fn decode(&self, text: &str) -> Result<DecodedCursor, CursorError> {
+        if text.len() > MAX_CURSOR_CHARS {
+            return Err(CursorError::TooLong);
+        }
+        let mut raw = [0u8; DECODE_BUF];
+        let n = URL_SAFE_NO_PAD
+            .decode_slice(text.as_bytes(), &mut raw)
+            .map_err(|_| CursorError::Malformed)?;
+        let bytes = raw.get(..n).ok_or(CursorError::Malformed)?;
+        match bytes.first() {
+            None => return Err(CursorError::Malformed),
+            Some(&CURSOR_VERSION) => {}
+            Some(_) => return Err(CursorError::UnknownVersion),
+        }
+        let key_id = *bytes.get(1).ok_or(CursorError::Malformed)?;
+        let mac = self.mac_for(key_id).ok_or(CursorError::UnknownKey)?;
+        if n < MIN_CURSOR_BYTES {
+            return Err(CursorError::Malformed);
+        }
+        let (body, tag) = bytes
+            .split_at_checked(n - MAC_BYTES)
+            .ok_or(CursorError::Malformed)?;
+        let mut mac = mac.clone();
+        mac.update(body);
+        mac.verify_truncated_left(tag)
+            .map_err(|_| CursorError::BadMac)?;
+        parse_body(key_id, body)
+    }
+}
+
+/// Parses the MAC-verified body; any deviation from the layout is `Malformed`.
+fn parse_body(key_id: u8, body: &[u8]) -> Result<DecodedCursor, CursorError> {
+    let mut r = Reader(body);
+    r.take(2)?; // version and key id, already checked
+    let session: [u8; 8] = r.array()?;
+    let incarnation = u64::from_be_bytes(r.array()?);
+    let kind = StreamKind::from_u8(r.byte()?).ok_or(CursorError::Malformed)?;
+    let seq = read_varint(&mut r)?;
+    let replica_event_id = match r.byte()? {
+        NOT_EMBEDDED => None,
+        len if usize::from(len) <= MAX_REPLICA_ID_BYTES => {
+            let b = r.take(usize::from(len))?;
+            Some(
+                std::str::from_utf8(b)
+                    .map_err(|_| CursorError::Malformed)?
+                    .to_owned(),
+            )
+        }
+        _ => return Err(CursorError::Malformed),
+    };
+    if !r.0.is_empty() {
+        return Err(CursorError::Malformed);
+    }
+    Ok(DecodedCursor {
+        key_id,
+        session,
+        incarnation,
+        kind,
+        seq,
+        replica_event_id,
+    })
+}
+
+/// Fixed-size encode buffer; writes past the end are impossible by construction and ignored.
+struct Buf {
+    b: [u8; MAX_CURSOR_BYTES],
+    len: usize,
+}
+
+impl Buf {
+    fn new() -> Self {
+        Buf {
+            b: [0; MAX_CURSOR_BYTES],
+            len: 0,
+        }
+    }
+    fn push(&mut self, s: &[u8]) {
+        if let Some(dst) = self.b.get_mut(self.len..self.len + s.len()) {
+            dst.copy_from_slice(s);
+            self.len += s.len();
+        }
+    }
+    fn bytes(&self) -> &[u8] {
+        self.b.get(..self.len).unwrap_or_default()
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CursorError> {
+        let (head, rest) = self.0.split_at_checked(n).ok_or(CursorError::Malformed)?;
+        self.0 = rest;
+        Ok(head)
+    }
+    fn byte(&mut self) -> Result<u8, CursorError> {
+        let (&b, rest) = self.0.split_first().ok_or(CursorError::Malformed)?;
+        self.0 = rest;
+        Ok(b)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CursorError> {
+        self.take(N)?.try_into().map_err(|_| CursorError::Malformed)
+    }
+}
+
+fn write_varint(mut v: u64, out: &mut [u8; MAX_VARINT]) -> usize {
+    let mut n = 0;
+    for slot in out.iter_mut() {
+        let low = (v & 0x7F) as u8;
+        v >>= 7;
+        n += 1;
+        if v == 0 {
+            *slot = low;
+            break;
+        }
+        *slot = low | 0x80;
+    }
+    n
+}
+
+/// Strict LEB128: at most 10 bytes, no overflow, no redundant trailing zero groups.
+fn read_varint(r: &mut Reader<'_>) -> Result<u64, CursorError> {
+    let mut v: u64 = 0;
+    for i in 0..MAX_VARINT {
+        let b = r.byte()?;
+        let low = u64::from(b & 0x7F);
+        let shift = 7 * i as u32;
+        // The 10th byte may only carry the top bit of a u64.
+        if i == MAX_VARINT - 1 && low > 1 {
+            return Err(CursorError::Malformed);
+        }
+        v |= low << shift;
+        if b & 0x80 == 0 {
+            // A zero final group after the first byte means a non-minimal encoding.
+            if i > 0 && low == 0 {
+                return Err(CursorError::Malformed);
+            }
+            return Ok(v);
+        }
+    }
+    Err(CursorError::Malformed)
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+/// First 8 bytes of SHA-256(session id): binds a cursor to its session without revealing it.
+pub fn session_binding(session_id: &[u8]) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    if let Some(h) = sha256(session_id).get(..8) {
+        out.copy_from_slice(h);
+    }
+    out
+}
+
+/// Lowercase hex of the first 16 bytes of SHA-256(session id): the store key of a session.
+pub fn session_key(session_id: &[u8]) -> String {
+    let h = sha256(session_id);
+    let mut s = String::with_capacity(32);
+    push_hex(h.get(..16).unwrap_or_default(), &mut s);
+    s
+}
+
+/// 16 lowercase hex chars.
+pub fn incarnation_hex(id: u64) -> String {
+    let mut s = String::with_capacity(16);
+    push_hex(&id.to_be_bytes(), &mut s);
+    s
+}
+
+/// Inverse of [`incarnation_hex`]; accepts exactly 16 lowercase hex chars.
+pub fn parse_incarnation_hex(s: &str) -> Option<u64> {
+    if s.len() != 16 {
+        return None;
+    }
+    s.bytes().try_fold(0u64, |acc, c| {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => return None,
+        };
+        Some((acc << 4) | u64::from(d))
+    })
+}
+
+fn push_hex(bytes: &[u8], s: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        for nib in [b >> 4, b & 0x0F] {
+            s.push(char::from(HEX.get(usize::from(nib)).copied().unwrap_or(b'0')));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: u8, fill: u8) -> Key {
+        Key {
+            id,
+            secret: vec![fill; 32],
+        }
+    }
+
+    fn ring(id: u8, fill: u8) -> Keyring {
+        match Keyring::new(key(id, fill), vec![]) {
+            Ok(r) => r,
+            Err(e) => unreachable!("{e}"),
+        }
+    }
+
+    fn sample(replica: Option<&str>) -> Cursor<'_> {
+        Cursor {
+            session: session_binding(b"sess-1"),
+            incarnation: 0x0102_0304_0506_0708,
+            kind: StreamKind::Request,
+            seq: 300,
+            replica_event_id: replica,
+        }
+    }
+
+    fn same(c: &Cursor<'_>, d: &DecodedCursor) -> bool {
+        c.session == d.session
+            && c.incarnation == d.incarnation
+            && c.kind == d.kind
+            && c.seq == d.seq
+            && c.replica_event_id == d.replica_event_id.as_deref()
+    }
+
+    /// Decodes text into raw bytes (test helper).
+    fn raw(text: &str) -> Vec<u8> {
+        URL_SAFE_NO_PAD.decode(text).unwrap_or_default()
+    }
+
+    /// Builds a cursor body by hand and signs it, to reach post-MAC parse errors.
+    fn signed(key_fill: u8, key_id: u8, body: &[u8]) -> String {
+        let mut b = vec![CURSOR_VERSION, key_id];
+        b.extend_from_slice(body);
+        let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(&[key_fill; 32]) {
+            Ok(m) => m,
+            Err(_) => unreachable!(),
+        };
+        mac.update(&b);
+        let tag = mac.finalize().into_bytes();
+        b.extend_from_slice(&tag[..MAC_BYTES]);
+        URL_SAFE_NO_PAD.encode(b)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn round_trip() {
+        let r = ring(7, 0xAB);
+        for replica in [None, Some(""), Some("_GET_stream_1712_abc"), Some("é/1")] {
+            let c = sample(replica);
+            let text = r.encode(&c);
+            assert!(text.len() <= MAX_CURSOR_CHARS);
+            assert!(text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+            let d = r.decode(&text);
+            assert!(matches!(&d, Ok(d) if same(&c, d) && d.key_id == 7), "{d:?}");
+        }
+        let mut s = String::from("prefix:");
+        r.encode_into(&sample(None), &mut s);
+        assert!(s.starts_with("prefix:"));
+        assert_eq!(&s[7..], r.encode(&sample(None)));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn extremes_round_trip_and_fit_the_bound() {
+        let r = ring(0, 1);
+        let long = "x".repeat(MAX_REPLICA_ID_BYTES);
+        let c = Cursor {
+            session: [0xFF; 8],
+            incarnation: u64::MAX,
+            kind: StreamKind::Get,
+            seq: u64::MAX,
+            replica_event_id: Some(&long),
+        };
+        let text = r.encode(&c);
+        assert_eq!(text.len(), MAX_CURSOR_CHARS);
+        assert!(matches!(r.decode(&text), Ok(d) if same(&c, &d)));
+        let c0 = Cursor {
+            seq: 0,
+            ..sample(None)
+        };
+        assert!(matches!(r.decode(&r.encode(&c0)), Ok(d) if same(&c0, &d)));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn overlong_replica_id_is_not_embedded() {
+        let r = ring(1, 2);
+        let long = "y".repeat(MAX_REPLICA_ID_BYTES + 1);
+        let text = r.encode(&sample(Some(&long)));
+        assert!(matches!(r.decode(&text), Ok(d) if d.replica_event_id.is_none() && d.seq == 300));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn every_error_is_reachable() {
+        let r = ring(3, 9);
+        let good = r.encode(&sample(Some("ev-1")));
+        assert_eq!(
+            r.decode(&"A".repeat(MAX_CURSOR_CHARS + 1)),
+            Err(CursorError::TooLong)
+        );
+        assert_eq!(r.decode(""), Err(CursorError::Malformed));
+        assert_eq!(r.decode("not base64!"), Err(CursorError::Malformed));
+        assert_eq!(r.decode(&format!("{good}=")), Err(CursorError::Malformed));
+        // Version 2 with an otherwise valid shape.
+        let mut b = raw(&good);
+        b[0] = 2;
+        assert_eq!(
+            r.decode(&URL_SAFE_NO_PAD.encode(&b)),
+            Err(CursorError::UnknownVersion)
+        );
+        let other = ring(4, 9);
+        assert_eq!(other.decode(&good), Err(CursorError::UnknownKey));
+        let mut b = raw(&good);
+        let last = b.len() - 1;
+        b[last] ^= 1;
+        assert_eq!(
+            r.decode(&URL_SAFE_NO_PAD.encode(&b)),
+            Err(CursorError::BadMac)
+        );
+        // Validly signed but structurally wrong bodies.
+        let head = |kind: u8| {
+            let mut v = vec![0u8; 16];
+            v.push(kind);
+            v
+        };
+        let mut bad_kind = head(9);
+        bad_kind.extend_from_slice(&[1, NOT_EMBEDDED]);
+        let mut trailing = head(0);
+        trailing.extend_from_slice(&[1, NOT_EMBEDDED, 0]);
+        let mut nonminimal = head(0);
+        nonminimal.extend_from_slice(&[0x81, 0x00, NOT_EMBEDDED]);
+        let mut overflow = head(0);
+        overflow.extend_from_slice(&[0xFF; 9]);
+        overflow.extend_from_slice(&[0x02, NOT_EMBEDDED]);
+        let mut bad_len = head(0);
+        bad_len.extend_from_slice(&[1, 129, b'a']);
+        let mut bad_utf8 = head(0);
+        bad_utf8.extend_from_slice(&[1, 1, 0xFF]);
+        let mut short_id = head(0);
+        short_id.extend_from_slice(&[1, 5, b'a']);
+        for body in [
+            bad_kind, trailing, nonminimal, overflow, bad_len, bad_utf8, short_id,
+        ] {
+            let text = signed(9, 3, &body);
+            assert_eq!(r.decode(&text), Err(CursorError::Malformed), "{body:?}");
+        }
+        let mut ok = head(0);
+        ok.extend_from_slice(&[0x80, 0x01, NOT_EMBEDDED]);
+        assert!(matches!(r.decode(&signed(9, 3, &ok)), Ok(d) if d.seq == 128));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn key_rotation() {
+        let old = ring(1, 0x11);
+        let text = old.encode(&sample(Some("a")));
+        let rotated = match Keyring::new(key(2, 0x22), vec![key(1, 0x11)]) {
+            Ok(r) => r,
+            Err(e) => unreachable!("{e}"),
+        };
+        assert_eq!(rotated.active_id(), 2);
+        assert!(matches!(rotated.decode(&text), Ok(d) if d.key_id == 1));
+        let fresh = rotated.encode(&sample(Some("a")));
+        assert!(matches!(rotated.decode(&fresh), Ok(d) if d.key_id == 2));
+        assert_eq!(ring(2, 0x22).decode(&text), Err(CursorError::UnknownKey));
+        assert_eq!(old.decode(&fresh), Err(CursorError::UnknownKey));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn same_key_id_other_secret_is_bad_mac() {
+        let text = ring(5, 0x01).encode(&sample(None));
+        assert_eq!(ring(5, 0x02).decode(&text), Err(CursorError::BadMac));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn duplicate_key_ids_are_refused() {
+        assert_eq!(
+            Keyring::new(key(1, 1), vec![key(2, 2), key(1, 3)]).err(),
+            Some(KeyringError::DuplicateKeyId(1))
+        );
+        assert!(format!("{:?}", key(1, 0x41)).contains("redacted"));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn session_helpers() {
+        // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
+        assert_eq!(session_key(b"abc"), "ba7816bf8f01cfea414140de5dae2223");
+        assert_eq!(
+            session_binding(b"abc"),
+            [0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea]
+        );
+        let d = DecodedCursor {
+            key_id: 0,
+            session: session_binding(b"abc"),
+            incarnation: 0,
+            kind: StreamKind::Get,
+            seq: 0,
+            replica_event_id: None,
+        };
+        assert!(d.is_bound_to(b"abc"));
+        assert!(!d.is_bound_to(b"abd"));
+        assert_eq!(incarnation_hex(0xdead_beef), "00000000deadbeef");
+        assert_eq!(parse_incarnation_hex("00000000deadbeef"), Some(0xdead_beef));
+        assert_eq!(parse_incarnation_hex(&incarnation_hex(u64::MAX)), Some(u64::MAX));
+        for bad in ["00000000DEADBEEF", "deadbeef", "+0000000deadbeef", "00000000deadbeeg", ""] {
+            assert_eq!(parse_incarnation_hex(bad), None, "{bad}");
+        }
+        assert_eq!(CursorError::BadMac.to_string(), "bad_mac");
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn kind() -> impl Strategy<Value = StreamKind> {
+            prop_oneof![Just(StreamKind::Get), Just(StreamKind::Request)]
+        }
+
+        fn fields() -> impl Strategy<Value = ([u8; 8], u64, StreamKind, u64, Option<String>)> {
+            (
+                any::<[u8; 8]>(),
+                any::<u64>(),
+                kind(),
+                prop_oneof![any::<u64>(), 0u64..300],
+                proptest::option::of(".{0,140}"),
+            )
+        }
+
+        proptest! {
+            #[test]
+            fn round_trips((session, incarnation, kind, seq, replica) in fields(), id in any::<u8>(), fill in any::<u8>()) {
+                let r = ring(id, fill);
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let text = r.encode(&c);
+                prop_assert!(text.len() <= MAX_CURSOR_CHARS);
+                let d = r.decode(&text);
+                prop_assert!(d.is_ok(), "{:?}", d);
+                let d = d.unwrap_or_else(|_| unreachable!());
+                let embeds = replica.as_ref().is_some_and(|s| s.len() <= MAX_REPLICA_ID_BYTES);
+                prop_assert_eq!(d.replica_event_id.is_some(), embeds);
+                if embeds {
+                    prop_assert!(same(&c, &d));
+                }
+                prop_assert_eq!((d.session, d.incarnation, d.kind, d.seq, d.key_id), (session, incarnation, kind, seq, id));
+            }
+
+            #[test]
+            fn any_bit_flip_is_rejected((session, incarnation, kind, seq, replica) in fields(), bit in any::<prop::sample::Index>()) {
+                let r = ring(1, 0x5A);
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let mut b = raw(&r.encode(&c));
+                let i = bit.index(b.len() * 8);
+                b[i / 8] ^= 1 << (i % 8);
+                prop_assert!(r.decode(&URL_SAFE_NO_PAD.encode(&b)).is_err());
+            }
+
+            #[test]
+            fn any_truncation_is_rejected((session, incarnation, kind, seq, replica) in fields(), cut in any::<prop::sample::Index>()) {
+                let r = ring(1, 0x5A);
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let text = r.encode(&c);
+                let bytes = raw(&text);
+                let keep = cut.index(bytes.len());
+                prop_assert!(r.decode(&URL_SAFE_NO_PAD.encode(&bytes[..keep])).is_err());
+                let keep_chars = cut.index(text.len());
+                prop_assert!(r.decode(&text[..keep_chars]).is_err());
+            }
+
+            #[test]
+            fn other_key_is_rejected((session, incarnation, kind, seq, replica) in fields(), a in any::<[u8; 32]>(), b in any::<[u8; 32]>()) {
+                prop_assume!(a != b);
+                let ra = Keyring::new(Key { id: 1, secret: a.to_vec() }, vec![]).unwrap_or_else(|_| unreachable!());
+                let rb = Keyring::new(Key { id: 1, secret: b.to_vec() }, vec![]).unwrap_or_else(|_| unreachable!());
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                prop_assert_eq!(rb.decode(&ra.encode(&c)), Err(CursorError::BadMac));
+            }
+
+            #[test]
+            fn random_text_never_panics(s in "\\PC{0,300}", t in "[A-Za-z0-9_-]{0,240}") {
+                let r = ring(1, 0x5A);
+                let _ = r.decode(&s);
+                // Mostly well-formed base64 reaches the MAC check.
+                prop_assert!(r.decode(&t).is_err());
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The seed's decision procedure, as a pure function over what the store knows.
+//!
+//! Order matters and follows the seed: session, ownership, contiguity, incarnation.
+//! The first failing condition names the reason.
+use crate::cursor::{session_binding, DecodedCursor, Keyring};
+use crate::ownership::{Reason, StreamKind};
+
+/// Lifecycle of a session as the store knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    Active,
+    Terminated,
+    Expired,
+}
+
+/// What the store knows about the cursor's incarnation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncarnationFacts {
+    pub kind: StreamKind,
+    /// The owner failed a continuation, or was marked gone after this incarnation opened.
+    pub owner_lost: bool,
+    /// A newer standalone GET stream of the session replaced this one.
+    pub superseded: bool,
+    /// Highest sequence number recorded so far.
+    pub head: u64,
+    /// Events per stream the owner retains (its ring size); 0 = unknown, no local gap check.
+    pub retention: u64,
+    /// Lowest sequence the owner still holds, when the replica reported a trim; 0 = unknown.
+    pub retained_from: u64,
+}
+
+/// Decide whether a cursor at `seq` may continue its incarnation.
+///
+/// `Ok(())` means: forward to the owner with the cursor. `Err(reason)` means a new stream.
+pub fn decide(
+    session: Option<SessionState>,
+    incarnation: Option<&IncarnationFacts>,
+    kind: StreamKind,
+    seq: u64,
+) -> Result<(), Reason> {
+    // 1. Session: active, not expired, not terminated.
+    if session != Some(SessionState::Active) {
+        return Err(Reason::SessionInactive);
+    }
+    // 2. Ownership: some incarnation owns this cursor and its owner still holds the log.
+    let inc = match incarnation {
+        Some(inc) if inc.kind == kind => inc,
+        _ => return Err(Reason::UnknownStream),
+    };
+    if seq > inc.head {
+        // The cursor is ahead of the records: they were lost or have not landed.
+        return Err(Reason::UnknownStream);
+    }
+    if inc.owner_lost {
+        return Err(Reason::OwnerUnavailable);
+    }
+    // 3. Contiguity: every event from seq+1 to head must still be retained.
+    if inc.retention > 0 && inc.head - seq > inc.retention {
+        return Err(Reason::Gap);
+    }
+    if inc.retained_from > 0 && seq + 1 < inc.retained_from {
+        return Err(Reason::Gap);
+    }
+    // 4. Incarnation: not superseded by a newer stream.
+    if inc.superseded {
+        return Err(Reason::Superseded);
+    }
+    Ok(())
+}
+
+
+/// The first protocol revision without resumption ("ignore it; streams are not resumable").
+pub const FIRST_UNRESUMABLE_VERSION: &str = "2026-07-28";
+/// The revision to assume when `MCP-Protocol-Version` is absent (the spec's rule).
+pub const DEFAULT_VERSION: &str = "2025-03-26";
+
+/// Can a request of this protocol revision resume a stream? A malformed value is not
+/// resumable: the cursor is stripped and the replica answers its own 400.
+pub fn version_resumable(version: Option<&str>) -> bool {
+    let v = version.map(str::trim).unwrap_or(DEFAULT_VERSION);
+    let b = v.as_bytes();
+    let is_date = b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            _ => c.is_ascii_digit(),
+        });
+    is_date && v < FIRST_UNRESUMABLE_VERSION
+}
+
+/// The request facts the local checks need, read from headers.
+#[derive(Debug, Clone, Copy)]
+pub struct CursorRequest<'a> {
+    pub is_get: bool,
+    pub last_event_id: &'a str,
+    pub session_id: Option<&'a str>,
+    pub protocol_version: Option<&'a str>,
+}
+
+/// Outcome of the checks the guard makes before any callout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalVerdict {
+    /// Authentic and bound to this session: ask the ownership cluster.
+    Ask(DecodedCursor),
+    /// Refused without a callout. `kind` is the cursor's stream kind when it could be read.
+    Refuse {
+        reason: Reason,
+        kind: Option<StreamKind>,
+    },
+}
+
+/// Version, method, format/MAC/key, then session binding; in that order.
+pub fn check_locally(keys: &Keyring, req: &CursorRequest<'_>) -> LocalVerdict {
+    let refuse = |reason, kind| LocalVerdict::Refuse { reason, kind };
+    if !version_resumable(req.protocol_version) {
+        return refuse(Reason::NotResumableVersion, None);
+    }
+    if !req.is_get {
+        // Legacy clients carry cursors across sessions, even on POST: never let one eat a body.
+        return refuse(Reason::PostCursor, None);
+    }
+    let cursor = match keys.decode(req.last_event_id) {
+        Ok(c) => c,
+        Err(_) => return refuse(Reason::ForeignCursor, None),
+    };
+    let kind = Some(cursor.kind);
+    match req.session_id {
+        None => refuse(Reason::SessionInactive, kind),
+        Some(sid) if session_binding(sid.as_bytes()) != cursor.session => {
+            refuse(Reason::SessionMismatch, kind)
+        }
+        Some(_) => LocalVerdict::Ask(cursor),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inc() -> IncarnationFacts {
+        IncarnationFacts {
+            kind: StreamKind::Get,
+            owner_lost: false,
+            superseded: false,
+            head: 9,
+            retention: 5,
+            retained_from: 0,
+        }
+    }
+
+    fn d(session: Option<SessionState>, i: Option<IncarnationFacts>, seq: u64) -> Result<(), Reason> {
+        decide(session, i.as_ref(), StreamKind::Get, seq)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn continues_inside_the_window() {
+        let a = Some(SessionState::Active);
+        assert_eq!(d(a, Some(inc()), 9), Ok(()));
+        assert_eq!(d(a, Some(inc()), 4), Ok(()));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn each_condition_names_its_reason() {
+        let a = Some(SessionState::Active);
+        assert_eq!(d(None, Some(inc()), 9), Err(Reason::SessionInactive));
+        assert_eq!(d(Some(SessionState::Terminated), Some(inc()), 9), Err(Reason::SessionInactive));
+        assert_eq!(d(Some(SessionState::Expired), Some(inc()), 9), Err(Reason::SessionInactive));
+        assert_eq!(d(a, None, 9), Err(Reason::UnknownStream));
+        assert_eq!(d(a, Some(inc()), 10), Err(Reason::UnknownStream));
+        let other_kind = IncarnationFacts { kind: StreamKind::Request, ..inc() };
+        assert_eq!(d(a, Some(other_kind), 9), Err(Reason::UnknownStream));
+        let lost = IncarnationFacts { owner_lost: true, ..inc() };
+        assert_eq!(d(a, Some(lost), 9), Err(Reason::OwnerUnavailable));
+        assert_eq!(d(a, Some(inc()), 3), Err(Reason::Gap));
+        let trimmed = IncarnationFacts { retention: 0, retained_from: 8, ..inc() };
+        assert_eq!(d(a, Some(trimmed), 7), Ok(()));
+        assert_eq!(d(a, Some(trimmed), 6), Err(Reason::Gap));
+        let sup = IncarnationFacts { superseded: true, ..inc() };
+        assert_eq!(d(a, Some(sup), 9), Err(Reason::Superseded));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn order_is_session_ownership_contiguity_incarnation() {
+        let all_bad = IncarnationFacts { owner_lost: true, superseded: true, ..inc() };
+        assert_eq!(d(None, Some(all_bad), 1), Err(Reason::SessionInactive));
+        let a = Some(SessionState::Active);
+        assert_eq!(d(a, Some(all_bad), 1), Err(Reason::OwnerUnavailable));
+        let gap_and_sup = IncarnationFacts { superseded: true, ..inc() };
+        assert_eq!(d(a, Some(gap_and_sup), 1), Err(Reason::Gap));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn versions() {
+        assert!(version_resumable(None));
+        assert!(version_resumable(Some("2025-03-26")));
+        assert!(version_resumable(Some("2025-06-18")));
+        assert!(version_resumable(Some("2025-11-25")));
+        assert!(!version_resumable(Some("2026-07-28")));
+        assert!(!version_resumable(Some("2027-01-01")));
+        assert!(!version_resumable(Some("banana")));
+        assert!(!version_resumable(Some("2025-1-1")));
+    }
+}

@@ -1,0 +1,167 @@
+//! Prometheus metrics. Label values are all `&'static str` from closed sets, so cardinality
+//! is bounded whatever clients send.
+use std::time::Duration;
+
+use mcp_resume_core::ownership::{Reason, Record};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::store::StoreStats;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    pub code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabels {
+    pub r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
+type HistogramFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
+
+fn store_latency_histogram() -> Histogram {
+    // 20µs .. ~1.3s: an in-memory lock and a Redis round trip both land inside.
+    Histogram::new(exponential_buckets(0.000_02, 3.0, 11))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub verdicts: Family<OutcomeLabels, Counter>,
+    pub records: Family<TypeLabels, Counter>,
+    pub resume_waits: Family<OutcomeLabels, Counter>,
+    pub store_latency: HistogramFamily,
+    pub store_errors: Family<OpLabels, Counter>,
+    pub sessions: Gauge,
+    pub incarnations: Gauge,
+}
+
+/// Store operations as they appear in the `op` label.
+pub const STORE_OPS: [&str; 5] = ["apply", "snapshot", "health", "stats", "sweep"];
+
+/// Record types as they appear in the `type` label.
+pub fn record_type(r: &Record) -> &'static str {
+    match r {
+        Record::SessionOpen { .. } => "session_open",
+        Record::SessionEnd { .. } => "session_end",
+        Record::StreamOpen { .. } => "stream_open",
+        Record::Events { .. } => "events",
+        Record::StreamLost { .. } => "stream_lost",
+        Record::OwnerGone { .. } => "owner_gone",
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let verdicts = Family::<OutcomeLabels, Counter>::default();
+        let records = Family::<TypeLabels, Counter>::default();
+        let resume_waits = Family::<OutcomeLabels, Counter>::default();
+        let store_latency: HistogramFamily = Family::new_with_constructor(store_latency_histogram);
+        let store_errors = Family::<OpLabels, Counter>::default();
+        let sessions = Gauge::default();
+        let incarnations = Gauge::default();
+
+        // Counter names get `_total` appended by the encoder.
+        registry.register(
+            "mcp_ownership_http_requests",
+            "HTTP requests by endpoint and status code",
+            requests.clone(),
+        );
+        registry.register(
+            "mcp_ownership_verdicts",
+            "Resume verdicts by outcome: continue, or the reason of a new stream",
+            verdicts.clone(),
+        );
+        registry.register(
+            "mcp_ownership_records_applied",
+            "Records applied by type",
+            records.clone(),
+        );
+        registry.register(
+            "mcp_ownership_resume_waits",
+            "Resumes that waited for in-flight records, by what the wait ended with",
+            resume_waits.clone(),
+        );
+        registry.register(
+            "mcp_ownership_store_operation_duration_seconds",
+            "Store operation latency by operation",
+            store_latency.clone(),
+        );
+        registry.register(
+            "mcp_ownership_store_errors",
+            "Store errors by operation",
+            store_errors.clone(),
+        );
+        registry.register("mcp_ownership_sessions", "Sessions held by the store", sessions.clone());
+        registry.register(
+            "mcp_ownership_incarnations",
+            "Stream incarnations held by the store",
+            incarnations.clone(),
+        );
+
+        // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
+        verdicts.get_or_create(&OutcomeLabels { outcome: "continue" });
+        for r in Reason::ALL {
+            verdicts.get_or_create(&OutcomeLabels { outcome: r.as_str() });
+        }
+        for op in STORE_OPS {
+            store_errors.get_or_create(&OpLabels { op });
+        }
+
+        Metrics {
+            registry,
+            requests,
+            verdicts,
+            records,
+            resume_waits,
+            store_latency,
+            store_errors,
+            sessions,
+            incarnations,
+        }
+    }
+
+    pub fn store_op(&self, op: &'static str, took: Duration, ok: bool) {
+        self.store_latency.get_or_create(&OpLabels { op }).observe(took.as_secs_f64());
+        if !ok {
+            self.store_errors.get_or_create(&OpLabels { op }).inc();
+        }
+    }
+
+    pub fn set_stats(&self, stats: StoreStats) {
+        self.sessions.set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
+        self.incarnations.set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
+    }
+
+    /// OpenMetrics text exposition (Prometheus scrapes it natively).
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

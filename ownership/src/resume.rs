@@ -1,0 +1,139 @@
+//! The resume procedure: snapshot → `decide` → verdict, waiting briefly for records that may
+//! still be in flight. Kept apart from HTTP so the store test suite drives exactly this code
+//! against every store.
+use std::time::Duration;
+
+use mcp_resume_core::decision::{decide, SessionState};
+use mcp_resume_core::ownership::{Reason, ResumeQuery, ResumeVerdict};
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::store::{Facts, SnapshotQuery, Store, StoreError};
+
+#[derive(Debug, Clone, Copy)]
+pub struct ResumeOptions {
+    /// How long to wait for records that have not landed yet (0 = never wait).
+    pub record_wait: Duration,
+    /// Cap on `expected` in a Continue verdict.
+    pub max_expected: usize,
+}
+
+impl Default for ResumeOptions {
+    fn default() -> Self {
+        ResumeOptions {
+            record_wait: Duration::from_millis(300),
+            max_expected: 256,
+        }
+    }
+}
+
+/// What a resume came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub verdict: ResumeVerdict,
+    /// `None`: decided on the first snapshot. `Some(true)`: waited and the records it waited
+    /// for changed the outcome to Continue; `Some(false)`: waited in vain.
+    pub waited: Option<bool>,
+}
+
+/// Decide a resume query against the store.
+///
+/// The guard authenticated the cursor, so its seq was really issued: when the facts look like
+/// records still travelling (session or incarnation unknown, cursor past the recorded head, a
+/// hole in the recorded window) the answer waits up to `record_wait` for more records and
+/// re-decides on a fresh snapshot. Everything else is final at once.
+pub async fn resolve<S: Store>(
+    store: &S,
+    q: &ResumeQuery,
+    opts: &ResumeOptions,
+    now_ms: &(dyn Fn() -> u64 + Send + Sync),
+    metrics: &Metrics,
+) -> Result<Resolution, StoreError> {
+    let deadline = Instant::now() + opts.record_wait;
+    // Subscribed before the first snapshot: a record landing between the snapshot and the
+    // wait still wakes us.
+    let mut changes = store.changes();
+    let mut waited = false;
+    loop {
+        let facts = timed(metrics, "snapshot", store.snapshot(snapshot_query(q, opts), now_ms())).await?;
+        let outcome = decide(facts.session, facts.incarnation.as_ref().map(|i| &i.facts), q.kind, q.seq);
+        let waiting = outcome.is_err() && in_flight(&facts, q);
+        let verdict = to_verdict(outcome, facts);
+        if !waiting || opts.record_wait.is_zero() {
+            return Ok(Resolution {
+                waited: waited.then_some(outcome.is_ok()),
+                verdict,
+            });
+        }
+        waited = true;
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => continue,
+            // Deadline passed, or the store went away: the last snapshot's answer stands.
+            _ => {
+                return Ok(Resolution {
+                    waited: Some(false),
+                    verdict,
+                })
+            }
+        }
+    }
+}
+
+fn snapshot_query<'a>(q: &'a ResumeQuery, opts: &ResumeOptions) -> SnapshotQuery<'a> {
+    SnapshotQuery {
+        session: &q.session,
+        incarnation: &q.incarnation,
+        seq: q.seq,
+        max_expected: opts.max_expected,
+    }
+}
+
+fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
+    match (outcome, facts.incarnation) {
+        (Ok(()), Some(inc)) => ResumeVerdict::Continue {
+            owner: inc.owner,
+            expected: inc.expected,
+            head: inc.facts.head,
+        },
+        // `decide` never says Ok without an incarnation; fail closed if it ever did.
+        (Ok(()), None) => ResumeVerdict::NewStream {
+            reason: Reason::UnknownStream,
+        },
+        (Err(reason), _) => ResumeVerdict::NewStream { reason },
+    }
+}
+
+/// Could more records change this answer soon?
+fn in_flight(facts: &Facts, q: &ResumeQuery) -> bool {
+    match facts.session {
+        None => return true,
+        Some(SessionState::Active) => {}
+        // Ended is final.
+        Some(_) => return false,
+    }
+    let Some(inc) = &facts.incarnation else {
+        return true;
+    };
+    let f = &inc.facts;
+    if f.kind != q.kind {
+        return false;
+    }
+    if q.seq > f.head {
+        return true;
+    }
+    // A hole in the recorded window may be a batch still travelling, unless the replica's own
+    // retention already rules the cursor out.
+    let retention_gap = f.retention > 0 && f.head - q.seq > f.retention;
+    f.retained_from > q.seq.saturating_add(1) && !retention_gap && !f.owner_lost
+}
+
+pub async fn timed<T>(
+    metrics: &Metrics,
+    op: &'static str,
+    fut: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = std::time::Instant::now();
+    let r = fut.await;
+    metrics.store_op(op, started.elapsed(), r.is_ok());
+    r
+}

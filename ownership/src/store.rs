@@ -1,0 +1,141 @@
+//! The storage contract of the ownership service.
+//!
+//! Handlers only ever talk to a [`Store`]. The in-memory store ([`crate::memory::MemoryStore`])
+//! implements it with one lock; a shared store (Redis) implements it with one script per
+//! operation. Everything a verdict depends on comes from ONE [`Store::snapshot`] call, so the
+//! verdict is decided over a consistent picture even while records land concurrently.
+//!
+//! Time is always passed in (`now_ms`), never read inside a store: the idle TTL becomes testable
+//! without sleeping, and every instance of a stateless service agrees on what "now" means for
+//! a given request.
+use std::future::Future;
+
+use mcp_resume_core::decision::{IncarnationFacts, SessionState};
+use mcp_resume_core::ownership::Record;
+use tokio::sync::watch;
+
+/// Bounds that keep a store's memory proportional to live sessions, not to traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Recorded seq → replica event id entries kept per incarnation (the newest ones).
+    pub max_window: usize,
+    /// Incarnations kept per session; the least recently recorded one is evicted first.
+    pub max_incarnations_per_session: usize,
+    /// A session not touched (by a record or a resume) for this long reads as expired.
+    pub session_idle_ttl_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_window: 4096,
+            max_incarnations_per_session: 64,
+            session_idle_ttl_ms: 3_600_000,
+        }
+    }
+}
+
+/// What [`Store::snapshot`] is asked about: the cursor's (session, incarnation, seq).
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotQuery<'a> {
+    pub session: &'a str,
+    pub incarnation: &'a str,
+    /// The cursor's sequence number: `expected` and `retained_from` are about `seq+1 ..= head`.
+    pub seq: u64,
+    /// At most this many expected ids are returned.
+    pub max_expected: usize,
+}
+
+/// An atomic snapshot of everything the decision needs about one cursor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Facts {
+    /// `None`: the session was never recorded (or was freed after its TTL). A session idle past
+    /// its TTL but not yet freed reads as `Expired`.
+    pub session: Option<SessionState>,
+    /// `None`: no `StreamOpen` for this incarnation has landed yet (even if some of its events
+    /// have: they wait in a placeholder without an owner).
+    pub incarnation: Option<IncarnationView>,
+}
+
+/// One opened incarnation, as seen by a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncarnationView {
+    /// Ready for [`mcp_resume_core::decision::decide`]. `retained_from` is the store's
+    /// contiguity floor: when some seq in `seq+1 ..= head` has no record (trimmed out of the
+    /// window, or a batch not landed yet) it is one past the highest such seq, so `decide`
+    /// answers `gap`; otherwise it is 0 (nothing missing as far as this query is concerned).
+    pub facts: IncarnationFacts,
+    /// `ip:port` of the owning replica.
+    pub owner: String,
+    /// Recorded replica event ids for `seq+1 ..`, contiguous, oldest first, at most
+    /// `max_expected`, never past `head`.
+    pub expected: Vec<String>,
+}
+
+/// Gauges for /metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    pub sessions: u64,
+    pub incarnations: u64,
+}
+
+/// A store that could not do its job. Never caused by request input: input is validated
+/// before it reaches a store, so every store error is a 503 for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The backend cannot be reached or timed out; worth retrying.
+    Unavailable(String),
+    /// The backend answered something this code does not understand (corrupt or foreign data).
+    Corrupt(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
+            StoreError::Corrupt(m) => write!(f, "store returned unusable data: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// The ownership store.
+///
+/// Contract, shared by every implementation (and checked by the same test suite,
+/// `tests/suite/mod.rs`):
+/// - every record is an idempotent upsert; records may arrive in any order and more than once;
+/// - `snapshot` is atomic with respect to `apply` of any single record;
+/// - `now_ms` is the caller's clock; stores never read one.
+///
+/// Methods return `impl Future + Send` (not `async fn`) so that handlers generic over `S`
+/// stay `Send` on a multi-threaded runtime.
+pub trait Store: Send + Sync + 'static {
+    /// Short name for logs, /healthz and metrics: `memory`, `redis`.
+    fn name(&self) -> &'static str;
+
+    /// Apply a batch of (already validated) records. Each record is atomic on its own;
+    /// a shared store need not make the whole batch atomic. Touches the idle timer of every
+    /// session named.
+    fn apply(&self, records: &[Record], now_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Atomically read the facts about one cursor, and touch the session's idle timer when
+    /// it is active.
+    fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> impl Future<Output = Result<Facts, StoreError>> + Send;
+
+    /// A version that changes after records were applied (by this instance, and for a shared
+    /// store by others as far as it can tell). Resume waits on it while records are in flight.
+    /// Subscribe BEFORE taking the snapshot you want to re-check, so no change is missed.
+    /// Spurious changes are fine.
+    fn changes(&self) -> watch::Receiver<u64>;
+
+    /// `Ok` when the store can serve requests.
+    fn health(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts for the gauges. May be approximate for a shared store.
+    fn stats(&self, now_ms: u64) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
+
+    /// Free sessions idle past their TTL; returns how many were freed. A store with native
+    /// key expiry may do nothing here.
+    fn sweep(&self, now_ms: u64) -> impl Future<Output = Result<usize, StoreError>> + Send;
+}

@@ -1,0 +1,500 @@
+//! The store contract, written once. Every store runs exactly these cases:
+//!
+//! ```ignore
+//! mod suite;
+//! store_suite!(|limits| MemoryStore::new(limits));
+//! ```
+//!
+//! `make` must return a fresh, empty store (for a shared store: a fresh key namespace).
+//! Cases go through `resume::resolve`, the same code the HTTP handler runs, so they pin the
+//! verdicts, not just the facts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+
+use std::time::Duration;
+
+use mcp_ownership::metrics::Metrics;
+use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
+use mcp_ownership::store::{Limits, Store};
+use mcp_resume_core::ownership::{Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind};
+
+pub const S1: &str = "0123456789abcdef0123456789abcdef";
+pub const S2: &str = "fedcba9876543210fedcba9876543210";
+pub const A: &str = "00000000000000aa";
+pub const B: &str = "00000000000000bb";
+pub const C: &str = "00000000000000cc";
+pub const D: &str = "00000000000000dd";
+pub const OWNER_X: &str = "10.0.0.1:8080";
+pub const OWNER_Y: &str = "10.0.0.2:8080";
+
+/// Test clock origin; arbitrary, non-zero.
+pub const T0: u64 = 1_700_000_000_000;
+
+pub fn open(session: &str) -> Record {
+    Record::SessionOpen {
+        session: session.into(),
+        version: "2025-06-18".into(),
+    }
+}
+
+pub fn end(session: &str, why: SessionEnd) -> Record {
+    Record::SessionEnd {
+        session: session.into(),
+        why,
+    }
+}
+
+pub fn stream(session: &str, inc: &str, kind: StreamKind, owner: &str, retention: u64, supersedes: bool, opened_ms: u64) -> Record {
+    Record::StreamOpen {
+        session: session.into(),
+        incarnation: inc.into(),
+        kind,
+        owner: owner.into(),
+        retention,
+        supersedes,
+        opened_ms,
+    }
+}
+
+pub fn get_stream(session: &str, inc: &str, opened_ms: u64) -> Record {
+    stream(session, inc, StreamKind::Get, OWNER_X, 0, true, opened_ms)
+}
+
+/// Events `first ..= last`, replica ids `r<seq>`.
+pub fn events(session: &str, inc: &str, first: u64, last: u64) -> Record {
+    Record::Events {
+        session: session.into(),
+        incarnation: inc.into(),
+        first_seq: first,
+        ids: (first..=last).map(id).collect(),
+    }
+}
+
+pub fn id(seq: u64) -> String {
+    format!("r{seq}")
+}
+
+pub fn ids(first: u64, last: u64) -> Vec<String> {
+    (first..=last).map(id).collect()
+}
+
+pub fn lost(session: &str, inc: &str) -> Record {
+    Record::StreamLost {
+        session: session.into(),
+        incarnation: inc.into(),
+    }
+}
+
+pub fn gone(owner: &str) -> Record {
+    Record::OwnerGone { owner: owner.into() }
+}
+
+pub async fn apply<S: Store>(s: &S, records: &[Record]) {
+    apply_at(s, records, T0).await
+}
+
+pub async fn apply_at<S: Store>(s: &S, records: &[Record], now: u64) {
+    s.apply(records, now).await.expect("apply");
+}
+
+pub fn query(session: &str, inc: &str, kind: StreamKind, seq: u64) -> ResumeQuery {
+    ResumeQuery {
+        session: session.into(),
+        incarnation: inc.into(),
+        kind,
+        seq,
+    }
+}
+
+pub async fn resolve_with<S: Store>(s: &S, q: &ResumeQuery, opts: ResumeOptions, now: u64) -> Resolution {
+    let clock = move || now;
+    resolve(s, q, &opts, &clock, &Metrics::new()).await.expect("resolve")
+}
+
+fn no_wait() -> ResumeOptions {
+    ResumeOptions {
+        record_wait: Duration::ZERO,
+        max_expected: 256,
+    }
+}
+
+/// Resume without waiting, at T0.
+pub async fn verdict<S: Store>(s: &S, session: &str, inc: &str, kind: StreamKind, seq: u64) -> ResumeVerdict {
+    resolve_with(s, &query(session, inc, kind, seq), no_wait(), T0).await.verdict
+}
+
+pub async fn verdict_get<S: Store>(s: &S, inc: &str, seq: u64) -> ResumeVerdict {
+    verdict(s, S1, inc, StreamKind::Get, seq).await
+}
+
+pub fn new_stream(reason: Reason) -> ResumeVerdict {
+    ResumeVerdict::NewStream { reason }
+}
+
+pub fn cont(owner: &str, expected: Vec<String>, head: u64) -> ResumeVerdict {
+    ResumeVerdict::Continue {
+        owner: owner.into(),
+        expected,
+        head,
+    }
+}
+
+// ---------------- cases ----------------
+
+pub async fn continue_with_expected<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 5)]).await;
+    assert_eq!(verdict_get(&s, A, 2).await, cont(OWNER_X, ids(3, 5), 5));
+    assert_eq!(verdict_get(&s, A, 0).await, cont(OWNER_X, ids(1, 5), 5));
+    // At the head: nothing to replay, still a continuation.
+    assert_eq!(verdict_get(&s, A, 5).await, cont(OWNER_X, vec![], 5));
+}
+
+pub async fn every_reason<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    // Unknown session.
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::SessionInactive));
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 9)]).await;
+    // Unknown incarnation, other kind, cursor past head.
+    assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::UnknownStream));
+    assert_eq!(verdict(&s, S1, A, StreamKind::Request, 1).await, new_stream(Reason::UnknownStream));
+    assert_eq!(verdict_get(&s, A, 10).await, new_stream(Reason::UnknownStream));
+    // Gap (retention).
+    apply(&s, &[stream(S1, C, StreamKind::Request, OWNER_X, 3, false, T0), events(S1, C, 1, 9)]).await;
+    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 5).await, new_stream(Reason::Gap));
+    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 6).await, cont(OWNER_X, ids(7, 9), 9));
+    // Superseded.
+    apply(&s, &[get_stream(S1, B, T0 + 1)]).await;
+    assert_eq!(verdict_get(&s, A, 9).await, new_stream(Reason::Superseded));
+    // Owner unavailable (StreamLost).
+    apply(&s, &[lost(S1, C)]).await;
+    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 6).await, new_stream(Reason::OwnerUnavailable));
+    // Session inactive once terminated, whatever else is true.
+    apply(&s, &[end(S1, SessionEnd::Terminated)]).await;
+    assert_eq!(verdict_get(&s, B, 0).await, new_stream(Reason::SessionInactive));
+}
+
+pub async fn placeholder_until_stream_open<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    // Events (and even a session) before the StreamOpen lands: no owner yet.
+    apply(&s, &[events(S1, A, 1, 4)]).await;
+    assert_eq!(verdict_get(&s, A, 2).await, new_stream(Reason::UnknownStream));
+    // StreamOpen for an unknown session creates it active: a replica served it.
+    apply(&s, &[get_stream(S1, A, T0)]).await;
+    assert_eq!(verdict_get(&s, A, 2).await, cont(OWNER_X, ids(3, 4), 4));
+    // StreamOpen alone, no session record, no events.
+    apply(&s, &[stream(S2, B, StreamKind::Request, OWNER_Y, 0, false, T0)]).await;
+    assert_eq!(verdict(&s, S2, B, StreamKind::Request, 0).await, cont(OWNER_Y, vec![], 0));
+}
+
+pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), get_stream(S1, A, 100), events(S1, A, 1, 3)]).await;
+    assert_eq!(verdict_get(&s, A, 3).await, cont(OWNER_X, vec![], 3));
+    apply(&s, &[get_stream(S1, B, 200), events(S1, B, 1, 2)]).await;
+    assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Superseded));
+    assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, ids(2, 2), 2));
+    // A continuation re-sends StreamOpen without `supersedes`: B stays current, A stays dead.
+    apply(&s, &[stream(S1, B, StreamKind::Get, OWNER_X, 0, false, 250)]).await;
+    apply(&s, &[stream(S1, A, StreamKind::Get, OWNER_X, 0, false, 300)]).await;
+    assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, ids(2, 2), 2));
+    assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Superseded));
+    // Request streams never supersede and are never superseded.
+    apply(&s, &[stream(S1, C, StreamKind::Request, OWNER_X, 0, false, 50), events(S1, C, 1, 1)]).await;
+    apply(&s, &[get_stream(S1, D, 400)]).await;
+    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 1).await, cont(OWNER_X, vec![], 1));
+    assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::Superseded));
+}
+
+pub async fn supersede_out_of_order<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    // The newer stream's record lands first; the older one arrives late and is dead at once.
+    apply(&s, &[open(S1), get_stream(S1, B, 200), events(S1, B, 1, 1)]).await;
+    apply(&s, &[get_stream(S1, A, 100), events(S1, A, 1, 1)]).await;
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::Superseded));
+    assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, vec![], 1));
+    // Same opened_ms: the larger incarnation id wins, in either arrival order.
+    apply(&s, &[open(S2), get_stream(S2, D, 500), get_stream(S2, C, 500)]).await;
+    assert_eq!(verdict(&s, S2, C, StreamKind::Get, 0).await, new_stream(Reason::Superseded));
+    assert_eq!(verdict(&s, S2, D, StreamKind::Get, 0).await, cont(OWNER_X, vec![], 0));
+    // Replaying a whole batch changes nothing (idempotent).
+    apply(&s, &[get_stream(S2, C, 500), get_stream(S2, D, 500)]).await;
+    assert_eq!(verdict(&s, S2, C, StreamKind::Get, 0).await, new_stream(Reason::Superseded));
+    assert_eq!(verdict(&s, S2, D, StreamKind::Get, 0).await, cont(OWNER_X, vec![], 0));
+}
+
+pub async fn window_trim_and_gap<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        max_window: 4,
+        ..Limits::default()
+    });
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 10)]).await;
+    // Only 7..=10 are still recorded.
+    assert_eq!(verdict_get(&s, A, 6).await, cont(OWNER_X, ids(7, 10), 10));
+    assert_eq!(verdict_get(&s, A, 5).await, new_stream(Reason::Gap));
+    assert_eq!(verdict_get(&s, A, 0).await, new_stream(Reason::Gap));
+    // A late, old batch does not push newer entries out.
+    apply(&s, &[events(S1, A, 1, 3)]).await;
+    assert_eq!(verdict_get(&s, A, 6).await, cont(OWNER_X, ids(7, 10), 10));
+
+    // A hole (a batch that never landed) is a gap for cursors below it only.
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 3), events(S1, A, 6, 8)]).await;
+    assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Gap));
+    assert_eq!(verdict_get(&s, A, 4).await, new_stream(Reason::Gap));
+    assert_eq!(verdict_get(&s, A, 5).await, cont(OWNER_X, ids(6, 8), 8));
+    // The hole fills: contiguous again.
+    apply(&s, &[events(S1, A, 4, 5)]).await;
+    assert_eq!(verdict_get(&s, A, 1).await, cont(OWNER_X, ids(2, 8), 8));
+}
+
+pub async fn retention_window<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), stream(S1, A, StreamKind::Get, OWNER_X, 3, true, T0), events(S1, A, 1, 10)]).await;
+    // The replica keeps 3 events: 8, 9, 10.
+    assert_eq!(verdict_get(&s, A, 7).await, cont(OWNER_X, ids(8, 10), 10));
+    assert_eq!(verdict_get(&s, A, 6).await, new_stream(Reason::Gap));
+    // A continuation re-sends StreamOpen with the replica's current retention.
+    apply(&s, &[stream(S1, A, StreamKind::Get, OWNER_X, 100, false, T0)]).await;
+    assert_eq!(verdict_get(&s, A, 6).await, cont(OWNER_X, ids(7, 10), 10));
+    // Retention 0 = unknown: only the recorded window bounds it.
+    apply(&s, &[stream(S1, A, StreamKind::Get, OWNER_X, 0, false, T0)]).await;
+    assert_eq!(verdict_get(&s, A, 0).await, cont(OWNER_X, ids(1, 10), 10));
+}
+
+pub async fn owner_gone_epochs<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(
+        &s,
+        &[
+            open(S1),
+            stream(S1, A, StreamKind::Request, OWNER_X, 0, false, T0),
+            stream(S1, B, StreamKind::Request, OWNER_Y, 0, false, T0),
+            events(S1, A, 1, 2),
+            events(S1, B, 1, 2),
+        ],
+    )
+    .await;
+    apply(&s, &[gone(OWNER_X)]).await;
+    // A new pod at the same address opens C after the OwnerGone.
+    apply(&s, &[stream(S1, C, StreamKind::Request, OWNER_X, 0, false, T0 + 5), events(S1, C, 1, 2)]).await;
+    let req = StreamKind::Request;
+    assert_eq!(verdict(&s, S1, A, req, 1).await, new_stream(Reason::OwnerUnavailable));
+    assert_eq!(verdict(&s, S1, B, req, 1).await, cont(OWNER_Y, ids(2, 2), 2));
+    assert_eq!(verdict(&s, S1, C, req, 1).await, cont(OWNER_X, ids(2, 2), 2));
+    // A re-sent StreamOpen for A from the same address does not bring it back.
+    apply(&s, &[stream(S1, A, StreamKind::Request, OWNER_X, 0, false, T0)]).await;
+    assert_eq!(verdict(&s, S1, A, req, 1).await, new_stream(Reason::OwnerUnavailable));
+    // Gone again: C (opened before this one) is lost too; a repeat is harmless.
+    apply(&s, &[gone(OWNER_X), gone(OWNER_X)]).await;
+    assert_eq!(verdict(&s, S1, C, req, 1).await, new_stream(Reason::OwnerUnavailable));
+    assert_eq!(verdict(&s, S1, B, req, 1).await, cont(OWNER_Y, ids(2, 2), 2));
+}
+
+pub async fn stream_lost_is_sticky<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    // StreamLost may land before the StreamOpen it refers to.
+    apply(&s, &[open(S1), lost(S1, A)]).await;
+    apply(&s, &[get_stream(S1, A, T0), events(S1, A, 1, 3)]).await;
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::OwnerUnavailable));
+    apply(&s, &[get_stream(S1, A, T0)]).await;
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::OwnerUnavailable));
+}
+
+pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    let setup = |sess: &str| vec![open(sess), get_stream(sess, A, T0), events(sess, A, 1, 2)];
+    apply(&s, &setup(S1)).await;
+    apply(&s, &[end(S1, SessionEnd::Terminated)]).await;
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::SessionInactive));
+    // Ended is final: a late SessionOpen or StreamOpen does not revive it.
+    apply(&s, &[open(S1), get_stream(S1, B, T0 + 1), events(S1, B, 1, 1)]).await;
+    assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::SessionInactive));
+
+    apply(&s, &setup(S2)).await;
+    apply(&s, &[end(S2, SessionEnd::Expired)]).await;
+    assert_eq!(verdict(&s, S2, A, StreamKind::Get, 1).await, new_stream(Reason::SessionInactive));
+
+    // SessionEnd for a session never opened still sticks.
+    let s = make(Limits::default());
+    apply(&s, &[end(S1, SessionEnd::Expired)]).await;
+    apply(&s, &setup(S1)).await;
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::SessionInactive));
+}
+
+pub async fn idle_ttl<S: Store>(make: impl Fn(Limits) -> S) {
+    let ttl = 1_000;
+    let s = make(Limits {
+        session_idle_ttl_ms: ttl,
+        ..Limits::default()
+    });
+    apply_at(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 2)], T0).await;
+    apply_at(&s, &[open(S2)], T0).await;
+    let q = query(S1, A, StreamKind::Get, 1);
+    let at = |now| resolve_with(&s, &q, no_wait(), now);
+    // A resume touches the idle timer...
+    assert_eq!(at(T0 + 900).await.verdict, cont(OWNER_X, ids(2, 2), 2));
+    assert_eq!(at(T0 + 1_800).await.verdict, cont(OWNER_X, ids(2, 2), 2));
+    // ...and so does a record.
+    apply_at(&s, &[events(S1, A, 3, 3)], T0 + 2_700).await;
+    assert_eq!(at(T0 + 3_600).await.verdict, cont(OWNER_X, ids(2, 3), 3));
+    // Untouched for longer than the TTL: expired.
+    assert_eq!(at(T0 + 4_601).await.verdict, new_stream(Reason::SessionInactive));
+    // An expired resume does not touch it back to life.
+    assert_eq!(at(T0 + 4_602).await.verdict, new_stream(Reason::SessionInactive));
+    // The sweep frees both idle sessions.
+    assert_eq!(s.stats(T0 + 5_000).await.unwrap().sessions, 2);
+    assert_eq!(s.sweep(T0 + 5_000).await.unwrap(), 2);
+    assert_eq!(s.stats(T0 + 5_000).await.unwrap().sessions, 0);
+    assert_eq!(at(T0 + 5_001).await.verdict, new_stream(Reason::SessionInactive));
+}
+
+pub async fn record_in_flight<S: Store + 'static>(make: impl Fn(Limits) -> S) {
+    let s = std::sync::Arc::new(make(Limits::default()));
+    let opts = ResumeOptions {
+        record_wait: Duration::from_secs(5),
+        max_expected: 256,
+    };
+    // The client got event 3 and reconnected before any record landed.
+    let q = query(S1, A, StreamKind::Get, 3);
+    let writer = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            apply(s.as_ref(), &[open(S1)]).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            apply(s.as_ref(), &[get_stream(S1, A, T0), events(S1, A, 1, 2)]).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            apply(s.as_ref(), &[events(S1, A, 3, 4)]).await;
+        })
+    };
+    let started = std::time::Instant::now();
+    let r = resolve_with(s.as_ref(), &q, opts, T0).await;
+    assert_eq!(r.verdict, cont(OWNER_X, ids(4, 4), 4));
+    assert_eq!(r.waited, Some(true));
+    assert!(started.elapsed() < Duration::from_secs(4), "returned as soon as the records landed");
+    writer.await.unwrap();
+
+    // A hole that fills while waiting.
+    apply(s.as_ref(), &[open(S2), get_stream(S2, B, T0), events(S2, B, 1, 2), events(S2, B, 5, 6)]).await;
+    let writer = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            apply(s.as_ref(), &[events(S2, B, 3, 4)]).await;
+        })
+    };
+    let r = resolve_with(s.as_ref(), &query(S2, B, StreamKind::Get, 2), opts, T0).await;
+    assert_eq!(r.verdict, cont(OWNER_X, ids(3, 6), 6));
+    writer.await.unwrap();
+
+    // Records that never come: the wait ends at the deadline with the last answer.
+    let short = ResumeOptions {
+        record_wait: Duration::from_millis(60),
+        ..opts
+    };
+    let r = resolve_with(s.as_ref(), &query(S1, A, StreamKind::Get, 9), short, T0).await;
+    assert_eq!(r.verdict, new_stream(Reason::UnknownStream));
+    assert_eq!(r.waited, Some(false));
+    // Final answers never wait.
+    apply(s.as_ref(), &[end(S2, SessionEnd::Terminated)]).await;
+    let started = std::time::Instant::now();
+    let r = resolve_with(s.as_ref(), &query(S2, B, StreamKind::Get, 2), opts, T0).await;
+    assert_eq!(r.verdict, new_stream(Reason::SessionInactive));
+    assert_eq!(r.waited, None);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+pub async fn max_incarnations_eviction<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        max_incarnations_per_session: 3,
+        ..Limits::default()
+    });
+    let req = StreamKind::Request;
+    apply(&s, &[open(S1)]).await;
+    for inc in [A, B, C] {
+        apply(&s, &[stream(S1, inc, req, OWNER_X, 0, false, T0), events(S1, inc, 1, 1)]).await;
+    }
+    // A is recorded again (still live), so B is now the least recently recorded.
+    apply(&s, &[events(S1, A, 2, 2)]).await;
+    apply(&s, &[stream(S1, D, req, OWNER_X, 0, false, T0), events(S1, D, 1, 1)]).await;
+    assert_eq!(verdict(&s, S1, B, req, 1).await, new_stream(Reason::UnknownStream));
+    assert_eq!(verdict(&s, S1, A, req, 1).await, cont(OWNER_X, ids(2, 2), 2));
+    assert_eq!(verdict(&s, S1, C, req, 1).await, cont(OWNER_X, vec![], 1));
+    assert_eq!(verdict(&s, S1, D, req, 1).await, cont(OWNER_X, vec![], 1));
+    let stats = s.stats(T0).await.unwrap();
+    assert_eq!((stats.sessions, stats.incarnations), (1, 3));
+}
+
+pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    // Batches out of order and overlapping.
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 6, 10), events(S1, A, 1, 5), events(S1, A, 4, 7)]).await;
+    let cap = |n| ResumeOptions {
+        record_wait: Duration::ZERO,
+        max_expected: n,
+    };
+    let q = query(S1, A, StreamKind::Get, 2);
+    assert_eq!(resolve_with(&s, &q, cap(3), T0).await.verdict, cont(OWNER_X, ids(3, 5), 10));
+    assert_eq!(resolve_with(&s, &q, cap(0), T0).await.verdict, cont(OWNER_X, vec![], 10));
+    assert_eq!(resolve_with(&s, &q, cap(100), T0).await.verdict, cont(OWNER_X, ids(3, 10), 10));
+    // The ids are the replica's, verbatim (any string, including non-numeric and unicode).
+    let odd = vec!["a:b:c".to_string(), "ü-42".to_string(), String::new()];
+    apply(
+        &s,
+        &[Record::Events {
+            session: S1.into(),
+            incarnation: A.into(),
+            first_seq: 11,
+            ids: odd.clone(),
+        }],
+    )
+    .await;
+    assert_eq!(verdict_get(&s, A, 10).await, cont(OWNER_X, odd, 13));
+}
+
+pub async fn health_and_stats<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    s.health().await.unwrap();
+    assert!(!s.name().is_empty());
+    assert_eq!(s.stats(T0).await.unwrap().sessions, 0);
+    apply(&s, &[open(S1), open(S2), get_stream(S1, A, T0), events(S2, B, 1, 1)]).await;
+    let st = s.stats(T0).await.unwrap();
+    assert_eq!((st.sessions, st.incarnations), (2, 2));
+    // Every apply bumps the change version.
+    let mut rx = s.changes();
+    apply(&s, &[gone(OWNER_Y)]).await;
+    assert!(rx.has_changed().unwrap());
+}
+
+/// Expands to one `#[tokio::test]` per case for the store built by `$make`.
+#[macro_export]
+macro_rules! store_suite {
+    ($make:expr) => {
+        $crate::store_suite!(
+            $make;
+            continue_with_expected,
+            every_reason,
+            placeholder_until_stream_open,
+            supersede_in_order,
+            supersede_out_of_order,
+            window_trim_and_gap,
+            retention_window,
+            owner_gone_epochs,
+            stream_lost_is_sticky,
+            session_end,
+            idle_ttl,
+            record_in_flight,
+            max_incarnations_eviction,
+            expected_content_and_cap,
+            health_and_stats,
+        );
+    };
+    ($make:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                suite::$case($make).await;
+            }
+        )+
+    };
+}

@@ -1,0 +1,90 @@
+//! Records to the ownership cluster: queued per worker, sent in batches from the root
+//! context's tick, one batch in flight at a time, so relaying never waits on them.
+use crate::host;
+use crate::metrics::Metrics;
+use mcp_resume_core::config::Config;
+use mcp_resume_core::ownership::{Record, RecordBatch, RECORDS_PATH};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct RecordQueue {
+    pending: VecDeque<Record>,
+    /// The batch awaiting its answer, put back at the head if it fails.
+    in_flight: Option<(u32, Vec<Record>)>,
+    cluster: String,
+    authority: String,
+    timeout: Duration,
+    max_batch: usize,
+    max_queue: usize,
+}
+
+impl RecordQueue {
+    pub fn configure(&mut self, cfg: &Config) {
+        let o = &cfg.ownership;
+        self.cluster = o.cluster.clone();
+        self.authority = o.authority.clone();
+        self.timeout = Duration::from_millis(o.timeout_ms.max(1000));
+        self.max_batch = o.max_batch;
+        self.max_queue = o.max_queue;
+    }
+
+    pub fn push(&mut self, r: Record, m: &Metrics) {
+        if self.pending.len() >= self.max_queue {
+            self.pending.pop_front();
+            m.records_dropped.inc();
+        }
+        self.pending.push_back(r);
+    }
+
+    pub fn flush(&mut self, m: &Metrics) {
+        if self.in_flight.is_some() || self.pending.is_empty() {
+            return;
+        }
+        let n = self.pending.len().min(self.max_batch);
+        let records: Vec<Record> = self.pending.drain(..n).collect();
+        let batch = RecordBatch { records };
+        let body = match serde_json::to_vec(&batch) {
+            Ok(b) => b,
+            Err(_) => {
+                m.records_dropped.add(n as u64);
+                return;
+            }
+        };
+        let headers = [
+            (":method", "POST"),
+            (":path", RECORDS_PATH),
+            (":authority", self.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        match host::dispatch(&self.cluster, &headers, &body, self.timeout) {
+            Some(token) => self.in_flight = Some((token, batch.records)),
+            None => self.requeue(batch.records, m),
+        }
+    }
+
+    pub fn on_response(&mut self, token: u32, ok: bool, m: &Metrics) {
+        let Some((want, records)) = self.in_flight.take() else { return };
+        if want != token {
+            self.in_flight = Some((want, records));
+            return;
+        }
+        if ok {
+            m.records_sent.add(records.len() as u64);
+        } else {
+            m.records_failed.add(records.len() as u64);
+            self.requeue(records, m);
+        }
+    }
+
+    /// Put a failed batch back at the head; records are idempotent, so a resend is safe.
+    fn requeue(&mut self, records: Vec<Record>, m: &Metrics) {
+        for r in records.into_iter().rev() {
+            self.pending.push_front(r);
+        }
+        while self.pending.len() > self.max_queue {
+            self.pending.pop_front();
+            m.records_dropped.inc();
+        }
+    }
+}

