@@ -448,7 +448,7 @@ impl HttpContext for Guard {
         if let Some(stream) = self.stream.as_mut() {
             flow = stream.push(&self.config.keyring, &chunk, &mut out);
             if eos {
-                flow = stream.finish(&self.config.keyring, &mut out);
+                flow = stream.finish(&mut out);
             }
         } else {
             out.extend_from_slice(&chunk);

@@ -671,6 +671,8 @@ mod tests {
         }
 
         proptest! {
+            #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
             #[test]
             fn round_trips((session, incarnation, kind, seq, replica) in fields(), id in any::<u8>(), fill in any::<u8>()) {
                 let r = ring(id, fill);

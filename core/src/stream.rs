@@ -99,11 +99,10 @@ impl StreamState {
         self.after(out)
     }
 
-    /// End of stream: flush a held, unterminated block.
-    pub fn finish(&mut self, keys: &Keyring, out: &mut Vec<u8>) -> Flow {
+    /// End of stream: flush a held, unterminated block (clients discard it; no id to map).
+    pub fn finish(&mut self, out: &mut Vec<u8>) -> Flow {
         if !self.cut {
-            let ids = &mut self.ids;
-            self.rewriter.finish(out, &mut |id| ids.on_id(keys, id));
+            self.rewriter.finish(out);
         }
         self.after(out)
     }

@@ -9,7 +9,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mcp_resume_core::ownership::{ErrorBody, Record, RecordAck, RecordBatch, ResumeQuery, ResumeVerdict};
+use mcp_resume_core::ownership::{
+    ErrorBody, Record, RecordAck, RecordBatch, ResumeQuery, ResumeVerdict,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -102,7 +104,11 @@ impl ApiError {
     }
 
     fn store(e: crate::store::StoreError) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string())
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            e.to_string(),
+        )
     }
 }
 
@@ -141,7 +147,8 @@ impl<T: DeserializeOwned, St: Send + Sync> FromRequest<St> for JsonBody<T> {
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
         // Trailing garbage after the document is a syntax error too.
-        de.end().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string()))?;
+        de.end()
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string()))?;
         Ok(JsonBody(value))
     }
 }
@@ -174,14 +181,19 @@ fn is_json(headers: &HeaderMap) -> bool {
 // ---------- validation ----------
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn check_session(field: &str, s: &str) -> Result<(), ApiError> {
     if is_lower_hex(s, 32) {
         Ok(())
     } else {
-        Err(ApiError::bad_field(format!("{field}: expected 32 lowercase hex digits, got {}", shown(s))))
+        Err(ApiError::bad_field(format!(
+            "{field}: expected 32 lowercase hex digits, got {}",
+            shown(s)
+        )))
     }
 }
 
@@ -189,7 +201,10 @@ fn check_incarnation(field: &str, s: &str) -> Result<(), ApiError> {
     if is_lower_hex(s, 16) {
         Ok(())
     } else {
-        Err(ApiError::bad_field(format!("{field}: expected 16 lowercase hex digits, got {}", shown(s))))
+        Err(ApiError::bad_field(format!(
+            "{field}: expected 16 lowercase hex digits, got {}",
+            shown(s)
+        )))
     }
 }
 
@@ -209,7 +224,9 @@ fn check_seq(field: &str, seq: u64) -> Result<(), ApiError> {
     if seq <= MAX_SEQ {
         Ok(())
     } else {
-        Err(ApiError::bad_field(format!("{field}: {seq} exceeds {MAX_SEQ}")))
+        Err(ApiError::bad_field(format!(
+            "{field}: {seq} exceeds {MAX_SEQ}"
+        )))
     }
 }
 
@@ -269,7 +286,11 @@ pub fn validate_record(i: usize, r: &Record) -> Result<(), ApiError> {
                     f("first_seq")
                 )));
             }
-            if let Some((j, id)) = ids.iter().enumerate().find(|(_, id)| id.len() > MAX_EVENT_ID_BYTES) {
+            if let Some((j, id)) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, id)| id.len() > MAX_EVENT_ID_BYTES)
+            {
                 return Err(ApiError::bad_field(format!(
                     "{}: {} bytes, at most {MAX_EVENT_ID_BYTES}",
                     f(&format!("ids[{j}]")),
@@ -277,7 +298,10 @@ pub fn validate_record(i: usize, r: &Record) -> Result<(), ApiError> {
                 )));
             }
         }
-        Record::StreamLost { session, incarnation } => {
+        Record::StreamLost {
+            session,
+            incarnation,
+        } => {
             check_session(&f("session"), session)?;
             check_incarnation(&f("incarnation"), incarnation)?;
         }
@@ -301,10 +325,17 @@ pub async fn resume<S: Store>(
         ResumeVerdict::Continue { .. } => "continue",
         ResumeVerdict::NewStream { reason } => reason.as_str(),
     };
-    st.metrics.verdicts.get_or_create(&OutcomeLabels { outcome }).inc();
-    if let Some(helped) = r.waited {
-        let outcome = if helped { "landed" } else { "timed_out" };
-        st.metrics.resume_waits.get_or_create(&OutcomeLabels { outcome }).inc();
+    st.metrics
+        .verdicts
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
+    if let Some(continued) = r.waited {
+        // How a wait for in-flight records ended: they landed and the cursor continues, or not.
+        let outcome = if continued { "continue" } else { "new_stream" };
+        st.metrics
+            .resume_waits
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
     Ok(Json(r.verdict))
 }
@@ -352,7 +383,12 @@ async fn apply<S: Store>(st: &AppState<S>, records: &[Record]) -> Result<(), Api
         .await
         .map_err(ApiError::store)?;
     for r in records {
-        st.metrics.records.get_or_create(&TypeLabels { r#type: record_type(r) }).inc();
+        st.metrics
+            .records
+            .get_or_create(&TypeLabels {
+                r#type: record_type(r),
+            })
+            .inc();
     }
     Ok(())
 }
@@ -376,11 +412,19 @@ pub async fn metrics<S: Store>(State(st): State<AppState<S>>) -> Response {
     }
     match st.metrics.render() {
         Ok(text) => (
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             text,
         )
             .into_response(),
-        Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "encoding failed").into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics_unavailable",
+            "encoding failed",
+        )
+        .into_response(),
     }
 }
 
@@ -397,8 +441,16 @@ pub async fn method_not_allowed(req: Request) -> ApiError {
 }
 
 /// Counts every response by endpoint (the route, never the raw path: bounded labels) and code.
-pub async fn count_requests(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
-    let endpoint = match req.extensions().get::<MatchedPath>().map(MatchedPath::as_str) {
+pub async fn count_requests(
+    State(metrics): State<Arc<Metrics>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let endpoint = match req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
         Some(mcp_resume_core::ownership::RESUME_PATH) => "resume",
         Some(mcp_resume_core::ownership::RECORDS_PATH) => "records",
         Some(OWNERS_GONE_PATH) => "owners_gone",

@@ -32,13 +32,19 @@ pub fn router<S: Store>(state: AppState<S>) -> Router {
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn_with_state(metrics, api::count_requests))
+        .layer(axum::middleware::from_fn_with_state(
+            metrics,
+            api::count_requests,
+        ))
         .with_state(state)
 }
 
 /// Free idle-expired sessions every `every` until the runtime stops. Stores with native key
 /// expiry make this a cheap no-op.
-pub fn spawn_sweeper<S: Store>(state: &AppState<S>, every: Duration) -> tokio::task::JoinHandle<()> {
+pub fn spawn_sweeper<S: Store>(
+    state: &AppState<S>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
     let st = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);

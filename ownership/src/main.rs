@@ -81,7 +81,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         }
         let value = match inline {
             Some(v) => v,
-            None => args.next().ok_or_else(|| format!("{flag}: missing value"))?,
+            None => args
+                .next()
+                .ok_or_else(|| format!("{flag}: missing value"))?,
         };
         match flag.as_str() {
             "--listen" => {
@@ -95,11 +97,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 } else if value.starts_with("redis://") {
                     StoreSpec::Redis(value)
                 } else {
-                    return Err(format!("--store: expected `memory` or `redis://HOST:PORT`, got {value:?}"));
+                    return Err(format!(
+                        "--store: expected `memory` or `redis://HOST:PORT`, got {value:?}"
+                    ));
                 }
             }
             "--record-wait-ms" => cli.record_wait_ms = number(&flag, &value, 0, 60_000)?,
-            "--session-idle-ttl-secs" => cli.session_idle_ttl_secs = number(&flag, &value, 1, 30 * 86_400)?,
+            "--session-idle-ttl-secs" => {
+                cli.session_idle_ttl_secs = number(&flag, &value, 1, 30 * 86_400)?
+            }
             "--max-incarnations-per-session" => {
                 cli.max_incarnations_per_session = number(&flag, &value, 1, 100_000)? as usize
             }
@@ -114,7 +120,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
 fn number(flag: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
     match value.parse::<u64>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!("{flag}: expected an integer in {min}..={max}, got {value:?}")),
+        _ => Err(format!(
+            "{flag}: expected an integer in {min}..={max}, got {value:?}"
+        )),
     }
 }
 
@@ -130,7 +138,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("mcp-ownership: cannot start the runtime: {e}");
@@ -150,7 +161,9 @@ async fn run(cli: Cli) -> ExitCode {
     match &cli.store {
         StoreSpec::Memory => serve(MemoryStore::new(limits), &cli).await,
         StoreSpec::Redis(url) => {
-            eprintln!("mcp-ownership: --store {url}: redis store: not built yet (use --store memory)");
+            eprintln!(
+                "mcp-ownership: --store {url}: redis store: not built yet (use --store memory)"
+            );
             ExitCode::from(2)
         }
     }
@@ -173,7 +186,10 @@ async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
         }
     };
     let addr = listener.local_addr().unwrap_or(cli.listen);
-    eprintln!("mcp-ownership listening on {addr} (store: {})", state.store.name());
+    eprintln!(
+        "mcp-ownership listening on {addr} (store: {})",
+        state.store.name()
+    );
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await;
@@ -224,11 +240,22 @@ mod tests {
 
     #[test]
     fn defaults_and_forms() {
-        let Ok(Parsed::Run(c)) = parse(&[]) else { panic!() };
+        let Ok(Parsed::Run(c)) = parse(&[]) else {
+            panic!()
+        };
         assert_eq!(c.listen.to_string(), "127.0.0.1:9200");
         assert!(matches!(c.store, StoreSpec::Memory));
-        assert_eq!((c.record_wait_ms, c.max_window, c.max_expected), (300, 4096, 256));
-        let Ok(Parsed::Run(c)) = parse(&["--listen=0.0.0.0:1", "--max-window", "7", "--store", "redis://x:1"]) else {
+        assert_eq!(
+            (c.record_wait_ms, c.max_window, c.max_expected),
+            (300, 4096, 256)
+        );
+        let Ok(Parsed::Run(c)) = parse(&[
+            "--listen=0.0.0.0:1",
+            "--max-window",
+            "7",
+            "--store",
+            "redis://x:1",
+        ]) else {
             panic!()
         };
         assert_eq!(c.listen.to_string(), "0.0.0.0:1");

@@ -91,7 +91,9 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Nothing panics while holding the lock, but if something ever did, the maps are still
         // structurally valid: keep serving rather than turning every request into a 503.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -103,8 +105,18 @@ impl Inner {
 
     /// The session for a write. An idle-expired session is dropped first, exactly as if the
     /// sweeper had already run, so the outcome never depends on the sweeper's timing.
-    fn session_for_write(&mut self, id: &str, fresh: SessionState, now_ms: u64, ttl_ms: u64) -> &mut Session {
-        if self.sessions.get(id).is_some_and(|s| s.idle_expired(now_ms, ttl_ms)) {
+    fn session_for_write(
+        &mut self,
+        id: &str,
+        fresh: SessionState,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> &mut Session {
+        if self
+            .sessions
+            .get(id)
+            .is_some_and(|s| s.idle_expired(now_ms, ttl_ms))
+        {
             self.sessions.remove(id);
         }
         let s = self
@@ -207,7 +219,10 @@ impl Inner {
                 }
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
-            Record::StreamLost { session, incarnation } => {
+            Record::StreamLost {
+                session,
+                incarnation,
+            } => {
                 let tick = self.next_tick();
                 let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
@@ -239,11 +254,11 @@ impl Inner {
             let o = inc.opened.as_ref()?;
             let epoch = self.owner_epochs.get(&o.owner).copied().unwrap_or(0);
             let superseded = o.kind == StreamKind::Get
-                && s
-                    .current_get
+                && s.current_get
                     .as_ref()
                     .is_some_and(|(ms, id)| (*ms, id.as_str()) > (o.opened_ms, q.incarnation));
-            let (retained_from, expected) = contiguity(&inc.window, q.seq, inc.head, q.max_expected);
+            let (retained_from, expected) =
+                contiguity(&inc.window, q.seq, inc.head, q.max_expected);
             Some(IncarnationView {
                 facts: IncarnationFacts {
                     kind: o.kind,
@@ -266,7 +281,12 @@ impl Inner {
 
 /// The store's contiguity floor for `seq+1 ..= head` and the expected ids from `seq+1`.
 /// Cost is bounded by the window size, not by `head - seq`.
-fn contiguity(window: &BTreeMap<u64, String>, seq: u64, head: u64, max_expected: usize) -> (u64, Vec<String>) {
+fn contiguity(
+    window: &BTreeMap<u64, String>,
+    seq: u64,
+    head: u64,
+    max_expected: usize,
+) -> (u64, Vec<String>) {
     if seq >= head {
         return (0, Vec::new());
     }
@@ -279,7 +299,11 @@ fn contiguity(window: &BTreeMap<u64, String>, seq: u64, head: u64, max_expected:
         }
         if want == from {
             // Everything from seq+1 to head is recorded.
-            let expected = window.range(from..=head).take(max_expected).map(|(_, id)| id.clone()).collect();
+            let expected = window
+                .range(from..=head)
+                .take(max_expected)
+                .map(|(_, id)| id.clone())
+                .collect();
             return (0, expected);
         }
         want -= 1;
@@ -337,7 +361,11 @@ impl Store for MemoryStore {
 
     async fn stats(&self, _now_ms: u64) -> Result<StoreStats, StoreError> {
         let inner = self.lock();
-        let incarnations = inner.sessions.values().map(|s| s.incarnations.len() as u64).sum();
+        let incarnations = inner
+            .sessions
+            .values()
+            .map(|s| s.incarnations.len() as u64)
+            .sum();
         Ok(StoreStats {
             sessions: inner.sessions.len() as u64,
             incarnations,
@@ -364,7 +392,10 @@ mod tests {
 
     #[test]
     fn contiguity_floor() {
-        assert_eq!(contiguity(&w(&[1, 2, 3]), 0, 3, 10), (0, vec!["e1".into(), "e2".into(), "e3".into()]));
+        assert_eq!(
+            contiguity(&w(&[1, 2, 3]), 0, 3, 10),
+            (0, vec!["e1".into(), "e2".into(), "e3".into()])
+        );
         assert_eq!(contiguity(&w(&[1, 2, 3]), 1, 3, 1), (0, vec!["e2".into()]));
         assert_eq!(contiguity(&w(&[1, 2, 3]), 3, 3, 10), (0, vec![]));
         assert_eq!(contiguity(&w(&[1, 3]), 0, 3, 10), (3, vec![]));

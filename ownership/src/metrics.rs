@@ -104,7 +104,7 @@ impl Metrics {
         );
         registry.register(
             "mcp_ownership_resume_waits",
-            "Resumes that waited for in-flight records, by what the wait ended with",
+            "Resumes that waited for in-flight records, by the verdict they got: continue or new_stream",
             resume_waits.clone(),
         );
         registry.register(
@@ -117,7 +117,11 @@ impl Metrics {
             "Store errors by operation",
             store_errors.clone(),
         );
-        registry.register("mcp_ownership_sessions", "Sessions held by the store", sessions.clone());
+        registry.register(
+            "mcp_ownership_sessions",
+            "Sessions held by the store",
+            sessions.clone(),
+        );
         registry.register(
             "mcp_ownership_incarnations",
             "Stream incarnations held by the store",
@@ -125,12 +129,16 @@ impl Metrics {
         );
 
         // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
-        verdicts.get_or_create(&OutcomeLabels { outcome: "continue" });
+        let _ = verdicts.get_or_create(&OutcomeLabels {
+            outcome: "continue",
+        });
         for r in Reason::ALL {
-            verdicts.get_or_create(&OutcomeLabels { outcome: r.as_str() });
+            let _ = verdicts.get_or_create(&OutcomeLabels {
+                outcome: r.as_str(),
+            });
         }
         for op in STORE_OPS {
-            store_errors.get_or_create(&OpLabels { op });
+            let _ = store_errors.get_or_create(&OpLabels { op });
         }
 
         Metrics {
@@ -147,15 +155,19 @@ impl Metrics {
     }
 
     pub fn store_op(&self, op: &'static str, took: Duration, ok: bool) {
-        self.store_latency.get_or_create(&OpLabels { op }).observe(took.as_secs_f64());
+        self.store_latency
+            .get_or_create(&OpLabels { op })
+            .observe(took.as_secs_f64());
         if !ok {
             self.store_errors.get_or_create(&OpLabels { op }).inc();
         }
     }
 
     pub fn set_stats(&self, stats: StoreStats) {
-        self.sessions.set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
-        self.incarnations.set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
+        self.sessions
+            .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
+        self.incarnations
+            .set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
     }
 
     /// OpenMetrics text exposition (Prometheus scrapes it natively).

@@ -31,8 +31,8 @@ impl Default for ResumeOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolution {
     pub verdict: ResumeVerdict,
-    /// `None`: decided on the first snapshot. `Some(true)`: waited and the records it waited
-    /// for changed the outcome to Continue; `Some(false)`: waited in vain.
+    /// `None`: decided on the first snapshot. `Some(continued)`: it waited for in-flight
+    /// records, and the verdict after the wait is (`true`) or is not (`false`) Continue.
     pub waited: Option<bool>,
 }
 
@@ -55,8 +55,18 @@ pub async fn resolve<S: Store>(
     let mut changes = store.changes();
     let mut waited = false;
     loop {
-        let facts = timed(metrics, "snapshot", store.snapshot(snapshot_query(q, opts), now_ms())).await?;
-        let outcome = decide(facts.session, facts.incarnation.as_ref().map(|i| &i.facts), q.kind, q.seq);
+        let facts = timed(
+            metrics,
+            "snapshot",
+            store.snapshot(snapshot_query(q, opts), now_ms()),
+        )
+        .await?;
+        let outcome = decide(
+            facts.session,
+            facts.incarnation.as_ref().map(|i| &i.facts),
+            q.kind,
+            q.seq,
+        );
         let waiting = outcome.is_err() && in_flight(&facts, q);
         let verdict = to_verdict(outcome, facts);
         if !waiting || opts.record_wait.is_zero() {

@@ -117,11 +117,19 @@ pub trait Store: Send + Sync + 'static {
     /// Apply a batch of (already validated) records. Each record is atomic on its own;
     /// a shared store need not make the whole batch atomic. Touches the idle timer of every
     /// session named.
-    fn apply(&self, records: &[Record], now_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn apply(
+        &self,
+        records: &[Record],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Atomically read the facts about one cursor, and touch the session's idle timer when
     /// it is active.
-    fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> impl Future<Output = Result<Facts, StoreError>> + Send;
+    fn snapshot(
+        &self,
+        query: SnapshotQuery<'_>,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Facts, StoreError>> + Send;
 
     /// A version that changes after records were applied (by this instance, and for a shared
     /// store by others as far as it can tell). Resume waits on it while records are in flight.

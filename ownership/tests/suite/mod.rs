@@ -15,7 +15,9 @@ use std::time::Duration;
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
 use mcp_ownership::store::{Limits, Store};
-use mcp_resume_core::ownership::{Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind};
+use mcp_resume_core::ownership::{
+    Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind,
+};
 
 pub const S1: &str = "0123456789abcdef0123456789abcdef";
 pub const S2: &str = "fedcba9876543210fedcba9876543210";
@@ -43,7 +45,15 @@ pub fn end(session: &str, why: SessionEnd) -> Record {
     }
 }
 
-pub fn stream(session: &str, inc: &str, kind: StreamKind, owner: &str, retention: u64, supersedes: bool, opened_ms: u64) -> Record {
+pub fn stream(
+    session: &str,
+    inc: &str,
+    kind: StreamKind,
+    owner: &str,
+    retention: u64,
+    supersedes: bool,
+    opened_ms: u64,
+) -> Record {
     Record::StreamOpen {
         session: session.into(),
         incarnation: inc.into(),
@@ -85,7 +95,9 @@ pub fn lost(session: &str, inc: &str) -> Record {
 }
 
 pub fn gone(owner: &str) -> Record {
-    Record::OwnerGone { owner: owner.into() }
+    Record::OwnerGone {
+        owner: owner.into(),
+    }
 }
 
 pub async fn apply<S: Store>(s: &S, records: &[Record]) {
@@ -105,9 +117,16 @@ pub fn query(session: &str, inc: &str, kind: StreamKind, seq: u64) -> ResumeQuer
     }
 }
 
-pub async fn resolve_with<S: Store>(s: &S, q: &ResumeQuery, opts: ResumeOptions, now: u64) -> Resolution {
+pub async fn resolve_with<S: Store>(
+    s: &S,
+    q: &ResumeQuery,
+    opts: ResumeOptions,
+    now: u64,
+) -> Resolution {
     let clock = move || now;
-    resolve(s, q, &opts, &clock, &Metrics::new()).await.expect("resolve")
+    resolve(s, q, &opts, &clock, &Metrics::new())
+        .await
+        .expect("resolve")
 }
 
 fn no_wait() -> ResumeOptions {
@@ -118,8 +137,16 @@ fn no_wait() -> ResumeOptions {
 }
 
 /// Resume without waiting, at T0.
-pub async fn verdict<S: Store>(s: &S, session: &str, inc: &str, kind: StreamKind, seq: u64) -> ResumeVerdict {
-    resolve_with(s, &query(session, inc, kind, seq), no_wait(), T0).await.verdict
+pub async fn verdict<S: Store>(
+    s: &S,
+    session: &str,
+    inc: &str,
+    kind: StreamKind,
+    seq: u64,
+) -> ResumeVerdict {
+    resolve_with(s, &query(session, inc, kind, seq), no_wait(), T0)
+        .await
+        .verdict
 }
 
 pub async fn verdict_get<S: Store>(s: &S, inc: &str, seq: u64) -> ResumeVerdict {
@@ -152,38 +179,79 @@ pub async fn continue_with_expected<S: Store>(make: impl Fn(Limits) -> S) {
 pub async fn every_reason<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     // Unknown session.
-    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        verdict_get(&s, A, 1).await,
+        new_stream(Reason::SessionInactive)
+    );
     apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 9)]).await;
     // Unknown incarnation, other kind, cursor past head.
-    assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::UnknownStream));
-    assert_eq!(verdict(&s, S1, A, StreamKind::Request, 1).await, new_stream(Reason::UnknownStream));
-    assert_eq!(verdict_get(&s, A, 10).await, new_stream(Reason::UnknownStream));
+    assert_eq!(
+        verdict_get(&s, B, 1).await,
+        new_stream(Reason::UnknownStream)
+    );
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 1).await,
+        new_stream(Reason::UnknownStream)
+    );
+    assert_eq!(
+        verdict_get(&s, A, 10).await,
+        new_stream(Reason::UnknownStream)
+    );
     // Gap (retention).
-    apply(&s, &[stream(S1, C, StreamKind::Request, OWNER_X, 3, false, T0), events(S1, C, 1, 9)]).await;
-    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 5).await, new_stream(Reason::Gap));
-    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 6).await, cont(OWNER_X, ids(7, 9), 9));
+    apply(
+        &s,
+        &[
+            stream(S1, C, StreamKind::Request, OWNER_X, 3, false, T0),
+            events(S1, C, 1, 9),
+        ],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S1, C, StreamKind::Request, 5).await,
+        new_stream(Reason::Gap)
+    );
+    assert_eq!(
+        verdict(&s, S1, C, StreamKind::Request, 6).await,
+        cont(OWNER_X, ids(7, 9), 9)
+    );
     // Superseded.
     apply(&s, &[get_stream(S1, B, T0 + 1)]).await;
     assert_eq!(verdict_get(&s, A, 9).await, new_stream(Reason::Superseded));
     // Owner unavailable (StreamLost).
     apply(&s, &[lost(S1, C)]).await;
-    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 6).await, new_stream(Reason::OwnerUnavailable));
+    assert_eq!(
+        verdict(&s, S1, C, StreamKind::Request, 6).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
     // Session inactive once terminated, whatever else is true.
     apply(&s, &[end(S1, SessionEnd::Terminated)]).await;
-    assert_eq!(verdict_get(&s, B, 0).await, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        verdict_get(&s, B, 0).await,
+        new_stream(Reason::SessionInactive)
+    );
 }
 
 pub async fn placeholder_until_stream_open<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     // Events (and even a session) before the StreamOpen lands: no owner yet.
     apply(&s, &[events(S1, A, 1, 4)]).await;
-    assert_eq!(verdict_get(&s, A, 2).await, new_stream(Reason::UnknownStream));
+    assert_eq!(
+        verdict_get(&s, A, 2).await,
+        new_stream(Reason::UnknownStream)
+    );
     // StreamOpen for an unknown session creates it active: a replica served it.
     apply(&s, &[get_stream(S1, A, T0)]).await;
     assert_eq!(verdict_get(&s, A, 2).await, cont(OWNER_X, ids(3, 4), 4));
     // StreamOpen alone, no session record, no events.
-    apply(&s, &[stream(S2, B, StreamKind::Request, OWNER_Y, 0, false, T0)]).await;
-    assert_eq!(verdict(&s, S2, B, StreamKind::Request, 0).await, cont(OWNER_Y, vec![], 0));
+    apply(
+        &s,
+        &[stream(S2, B, StreamKind::Request, OWNER_Y, 0, false, T0)],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S2, B, StreamKind::Request, 0).await,
+        cont(OWNER_Y, vec![], 0)
+    );
 }
 
 pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
@@ -194,14 +262,32 @@ pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
     assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Superseded));
     assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, ids(2, 2), 2));
     // A continuation re-sends StreamOpen without `supersedes`: B stays current, A stays dead.
-    apply(&s, &[stream(S1, B, StreamKind::Get, OWNER_X, 0, false, 250)]).await;
-    apply(&s, &[stream(S1, A, StreamKind::Get, OWNER_X, 0, false, 300)]).await;
+    apply(
+        &s,
+        &[stream(S1, B, StreamKind::Get, OWNER_X, 0, false, 250)],
+    )
+    .await;
+    apply(
+        &s,
+        &[stream(S1, A, StreamKind::Get, OWNER_X, 0, false, 300)],
+    )
+    .await;
     assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, ids(2, 2), 2));
     assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Superseded));
     // Request streams never supersede and are never superseded.
-    apply(&s, &[stream(S1, C, StreamKind::Request, OWNER_X, 0, false, 50), events(S1, C, 1, 1)]).await;
+    apply(
+        &s,
+        &[
+            stream(S1, C, StreamKind::Request, OWNER_X, 0, false, 50),
+            events(S1, C, 1, 1),
+        ],
+    )
+    .await;
     apply(&s, &[get_stream(S1, D, 400)]).await;
-    assert_eq!(verdict(&s, S1, C, StreamKind::Request, 1).await, cont(OWNER_X, vec![], 1));
+    assert_eq!(
+        verdict(&s, S1, C, StreamKind::Request, 1).await,
+        cont(OWNER_X, vec![], 1)
+    );
     assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::Superseded));
 }
 
@@ -213,13 +299,29 @@ pub async fn supersede_out_of_order<S: Store>(make: impl Fn(Limits) -> S) {
     assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::Superseded));
     assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, vec![], 1));
     // Same opened_ms: the larger incarnation id wins, in either arrival order.
-    apply(&s, &[open(S2), get_stream(S2, D, 500), get_stream(S2, C, 500)]).await;
-    assert_eq!(verdict(&s, S2, C, StreamKind::Get, 0).await, new_stream(Reason::Superseded));
-    assert_eq!(verdict(&s, S2, D, StreamKind::Get, 0).await, cont(OWNER_X, vec![], 0));
+    apply(
+        &s,
+        &[open(S2), get_stream(S2, D, 500), get_stream(S2, C, 500)],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S2, C, StreamKind::Get, 0).await,
+        new_stream(Reason::Superseded)
+    );
+    assert_eq!(
+        verdict(&s, S2, D, StreamKind::Get, 0).await,
+        cont(OWNER_X, vec![], 0)
+    );
     // Replaying a whole batch changes nothing (idempotent).
     apply(&s, &[get_stream(S2, C, 500), get_stream(S2, D, 500)]).await;
-    assert_eq!(verdict(&s, S2, C, StreamKind::Get, 0).await, new_stream(Reason::Superseded));
-    assert_eq!(verdict(&s, S2, D, StreamKind::Get, 0).await, cont(OWNER_X, vec![], 0));
+    assert_eq!(
+        verdict(&s, S2, C, StreamKind::Get, 0).await,
+        new_stream(Reason::Superseded)
+    );
+    assert_eq!(
+        verdict(&s, S2, D, StreamKind::Get, 0).await,
+        cont(OWNER_X, vec![], 0)
+    );
 }
 
 pub async fn window_trim_and_gap<S: Store>(make: impl Fn(Limits) -> S) {
@@ -238,7 +340,16 @@ pub async fn window_trim_and_gap<S: Store>(make: impl Fn(Limits) -> S) {
 
     // A hole (a batch that never landed) is a gap for cursors below it only.
     let s = make(Limits::default());
-    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 3), events(S1, A, 6, 8)]).await;
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events(S1, A, 1, 3),
+            events(S1, A, 6, 8),
+        ],
+    )
+    .await;
     assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Gap));
     assert_eq!(verdict_get(&s, A, 4).await, new_stream(Reason::Gap));
     assert_eq!(verdict_get(&s, A, 5).await, cont(OWNER_X, ids(6, 8), 8));
@@ -249,12 +360,24 @@ pub async fn window_trim_and_gap<S: Store>(make: impl Fn(Limits) -> S) {
 
 pub async fn retention_window<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
-    apply(&s, &[open(S1), stream(S1, A, StreamKind::Get, OWNER_X, 3, true, T0), events(S1, A, 1, 10)]).await;
+    apply(
+        &s,
+        &[
+            open(S1),
+            stream(S1, A, StreamKind::Get, OWNER_X, 3, true, T0),
+            events(S1, A, 1, 10),
+        ],
+    )
+    .await;
     // The replica keeps 3 events: 8, 9, 10.
     assert_eq!(verdict_get(&s, A, 7).await, cont(OWNER_X, ids(8, 10), 10));
     assert_eq!(verdict_get(&s, A, 6).await, new_stream(Reason::Gap));
     // A continuation re-sends StreamOpen with the replica's current retention.
-    apply(&s, &[stream(S1, A, StreamKind::Get, OWNER_X, 100, false, T0)]).await;
+    apply(
+        &s,
+        &[stream(S1, A, StreamKind::Get, OWNER_X, 100, false, T0)],
+    )
+    .await;
     assert_eq!(verdict_get(&s, A, 6).await, cont(OWNER_X, ids(7, 10), 10));
     // Retention 0 = unknown: only the recorded window bounds it.
     apply(&s, &[stream(S1, A, StreamKind::Get, OWNER_X, 0, false, T0)]).await;
@@ -276,18 +399,47 @@ pub async fn owner_gone_epochs<S: Store>(make: impl Fn(Limits) -> S) {
     .await;
     apply(&s, &[gone(OWNER_X)]).await;
     // A new pod at the same address opens C after the OwnerGone.
-    apply(&s, &[stream(S1, C, StreamKind::Request, OWNER_X, 0, false, T0 + 5), events(S1, C, 1, 2)]).await;
+    apply(
+        &s,
+        &[
+            stream(S1, C, StreamKind::Request, OWNER_X, 0, false, T0 + 5),
+            events(S1, C, 1, 2),
+        ],
+    )
+    .await;
     let req = StreamKind::Request;
-    assert_eq!(verdict(&s, S1, A, req, 1).await, new_stream(Reason::OwnerUnavailable));
-    assert_eq!(verdict(&s, S1, B, req, 1).await, cont(OWNER_Y, ids(2, 2), 2));
-    assert_eq!(verdict(&s, S1, C, req, 1).await, cont(OWNER_X, ids(2, 2), 2));
+    assert_eq!(
+        verdict(&s, S1, A, req, 1).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
+    assert_eq!(
+        verdict(&s, S1, B, req, 1).await,
+        cont(OWNER_Y, ids(2, 2), 2)
+    );
+    assert_eq!(
+        verdict(&s, S1, C, req, 1).await,
+        cont(OWNER_X, ids(2, 2), 2)
+    );
     // A re-sent StreamOpen for A from the same address does not bring it back.
-    apply(&s, &[stream(S1, A, StreamKind::Request, OWNER_X, 0, false, T0)]).await;
-    assert_eq!(verdict(&s, S1, A, req, 1).await, new_stream(Reason::OwnerUnavailable));
+    apply(
+        &s,
+        &[stream(S1, A, StreamKind::Request, OWNER_X, 0, false, T0)],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S1, A, req, 1).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
     // Gone again: C (opened before this one) is lost too; a repeat is harmless.
     apply(&s, &[gone(OWNER_X), gone(OWNER_X)]).await;
-    assert_eq!(verdict(&s, S1, C, req, 1).await, new_stream(Reason::OwnerUnavailable));
-    assert_eq!(verdict(&s, S1, B, req, 1).await, cont(OWNER_Y, ids(2, 2), 2));
+    assert_eq!(
+        verdict(&s, S1, C, req, 1).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
+    assert_eq!(
+        verdict(&s, S1, B, req, 1).await,
+        cont(OWNER_Y, ids(2, 2), 2)
+    );
 }
 
 pub async fn stream_lost_is_sticky<S: Store>(make: impl Fn(Limits) -> S) {
@@ -295,9 +447,15 @@ pub async fn stream_lost_is_sticky<S: Store>(make: impl Fn(Limits) -> S) {
     // StreamLost may land before the StreamOpen it refers to.
     apply(&s, &[open(S1), lost(S1, A)]).await;
     apply(&s, &[get_stream(S1, A, T0), events(S1, A, 1, 3)]).await;
-    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::OwnerUnavailable));
+    assert_eq!(
+        verdict_get(&s, A, 1).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
     apply(&s, &[get_stream(S1, A, T0)]).await;
-    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::OwnerUnavailable));
+    assert_eq!(
+        verdict_get(&s, A, 1).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
 }
 
 pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
@@ -305,20 +463,36 @@ pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
     let setup = |sess: &str| vec![open(sess), get_stream(sess, A, T0), events(sess, A, 1, 2)];
     apply(&s, &setup(S1)).await;
     apply(&s, &[end(S1, SessionEnd::Terminated)]).await;
-    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        verdict_get(&s, A, 1).await,
+        new_stream(Reason::SessionInactive)
+    );
     // Ended is final: a late SessionOpen or StreamOpen does not revive it.
-    apply(&s, &[open(S1), get_stream(S1, B, T0 + 1), events(S1, B, 1, 1)]).await;
-    assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::SessionInactive));
+    apply(
+        &s,
+        &[open(S1), get_stream(S1, B, T0 + 1), events(S1, B, 1, 1)],
+    )
+    .await;
+    assert_eq!(
+        verdict_get(&s, B, 1).await,
+        new_stream(Reason::SessionInactive)
+    );
 
     apply(&s, &setup(S2)).await;
     apply(&s, &[end(S2, SessionEnd::Expired)]).await;
-    assert_eq!(verdict(&s, S2, A, StreamKind::Get, 1).await, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        verdict(&s, S2, A, StreamKind::Get, 1).await,
+        new_stream(Reason::SessionInactive)
+    );
 
     // SessionEnd for a session never opened still sticks.
     let s = make(Limits::default());
     apply(&s, &[end(S1, SessionEnd::Expired)]).await;
     apply(&s, &setup(S1)).await;
-    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        verdict_get(&s, A, 1).await,
+        new_stream(Reason::SessionInactive)
+    );
 }
 
 pub async fn idle_ttl<S: Store>(make: impl Fn(Limits) -> S) {
@@ -327,7 +501,12 @@ pub async fn idle_ttl<S: Store>(make: impl Fn(Limits) -> S) {
         session_idle_ttl_ms: ttl,
         ..Limits::default()
     });
-    apply_at(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 2)], T0).await;
+    apply_at(
+        &s,
+        &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 2)],
+        T0,
+    )
+    .await;
     apply_at(&s, &[open(S2)], T0).await;
     let q = query(S1, A, StreamKind::Get, 1);
     let at = |now| resolve_with(&s, &q, no_wait(), now);
@@ -338,14 +517,23 @@ pub async fn idle_ttl<S: Store>(make: impl Fn(Limits) -> S) {
     apply_at(&s, &[events(S1, A, 3, 3)], T0 + 2_700).await;
     assert_eq!(at(T0 + 3_600).await.verdict, cont(OWNER_X, ids(2, 3), 3));
     // Untouched for longer than the TTL: expired.
-    assert_eq!(at(T0 + 4_601).await.verdict, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        at(T0 + 4_601).await.verdict,
+        new_stream(Reason::SessionInactive)
+    );
     // An expired resume does not touch it back to life.
-    assert_eq!(at(T0 + 4_602).await.verdict, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        at(T0 + 4_602).await.verdict,
+        new_stream(Reason::SessionInactive)
+    );
     // The sweep frees both idle sessions.
     assert_eq!(s.stats(T0 + 5_000).await.unwrap().sessions, 2);
     assert_eq!(s.sweep(T0 + 5_000).await.unwrap(), 2);
     assert_eq!(s.stats(T0 + 5_000).await.unwrap().sessions, 0);
-    assert_eq!(at(T0 + 5_001).await.verdict, new_stream(Reason::SessionInactive));
+    assert_eq!(
+        at(T0 + 5_001).await.verdict,
+        new_stream(Reason::SessionInactive)
+    );
 }
 
 pub async fn record_in_flight<S: Store + 'static>(make: impl Fn(Limits) -> S) {
@@ -371,11 +559,23 @@ pub async fn record_in_flight<S: Store + 'static>(make: impl Fn(Limits) -> S) {
     let r = resolve_with(s.as_ref(), &q, opts, T0).await;
     assert_eq!(r.verdict, cont(OWNER_X, ids(4, 4), 4));
     assert_eq!(r.waited, Some(true));
-    assert!(started.elapsed() < Duration::from_secs(4), "returned as soon as the records landed");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "returned as soon as the records landed"
+    );
     writer.await.unwrap();
 
     // A hole that fills while waiting.
-    apply(s.as_ref(), &[open(S2), get_stream(S2, B, T0), events(S2, B, 1, 2), events(S2, B, 5, 6)]).await;
+    apply(
+        s.as_ref(),
+        &[
+            open(S2),
+            get_stream(S2, B, T0),
+            events(S2, B, 1, 2),
+            events(S2, B, 5, 6),
+        ],
+    )
+    .await;
     let writer = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -412,13 +612,33 @@ pub async fn max_incarnations_eviction<S: Store>(make: impl Fn(Limits) -> S) {
     let req = StreamKind::Request;
     apply(&s, &[open(S1)]).await;
     for inc in [A, B, C] {
-        apply(&s, &[stream(S1, inc, req, OWNER_X, 0, false, T0), events(S1, inc, 1, 1)]).await;
+        apply(
+            &s,
+            &[
+                stream(S1, inc, req, OWNER_X, 0, false, T0),
+                events(S1, inc, 1, 1),
+            ],
+        )
+        .await;
     }
     // A is recorded again (still live), so B is now the least recently recorded.
     apply(&s, &[events(S1, A, 2, 2)]).await;
-    apply(&s, &[stream(S1, D, req, OWNER_X, 0, false, T0), events(S1, D, 1, 1)]).await;
-    assert_eq!(verdict(&s, S1, B, req, 1).await, new_stream(Reason::UnknownStream));
-    assert_eq!(verdict(&s, S1, A, req, 1).await, cont(OWNER_X, ids(2, 2), 2));
+    apply(
+        &s,
+        &[
+            stream(S1, D, req, OWNER_X, 0, false, T0),
+            events(S1, D, 1, 1),
+        ],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S1, B, req, 1).await,
+        new_stream(Reason::UnknownStream)
+    );
+    assert_eq!(
+        verdict(&s, S1, A, req, 1).await,
+        cont(OWNER_X, ids(2, 2), 2)
+    );
     assert_eq!(verdict(&s, S1, C, req, 1).await, cont(OWNER_X, vec![], 1));
     assert_eq!(verdict(&s, S1, D, req, 1).await, cont(OWNER_X, vec![], 1));
     let stats = s.stats(T0).await.unwrap();
@@ -428,15 +648,34 @@ pub async fn max_incarnations_eviction<S: Store>(make: impl Fn(Limits) -> S) {
 pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     // Batches out of order and overlapping.
-    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 6, 10), events(S1, A, 1, 5), events(S1, A, 4, 7)]).await;
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events(S1, A, 6, 10),
+            events(S1, A, 1, 5),
+            events(S1, A, 4, 7),
+        ],
+    )
+    .await;
     let cap = |n| ResumeOptions {
         record_wait: Duration::ZERO,
         max_expected: n,
     };
     let q = query(S1, A, StreamKind::Get, 2);
-    assert_eq!(resolve_with(&s, &q, cap(3), T0).await.verdict, cont(OWNER_X, ids(3, 5), 10));
-    assert_eq!(resolve_with(&s, &q, cap(0), T0).await.verdict, cont(OWNER_X, vec![], 10));
-    assert_eq!(resolve_with(&s, &q, cap(100), T0).await.verdict, cont(OWNER_X, ids(3, 10), 10));
+    assert_eq!(
+        resolve_with(&s, &q, cap(3), T0).await.verdict,
+        cont(OWNER_X, ids(3, 5), 10)
+    );
+    assert_eq!(
+        resolve_with(&s, &q, cap(0), T0).await.verdict,
+        cont(OWNER_X, vec![], 10)
+    );
+    assert_eq!(
+        resolve_with(&s, &q, cap(100), T0).await.verdict,
+        cont(OWNER_X, ids(3, 10), 10)
+    );
     // The ids are the replica's, verbatim (any string, including non-numeric and unicode).
     let odd = vec!["a:b:c".to_string(), "ü-42".to_string(), String::new()];
     apply(
@@ -457,11 +696,20 @@ pub async fn health_and_stats<S: Store>(make: impl Fn(Limits) -> S) {
     s.health().await.unwrap();
     assert!(!s.name().is_empty());
     assert_eq!(s.stats(T0).await.unwrap().sessions, 0);
-    apply(&s, &[open(S1), open(S2), get_stream(S1, A, T0), events(S2, B, 1, 1)]).await;
+    apply(
+        &s,
+        &[
+            open(S1),
+            open(S2),
+            get_stream(S1, A, T0),
+            events(S2, B, 1, 1),
+        ],
+    )
+    .await;
     let st = s.stats(T0).await.unwrap();
     assert_eq!((st.sessions, st.incarnations), (2, 2));
     // Every apply bumps the change version.
-    let mut rx = s.changes();
+    let rx = s.changes();
     apply(&s, &[gone(OWNER_Y)]).await;
     assert!(rx.has_changed().unwrap());
 }

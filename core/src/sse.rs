@@ -1,0 +1,1032 @@
+//! Incremental SSE rewriter for the response body path.
+//!
+//! Parses `text/event-stream` bytes by the WHATWG rules
+//! (<https://html.spec.whatwg.org/multipage/server-sent-events.html>) as they arrive, in chunks
+//! split anywhere, and rewrites `id` fields. Everything else passes through byte for byte,
+//! including line endings, comments, `retry:`, `event:` and `data:` lines.
+//!
+//! Rules, per block (the lines up to and including the blank line that dispatches it):
+//! - Every `id` line is removed. When the block has an id (the last `id` line whose value has
+//!   no NUL; an empty value is a reset and counts), `on_id` is called once at the blank line and
+//!   its [`IdAction`] decides. A replacement `id: <s>` line is written as the block's **last line,
+//!   right before the blank line**, ending in LF, or CRLF when the blank line starts with CR.
+//!   Clients don't care about field order within a block.
+//! - `id` lines containing NUL are removed without a callback: clients ignore them too.
+//! - Blocks without an id are emitted unchanged, without a callback.
+//! - A block is held until its blank line so that [`IdAction::DropEvent`] and [`IdAction::Cut`]
+//!   can suppress it whole. A block longer than `max_hold` bytes is instead streamed through
+//!   ("overflowed", counted in [`RewriterStats::overflowed_blocks`]); its id is still replaced,
+//!   but then `DropEvent` only omits the id (the event itself is dispatched) and `Cut` stops
+//!   output inside the block ([`Rewriter::cut_mid_block`]). Whether a block overflows depends
+//!   only on its length, never on how the stream was chunked.
+//! - An id value longer than `max_hold` is dropped without a callback (counted as oversized).
+//! - A leading UTF-8 BOM is consumed and not re-emitted (clients strip one anyway), so a control
+//!   event can be put in front of the output.
+//! - Where removing lines would join a lone CR with a following LF into one line end, the
+//!   blank line is written as CR LF instead, keeping the event boundaries the client sees.
+//!
+//! Hot path: lines are found with a slice scan, and a block that starts and ends inside one
+//! chunk is copied once, from the chunk straight to `out`. Only blocks spanning chunks are
+//! copied into the internal hold buffer, which is reused.
+
+/// What to do with a block's id, decided by the caller at the block's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdAction {
+    /// Write `id: <s>` instead. `s` must be a valid id; CR and LF in it are dropped.
+    Replace(String),
+    /// Keep the block's id as it was.
+    Keep,
+    /// Suppress the whole block (see the module doc for overflowed blocks).
+    DropEvent,
+    /// Drop this block and everything after it; the rewriter becomes inert.
+    Cut,
+}
+
+/// Counters for stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RewriterStats {
+    /// Blocks with an id, i.e. calls to `on_id`.
+    pub ids: u64,
+    /// Blocks suppressed by `DropEvent` (fully or, when overflowed, partly).
+    pub dropped_blocks: u64,
+    /// Blocks longer than `max_hold`, streamed instead of held.
+    pub overflowed_blocks: u64,
+    /// `id` lines ignored because they contain NUL.
+    pub nul_ids: u64,
+    /// `id` lines dropped because their value is longer than `max_hold`.
+    pub oversized_ids: u64,
+}
+
+const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
+
+/// Where we are within the current line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Line {
+    Start,
+    /// "i" (1) or "id" (2) seen at a chunk end: may still become an `id` line.
+    Prefix(u8),
+    /// Inside an `id` line's value.
+    Id { at_value_start: bool },
+    /// Inside any other line.
+    Other,
+}
+
+/// Where a LF belongs that follows a CR which ended the previous chunk (one CRLF line end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lf {
+    Content,
+    IdLine,
+    Out,
+    Drop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockId {
+    None,
+    Value,
+    Oversized,
+}
+
+#[derive(Debug)]
+pub struct Rewriter {
+    max_hold: usize,
+    /// `Some(n)`: still at stream start, `n` BOM bytes matched so far.
+    bom: Option<u8>,
+    line: Line,
+    skip_lf: Option<Lf>,
+    in_block: bool,
+    /// The current block exceeded `max_hold` and is streamed.
+    streaming: bool,
+    block_bytes: usize,
+    /// Content of the current block carried over from earlier chunks.
+    hold: Vec<u8>,
+    /// Content ranges of the current block in the current chunk, not yet copied.
+    runs: Vec<(usize, usize)>,
+    line_id: Vec<u8>,
+    line_id_nul: bool,
+    line_id_over: bool,
+    block_id: Vec<u8>,
+    block_id_state: BlockId,
+    /// Last byte this rewriter wrote was CR.
+    emitted_cr: bool,
+    cut: bool,
+    cut_mid_block: bool,
+    stats: RewriterStats,
+}
+
+impl Rewriter {
+    /// `max_hold`: the most bytes of one block held while waiting for its end.
+    pub fn new(max_hold: usize) -> Rewriter {
+        Rewriter {
+            max_hold,
+            bom: Some(0),
+            line: Line::Start,
+            skip_lf: None,
+            in_block: false,
+            streaming: false,
+            block_bytes: 0,
+            hold: Vec::new(),
+            runs: Vec::new(),
+            line_id: Vec::new(),
+            line_id_nul: false,
+            line_id_over: false,
+            block_id: Vec::new(),
+            block_id_state: BlockId::None,
+            emitted_cr: false,
+            cut: false,
+            cut_mid_block: false,
+            stats: RewriterStats::default(),
+        }
+    }
+
+    /// Feeds one chunk; rewritten bytes are appended to `out`. `on_id` is called once per block
+    /// that has a (non-NUL) id, with that id (may be "" for a reset), at the block's blank line.
+    pub fn push(
+        &mut self,
+        chunk: &[u8],
+        out: &mut Vec<u8>,
+        on_id: &mut dyn FnMut(&str) -> IdAction,
+    ) {
+        if self.cut {
+            return;
+        }
+        let chunk = match self.bom {
+            None => chunk,
+            Some(n) => {
+                let want = BOM.get(usize::from(n)..).unwrap_or_default();
+                let k = want.iter().zip(chunk).take_while(|(a, b)| a == b).count();
+                if k == want.len() {
+                    self.bom = None;
+                    chunk.get(k..).unwrap_or_default()
+                } else if k == chunk.len() {
+                    // Still a BOM prefix (k < 3, so this fits in u8).
+                    self.bom = Some(n + k as u8);
+                    return;
+                } else {
+                    // Not a BOM: the bytes matched in earlier chunks are ordinary content.
+                    self.bom = None;
+                    let earlier = BOM.get(..usize::from(n)).unwrap_or_default();
+                    self.feed(earlier, out, on_id);
+                    chunk
+                }
+            }
+        };
+        self.feed(chunk, out, on_id);
+    }
+
+    /// End of stream: flushes what is held. An unterminated block is emitted without its `id`
+    /// lines and without a blank line; clients discard it anyway. No callback can happen here.
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        if self.cut {
+            return;
+        }
+        if let Some(n) = self.bom.take() {
+            let earlier = BOM.get(..usize::from(n)).unwrap_or_default();
+            self.feed(earlier, out, &mut |_| IdAction::Keep);
+        }
+        if let Line::Prefix(n) = self.line {
+            self.add_carry(b"id".get(..usize::from(n)).unwrap_or_default(), out);
+        }
+        emit(&mut self.emitted_cr, out, &self.hold);
+        self.reset_block();
+        self.line = Line::Start;
+        self.skip_lf = None;
+    }
+
+    /// True after a `Cut`: all further input is ignored.
+    pub fn is_cut(&self) -> bool {
+        self.cut
+    }
+
+    /// True when a `Cut` hit an overflowed block, so the output ends inside an unterminated
+    /// block: anything appended after it would join that block. End the stream instead.
+    pub fn cut_mid_block(&self) -> bool {
+        self.cut_mid_block
+    }
+
+    /// Bytes currently buffered (held block content and id values).
+    pub fn held_bytes(&self) -> usize {
+        self.hold.len() + self.line_id.len() + self.block_id.len()
+    }
+
+    pub fn stats(&self) -> RewriterStats {
+        self.stats
+    }
+
+    fn feed(
+        &mut self,
+        chunk: &[u8],
+        out: &mut Vec<u8>,
+        on_id: &mut dyn FnMut(&str) -> IdAction,
+    ) {
+        if chunk.is_empty() {
+            // Keep a pending CR's state for the next non-empty chunk.
+            return;
+        }
+        let mut i = 0;
+        if let Some(lf) = self.skip_lf.take() {
+            if chunk.first() == Some(&b'\n') {
+                i = 1;
+                match lf {
+                    Lf::Content => self.add_run(0, 1),
+                    Lf::IdLine => self.block_bytes += 1,
+                    Lf::Out => emit(&mut self.emitted_cr, out, b"\n"),
+                    Lf::Drop => {}
+                }
+                // As if the whole line end had come at once.
+                self.check_overflow(chunk, out);
+            }
+        }
+        while i < chunk.len() && !self.cut {
+            let rest = chunk.get(i..).unwrap_or_default();
+            i += match self.line {
+                Line::Start => self.at_line_start(chunk, i, out, on_id),
+                Line::Prefix(n) => self.in_prefix(rest, n, out),
+                Line::Id { at_value_start } => self.in_id(chunk, i, at_value_start, out),
+                Line::Other => self.in_other(chunk, i, out),
+            };
+        }
+        if !self.cut {
+            self.park(chunk, out);
+        }
+        self.runs.clear();
+    }
+
+    /// Returns the bytes consumed; 0 when only the state changed.
+    fn at_line_start(
+        &mut self,
+        chunk: &[u8],
+        i: usize,
+        out: &mut Vec<u8>,
+        on_id: &mut dyn FnMut(&str) -> IdAction,
+    ) -> usize {
+        let rest = chunk.get(i..).unwrap_or_default();
+        if let Some(b'\r' | b'\n') = rest.first() {
+            let (n, split) = eol_at(rest, 0);
+            let term = rest.get(..n).unwrap_or_default();
+            let lf = self.end_block(chunk, term, out, on_id);
+            if split {
+                self.skip_lf = Some(lf);
+            }
+            return n;
+        }
+        self.in_block = true;
+        let eol = find_eol(rest);
+        let line = rest.get(..eol.unwrap_or(rest.len())).unwrap_or_default();
+        if line.starts_with(b"id:") {
+            self.begin_id_line();
+            self.block_bytes += 3;
+            return 3;
+        }
+        if line == b"id" && eol.is_some() {
+            // A field name without colon has an empty value: an id reset.
+            self.begin_id_line();
+            self.block_bytes += 2;
+            return 2;
+        }
+        if eol.is_none() && (line == b"i" || line == b"id") {
+            self.line = Line::Prefix(line.len() as u8);
+            self.block_bytes += line.len();
+            return line.len();
+        }
+        self.line = Line::Other;
+        0
+    }
+
+    /// Continues a line that began as "i" or "id" at the end of the previous chunk.
+    fn in_prefix(&mut self, rest: &[u8], n: u8, out: &mut Vec<u8>) -> usize {
+        let next = rest.first().copied();
+        match (n, next) {
+            (1, Some(b'd')) => {
+                self.line = Line::Prefix(2);
+                self.block_bytes += 1;
+                1
+            }
+            (2, Some(b':')) => {
+                self.begin_id_line();
+                self.block_bytes += 1;
+                1
+            }
+            (2, Some(b'\r' | b'\n')) => {
+                self.begin_id_line();
+                0
+            }
+            _ => {
+                self.add_carry(b"id".get(..usize::from(n)).unwrap_or_default(), out);
+                self.line = Line::Other;
+                0
+            }
+        }
+    }
+
+    fn in_id(&mut self, chunk: &[u8], i: usize, at_value_start: bool, out: &mut Vec<u8>) -> usize {
+        let rest = chunk.get(i..).unwrap_or_default();
+        // One space after the colon is not part of the value.
+        let start = usize::from(at_value_start && rest.first() == Some(&b' '));
+        let from_start = rest.get(start..).unwrap_or_default();
+        let eol = find_eol(from_start).map(|p| p + start);
+        let end = eol.unwrap_or(rest.len());
+        self.collect_id(rest.get(start..end).unwrap_or_default());
+        self.block_bytes += end;
+        let Some(e) = eol else {
+            self.line = Line::Id {
+                at_value_start: false,
+            };
+            return end;
+        };
+        let (n, split) = eol_at(rest, e);
+        self.block_bytes += n;
+        self.finish_id_line();
+        self.line = Line::Start;
+        if split {
+            self.skip_lf = Some(Lf::IdLine);
+        }
+        self.check_overflow(chunk, out);
+        e + n
+    }
+
+    fn in_other(&mut self, chunk: &[u8], i: usize, out: &mut Vec<u8>) -> usize {
+        let rest = chunk.get(i..).unwrap_or_default();
+        let Some(e) = find_eol(rest) else {
+            self.add_run(i, chunk.len());
+            return rest.len();
+        };
+        let (n, split) = eol_at(rest, e);
+        self.add_run(i, i + e + n);
+        self.line = Line::Start;
+        if split {
+            self.skip_lf = Some(Lf::Content);
+        }
+        self.check_overflow(chunk, out);
+        e + n
+    }
+
+    fn begin_id_line(&mut self) {
+        self.line = Line::Id {
+            at_value_start: true,
+        };
+        self.line_id.clear();
+        self.line_id_nul = false;
+        self.line_id_over = false;
+    }
+
+    fn collect_id(&mut self, v: &[u8]) {
+        if v.contains(&0) {
+            self.line_id_nul = true;
+        }
+        if self.line_id_over {
+            return;
+        }
+        if self.line_id.len() + v.len() > self.max_hold {
+            self.line_id_over = true;
+            self.line_id.clear();
+        } else {
+            self.line_id.extend_from_slice(v);
+        }
+    }
+
+    fn finish_id_line(&mut self) {
+        if self.line_id_nul {
+            // Clients ignore the field, so an earlier id of the block still stands.
+            self.stats.nul_ids += 1;
+        } else if self.line_id_over {
+            self.stats.oversized_ids += 1;
+            self.block_id_state = BlockId::Oversized;
+            self.block_id.clear();
+        } else {
+            std::mem::swap(&mut self.line_id, &mut self.block_id);
+            self.block_id_state = BlockId::Value;
+        }
+        self.line_id.clear();
+    }
+
+    fn add_run(&mut self, a: usize, b: usize) {
+        self.block_bytes += b - a;
+        match self.runs.last_mut() {
+            Some(last) if last.1 == a => last.1 = b,
+            _ => self.runs.push((a, b)),
+        }
+    }
+
+    /// Content bytes from an earlier chunk; no runs of this chunk precede them.
+    fn add_carry(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        if self.streaming {
+            emit(&mut self.emitted_cr, out, bytes);
+        } else {
+            self.hold.extend_from_slice(bytes);
+        }
+    }
+
+    fn check_overflow(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        if !self.streaming && self.block_bytes > self.max_hold {
+            self.streaming = true;
+            self.stats.overflowed_blocks += 1;
+            self.flush_content(chunk, out);
+        }
+    }
+
+    /// Writes the block content gathered so far (held, then this chunk's runs).
+    fn flush_content(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        emit(&mut self.emitted_cr, out, &self.hold);
+        self.hold.clear();
+        for &(a, b) in &self.runs {
+            emit(
+                &mut self.emitted_cr,
+                out,
+                chunk.get(a..b).unwrap_or_default(),
+            );
+        }
+        self.runs.clear();
+    }
+
+    /// At a chunk's end: keep the open block's bytes of this chunk, or stream them.
+    fn park(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        self.check_overflow(chunk, out);
+        if self.streaming {
+            self.flush_content(chunk, out);
+        } else {
+            for &(a, b) in &self.runs {
+                self.hold
+                    .extend_from_slice(chunk.get(a..b).unwrap_or_default());
+            }
+        }
+        self.runs.clear();
+    }
+
+    /// Handles the blank line `term`; returns where a LF split from a CR `term` belongs.
+    fn end_block(
+        &mut self,
+        chunk: &[u8],
+        term: &[u8],
+        out: &mut Vec<u8>,
+        on_id: &mut dyn FnMut(&str) -> IdAction,
+    ) -> Lf {
+        if !self.in_block {
+            self.emit_terminator(term, out);
+            return Lf::Out;
+        }
+        let action = if self.block_id_state == BlockId::Value {
+            self.stats.ids += 1;
+            let id = String::from_utf8_lossy(&self.block_id);
+            Some(on_id(&id))
+        } else {
+            None
+        };
+        let lf = match action {
+            None => {
+                self.flush_content(chunk, out);
+                self.emit_terminator(term, out);
+                Lf::Out
+            }
+            Some(IdAction::Keep) => {
+                self.flush_content(chunk, out);
+                let id = std::iter::once(self.block_id.as_slice());
+                write_id_line(&mut self.emitted_cr, out, id, term);
+                self.emit_terminator(term, out);
+                Lf::Out
+            }
+            Some(IdAction::Replace(s)) => {
+                self.flush_content(chunk, out);
+                let id = s.as_bytes().split(|&b| b == b'\r' || b == b'\n');
+                write_id_line(&mut self.emitted_cr, out, id, term);
+                self.emit_terminator(term, out);
+                Lf::Out
+            }
+            Some(IdAction::DropEvent) => {
+                self.stats.dropped_blocks += 1;
+                if self.streaming {
+                    // Already partly sent: end it without an id.
+                    self.flush_content(chunk, out);
+                    self.emit_terminator(term, out);
+                    Lf::Out
+                } else {
+                    Lf::Drop
+                }
+            }
+            Some(IdAction::Cut) => {
+                if self.streaming {
+                    self.flush_content(chunk, out);
+                    self.cut_mid_block = true;
+                }
+                self.cut = true;
+                Lf::Drop
+            }
+        };
+        self.reset_block();
+        lf
+    }
+
+    fn emit_terminator(&mut self, term: &[u8], out: &mut Vec<u8>) {
+        // After a removed line, a lone CR could precede this LF and form one CRLF line end.
+        if self.emitted_cr && term.first() == Some(&b'\n') {
+            emit(&mut self.emitted_cr, out, b"\r");
+        }
+        emit(&mut self.emitted_cr, out, term);
+    }
+
+    fn reset_block(&mut self) {
+        self.in_block = false;
+        self.streaming = false;
+        self.block_bytes = 0;
+        self.hold.clear();
+        self.runs.clear();
+        self.block_id.clear();
+        self.block_id_state = BlockId::None;
+    }
+}
+
+/// Writes `id: <parts>` with a line end that can never pair with the blank line `term` into one
+/// CRLF, and that does not depend on whether `term`'s LF has arrived yet.
+fn write_id_line<'p>(
+    emitted_cr: &mut bool,
+    out: &mut Vec<u8>,
+    parts: impl Iterator<Item = &'p [u8]>,
+    term: &[u8],
+) {
+    emit(emitted_cr, out, b"id: ");
+    for p in parts {
+        emit(emitted_cr, out, p);
+    }
+    // Not a lone CR: the blank line's own CR may still be joined by a LF from the next chunk.
+    let eol: &[u8] = match term.first() {
+        Some(b'\r') => b"\r\n",
+        _ => b"\n",
+    };
+    emit(emitted_cr, out, eol);
+}
+
+fn emit(emitted_cr: &mut bool, out: &mut Vec<u8>, bytes: &[u8]) {
+    if let Some(&last) = bytes.last() {
+        *emitted_cr = last == b'\r';
+        out.extend_from_slice(bytes);
+    }
+}
+
+#[inline]
+fn find_eol(s: &[u8]) -> Option<usize> {
+    s.iter().position(|&b| b == b'\n' || b == b'\r')
+}
+
+/// Length of the line end at `rest[e]`, and whether it is a CR ending the chunk (a LF may follow).
+fn eol_at(rest: &[u8], e: usize) -> (usize, bool) {
+    match (rest.get(e), rest.get(e + 1)) {
+        (Some(b'\r'), Some(b'\n')) => (2, false),
+        (Some(b'\r'), None) => (1, true),
+        _ => (1, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One dispatched event as a WHATWG client sees it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Ev {
+        kind: String,
+        data: String,
+        last_id: Option<String>,
+    }
+
+    /// What a client observes: events, `retry` values, and the final last event id.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Seen {
+        events: Vec<Ev>,
+        retries: Vec<u64>,
+        last_id: Option<String>,
+    }
+
+    /// A small reference WHATWG parser over a whole stream; `None` = last event id never set.
+    fn reference(bytes: &[u8]) -> Seen {
+        let text = String::from_utf8_lossy(bytes);
+        let mut rest: &str = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
+        let (mut data, mut kind) = (String::new(), String::new());
+        let mut id_buf: Option<String> = None;
+        let mut seen = Seen {
+            events: vec![],
+            retries: vec![],
+            last_id: None,
+        };
+        // A final line without a line end is never processed.
+        while let Some(p) = rest.find(['\r', '\n']) {
+            let line = &rest[..p];
+            let eol = if rest[p..].starts_with("\r\n") { 2 } else { 1 };
+            rest = &rest[p + eol..];
+            if line.is_empty() {
+                seen.last_id = id_buf.clone();
+                if data.is_empty() {
+                    kind.clear();
+                    continue;
+                }
+                if data.ends_with('\n') {
+                    data.pop();
+                }
+                seen.events.push(Ev {
+                    kind: if kind.is_empty() {
+                        "message".into()
+                    } else {
+                        std::mem::take(&mut kind)
+                    },
+                    data: std::mem::take(&mut data),
+                    last_id: seen.last_id.clone(),
+                });
+                continue;
+            }
+            if line.starts_with(':') {
+                continue;
+            }
+            let (name, value) = match line.find(':') {
+                Some(c) => (&line[..c], line[c + 1..].strip_prefix(' ').unwrap_or(&line[c + 1..])),
+                None => (line, ""),
+            };
+            match name {
+                "event" => kind = value.into(),
+                "data" => {
+                    data.push_str(value);
+                    data.push('\n');
+                }
+                "id" if !value.contains('\0') => id_buf = Some(value.into()),
+                "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+                    seen.retries.push(value.parse().unwrap_or(u64::MAX))
+                }
+                _ => {}
+            }
+        }
+        seen
+    }
+
+    /// Runs the rewriter over `chunks`; returns output and the ids passed to `on_id`.
+    fn run_with(
+        chunks: &[&[u8]],
+        max_hold: usize,
+        act: &mut dyn FnMut(&str) -> IdAction,
+    ) -> (Vec<u8>, Vec<String>, Rewriter) {
+        let mut rw = Rewriter::new(max_hold);
+        let mut out = Vec::new();
+        let mut ids = Vec::new();
+        let mut cb = |id: &str| {
+            ids.push(id.to_owned());
+            act(id)
+        };
+        for c in chunks {
+            rw.push(c, &mut out, &mut cb);
+        }
+        rw.finish(&mut out);
+        (out, ids, rw)
+    }
+
+    fn upper(id: &str) -> IdAction {
+        IdAction::Replace(format!("R{}", id.to_uppercase()))
+    }
+
+    fn run(chunks: &[&[u8]]) -> (Vec<u8>, Vec<String>) {
+        let (out, ids, _) = run_with(chunks, 1 << 16, &mut upper);
+        (out, ids)
+    }
+
+    /// The whole input, then every split into two chunks, then one byte at a time: same output.
+    fn check(input: &[u8], want: &[u8], want_ids: &[&str]) {
+        let (out, ids) = run(&[input]);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(want),
+            "whole"
+        );
+        assert_eq!(ids, want_ids);
+        for k in 0..=input.len() {
+            let (a, b) = input.split_at(k);
+            assert_eq!(run(&[a, b]).0, out, "split at {k}");
+        }
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(run(&bytes).0, out, "bytewise");
+    }
+
+    macro_rules! wtest {
+        ($name:ident $body:block) => {
+            #[cfg_attr(not(target_arch = "wasm32"), test)]
+            #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+            fn $name() $body
+        };
+    }
+
+    wtest!(plain_event_id_replaced_as_last_line {
+        check(b"id: a\ndata: x\n\n", b"data: x\nid: RA\n\n", &["a"]);
+        check(b"event: message\nid: a\ndata: {}\n\n", b"event: message\ndata: {}\nid: RA\n\n", &["a"]);
+    });
+
+    wtest!(bom_is_consumed {
+        check(b"\xEF\xBB\xBFid: a\ndata: x\n\n", b"data: x\nid: RA\n\n", &["a"]);
+        // Not a BOM: bytes pass through.
+        check(b"\xEF\xBBx: 1\n\n", b"\xEF\xBBx: 1\n\n", &[]);
+        // A BOM later in the stream is content.
+        check(b"\n\xEF\xBB\xBFid: a\n\n", b"\n\xEF\xBB\xBFid: a\n\n", &[]);
+        assert_eq!(run(&[b"\xEF", b"\xBB"]).0, b"\xEF\xBB");
+    });
+
+    wtest!(line_endings {
+        check(b"id: 1\r\ndata: x\r\n\r\n", b"data: x\r\nid: R1\r\n\r\n", &["1"]);
+        check(b"id: 1\rdata: x\r\r", b"data: x\rid: R1\r\n\r", &["1"]);
+        check(b"data: x\r\nid: 1\n\r\n", b"data: x\r\nid: R1\r\n\r\n", &["1"]);
+        // CR | LF across chunks is one line end.
+        let (out, ids) = run(&[b"id: 1\r", b"\ndata: x\r", b"\n\r", b"\n"]);
+        assert_eq!(out, b"data: x\r\nid: R1\r\n\r\n");
+        assert_eq!(ids, ["1"]);
+        // A CR at a chunk end dispatches at once; the next chunk does not start a blank line.
+        let mut rw = Rewriter::new(1024);
+        let mut out = Vec::new();
+        let mut n = 0;
+        rw.push(b"id: 1\rdata: x\r\r", &mut out, &mut |_| {
+            n += 1;
+            IdAction::Keep
+        });
+        assert_eq!(n, 1);
+        rw.push(b"\ndata: y\n\n", &mut out, &mut |_| IdAction::Keep);
+        assert_eq!(reference(&out).events.len(), 2);
+    });
+
+    wtest!(comments_retry_and_multiline_data {
+        check(b": hi\nid: 1\ndata: x\n\n", b": hi\ndata: x\nid: R1\n\n", &["1"]);
+        check(b": keepalive\n\n", b": keepalive\n\n", &[]);
+        check(b"retry: 1000\n\n", b"retry: 1000\n\n", &[]);
+        check(
+            b"retry: 10\ndata: a\nid: 7\ndata: b\n\n",
+            b"retry: 10\ndata: a\ndata: b\nid: R7\n\n",
+            &["7"],
+        );
+        check(b"data: a\n\ndata: b\n\n", b"data: a\n\ndata: b\n\n", &[]);
+    });
+
+    wtest!(id_with_nul_is_removed_without_callback {
+        check(b"id: a\0b\ndata: x\n\n", b"data: x\n\n", &[]);
+        // An ignored field does not override the block's earlier id.
+        check(b"id: good\nid: a\0\ndata: x\n\n", b"data: x\nid: RGOOD\n\n", &["good"]);
+        let (out, _, rw) = run_with(&[b"id: \0\n\n"], 64, &mut upper);
+        assert_eq!(out, b"\n");
+        assert_eq!(rw.stats().nul_ids, 1);
+    });
+
+    wtest!(empty_id_and_field_without_colon {
+        check(b"id:\ndata: x\n\n", b"data: x\nid: R\n\n", &[""]);
+        check(b"id\ndata: x\n\n", b"data: x\nid: R\n\n", &[""]);
+        check(b"id \n\n", b"id \n\n", &[]);
+        check(b"data\n\n", b"data\n\n", &[]);
+        check(b"i\n\n", b"i\n\n", &[]);
+    });
+
+    wtest!(id_value_spacing_and_lookalikes {
+        check(b"id:x\n\n", b"id: RX\n\n", &["x"]);
+        check(b"id:  x\n\n", b"id: R X\n\n", &[" x"]);
+        check(b"idx: y\n\n", b"idx: y\n\n", &[]);
+        check(b"ID: y\n\n", b"ID: y\n\n", &[]);
+        check(b" id: y\n\n", b" id: y\n\n", &[]);
+        for (a, b) in [("i", "d: x\n\n"), ("id", ": x\n\n"), ("id:", " x\n\n"), ("id: ", "x\n\n")] {
+            let (out, ids) = run(&[a.as_bytes(), b.as_bytes()]);
+            assert_eq!(out, b"id: RX\n\n", "{a}|{b}");
+            assert_eq!(ids, ["x"]);
+        }
+        let (out, ids) = run(&[b"i", b"dx: y\n\n"]);
+        assert_eq!((out.as_slice(), ids.len()), (&b"idx: y\n\n"[..], 0));
+    });
+
+    wtest!(priming_event_and_last_id_wins {
+        check(b"id: p\ndata:\n\n", b"data:\nid: RP\n\n", &["p"]);
+        check(b"id: a\nid: b\ndata: x\n\n", b"data: x\nid: RB\n\n", &["b"]);
+    });
+
+    wtest!(keep_rewrites_to_an_equivalent_line {
+        let (out, ids, _) = run_with(&[b"id:x\ndata: 1\n\n"], 64, &mut |_| IdAction::Keep);
+        assert_eq!((out.as_slice(), ids), (&b"data: 1\nid: x\n\n"[..], vec!["x".to_string()]));
+        // Replacement text cannot break the framing.
+        let (out, _, _) = run_with(&[b"id: a\n\n"], 64, &mut |_| IdAction::Replace("x\r\ny".into()));
+        assert_eq!(out, b"id: xy\n\n");
+    });
+
+    wtest!(drop_event_suppresses_the_whole_block {
+        let input: &[u8] = b"id: a\ndata: 1\n\nid: b\ndata: 2\n\n: c\nid: c\ndata: 3\n\n";
+        let mut act = |id: &str| if id == "b" { IdAction::DropEvent } else { upper(id) };
+        let (whole, ids, rw) = run_with(&[input], 64, &mut act);
+        assert_eq!(whole, b"data: 1\nid: RA\n\n: c\ndata: 3\nid: RC\n\n");
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(rw.stats().dropped_blocks, 1);
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(run_with(&bytes, 64, &mut act).0, whole);
+        // A dropped CR-terminated block takes its split LF with it.
+        let (out, _, _) = run_with(&[b"id: b\rdata: 2\r\r", b"\ndata: 3\n\n"], 64, &mut act);
+        assert_eq!(out, b"data: 3\n\n");
+    });
+
+    wtest!(cut_stops_everything {
+        let input: &[u8] = b"id: a\ndata: 1\n\nid: b\ndata: 2\n\nid: c\ndata: 3\n\n";
+        let mut act = |id: &str| if id == "b" { IdAction::Cut } else { upper(id) };
+        let (out, ids, rw) = run_with(&[input], 64, &mut act);
+        assert_eq!(out, b"data: 1\nid: RA\n\n");
+        assert_eq!(ids, ["a", "b"]);
+        assert!(rw.is_cut() && !rw.cut_mid_block());
+        let mut rw = rw;
+        let mut out = Vec::new();
+        rw.push(b"data: more\n\n", &mut out, &mut upper);
+        rw.finish(&mut out);
+        assert!(out.is_empty());
+    });
+
+    wtest!(overflowed_blocks_stream_through {
+        let big = format!("id: a\ndata: {}\n\n", "x".repeat(40));
+        let (out, ids, rw) = run_with(&[big.as_bytes()], 16, &mut upper);
+        assert_eq!(out, format!("data: {}\nid: RA\n\n", "x".repeat(40)).as_bytes());
+        assert_eq!(ids, ["a"]);
+        assert_eq!(rw.stats().overflowed_blocks, 1);
+        // Held bytes stay bounded while a long block streams.
+        let mut rw = Rewriter::new(16);
+        let mut out = Vec::new();
+        for c in big.as_bytes().chunks(5) {
+            rw.push(c, &mut out, &mut upper);
+            assert!(rw.held_bytes() <= 16);
+        }
+        // DropEvent can only omit the id; Cut leaves an unterminated block.
+        let (out, _, _) = run_with(&[big.as_bytes()], 16, &mut |_| IdAction::DropEvent);
+        assert_eq!(out, format!("data: {}\n\n", "x".repeat(40)).as_bytes());
+        let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| IdAction::Cut);
+        assert_eq!(out, format!("data: {}\n", "x".repeat(40)).as_bytes());
+        assert!(rw.is_cut() && rw.cut_mid_block());
+        // A short block after an overflowed one is held again.
+        let mut both = big.clone();
+        both.push_str("id: b\ndata: y\n\n");
+        let mut act = |id: &str| if id == "b" { IdAction::DropEvent } else { upper(id) };
+        let (out, _, _) = run_with(&[both.as_bytes()], 16, &mut act);
+        assert_eq!(out, format!("data: {}\nid: RA\n\n", "x".repeat(40)).as_bytes());
+    });
+
+    wtest!(oversized_id_is_dropped {
+        let input = format!("id: {}\ndata: x\n\n", "z".repeat(20));
+        let (out, ids, rw) = run_with(&[input.as_bytes()], 8, &mut upper);
+        assert_eq!(out, b"data: x\n\n");
+        assert!(ids.is_empty());
+        assert_eq!(rw.stats().oversized_ids, 1);
+    });
+
+    wtest!(removed_lines_never_merge_cr_and_lf {
+        // Dropping the NUL id leaves "data: x\r" before the "\n" blank line.
+        let input: &[u8] = b"data: x\rid: \0\n\ndata: y\n\n";
+        let (out, _) = run(&[input]);
+        assert_eq!(reference(&out), reference(input));
+        assert_eq!(reference(&out).events.len(), 2);
+        let mut act = |id: &str| if id == "b" { IdAction::DropEvent } else { upper(id) };
+        let (out, _, _) = run_with(&[b"data: a\n\r", b"id: b\ndata: 2\n\n\ndata: c\n\n"], 64, &mut act);
+        assert_eq!(reference(&out).events.len(), 2);
+    });
+
+    wtest!(unterminated_block_at_end {
+        let (out, ids) = run(&[b"data: x\nid: 1\ndata: y"]);
+        assert_eq!(out, b"data: x\ndata: y");
+        assert!(ids.is_empty());
+        assert_eq!(run(&[b"data: 1\n\ni"]).0, b"data: 1\n\ni");
+        assert_eq!(run(&[b"data: 1\n\nid: par"]).0, b"data: 1\n\n");
+    });
+
+    wtest!(held_bytes_track_open_blocks {
+        let mut rw = Rewriter::new(1024);
+        let mut out = Vec::new();
+        rw.push(b"id: abc\ndata: hel", &mut out, &mut upper);
+        assert!(out.is_empty());
+        assert_eq!(rw.held_bytes(), "data: hel".len() + "abc".len());
+        rw.push(b"lo\n\n", &mut out, &mut upper);
+        assert_eq!(out, b"data: hello\nid: RABC\n\n");
+        assert_eq!(rw.held_bytes(), 0);
+    });
+
+    wtest!(invalid_utf8_ids_reach_the_callback_as_clients_see_them {
+        let (_, ids) = run(&[b"id: a\xFFb\n\n"]);
+        assert_eq!(ids, ["a\u{FFFD}b"]);
+    });
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn eol() -> impl Strategy<Value = &'static [u8]> {
+            prop_oneof![Just(&b"\n"[..]), Just(&b"\r\n"[..]), Just(&b"\r"[..])]
+        }
+
+        fn text() -> impl Strategy<Value = Vec<u8>> {
+            let byte = prop_oneof![
+                8 => (b'a'..=b'z'),
+                1 => Just(b' '),
+                1 => Just(b':'),
+                1 => Just(0u8),
+                1 => Just(0xFFu8),
+                1 => Just(0xC3u8),
+                1 => Just(0xA9u8),
+            ];
+            prop::collection::vec(byte, 0..8)
+        }
+
+        fn line() -> impl Strategy<Value = Vec<u8>> {
+            let cat = |a: &[u8], b: Vec<u8>| [a, b.as_slice()].concat();
+            prop_oneof![
+                3 => (prop_oneof![Just(&b"id:"[..]), Just(&b"id: "[..]), Just(&b"id:  "[..])], text())
+                    .prop_map(move |(p, t)| cat(p, t)),
+                1 => Just(b"id".to_vec()),
+                3 => (prop_oneof![Just(&b"data:"[..]), Just(&b"data: "[..])], text()).prop_map(move |(p, t)| cat(p, t)),
+                1 => text().prop_map(move |t| cat(b"event: ", t)),
+                1 => prop_oneof![Just(b"retry: 100".to_vec()), Just(b"retry:5".to_vec()), Just(b"retry: x1".to_vec())],
+                1 => text().prop_map(move |t| cat(b":", t)),
+                1 => (prop_oneof![Just(&b"idx"[..]), Just(&b"i"[..]), Just(&b"d"[..]), Just(&b" id"[..]), Just(&b"ID"[..])], text())
+                    .prop_map(move |(p, t)| cat(p, t)),
+            ]
+        }
+
+        /// Random SSE streams: optional BOM, blocks of lines with mixed line ends, maybe a tail.
+        fn stream() -> impl Strategy<Value = Vec<u8>> {
+            let block = (prop::collection::vec((line(), eol()), 0..5), eol());
+            (any::<bool>(), prop::collection::vec(block, 0..6), prop::collection::vec((line(), eol()), 0..2), text())
+                .prop_map(|(bom, blocks, tail, partial)| {
+                    let mut s = Vec::new();
+                    if bom {
+                        s.extend_from_slice(&BOM);
+                    }
+                    for (lines, end) in blocks {
+                        for (l, e) in lines {
+                            s.extend_from_slice(&l);
+                            s.extend_from_slice(e);
+                        }
+                        s.extend_from_slice(end);
+                    }
+                    for (l, e) in tail {
+                        s.extend_from_slice(&l);
+                        s.extend_from_slice(e);
+                    }
+                    s.extend_from_slice(&partial);
+                    s
+                })
+        }
+
+        fn split<'a>(s: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(s.len() + 1)).collect();
+            at.sort_unstable();
+            let mut parts = Vec::new();
+            let mut prev = 0;
+            for p in at.into_iter().chain([s.len()]) {
+                parts.push(&s[prev..p]);
+                prev = p;
+            }
+            parts
+        }
+
+        fn f(id: &str) -> String {
+            format!("R{}", id.len()) + id
+        }
+
+        fn mapped(mut seen: Seen) -> Seen {
+            for e in &mut seen.events {
+                e.last_id = e.last_id.as_deref().map(f);
+            }
+            seen.last_id = seen.last_id.as_deref().map(f);
+            seen
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn replace_maps_ids_and_nothing_else(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
+                let mut act = |id: &str| IdAction::Replace(f(id));
+                let (whole, ids, _) = run_with(&[&s], 1 << 16, &mut act);
+                prop_assert_eq!(reference(&whole), mapped(reference(&s)));
+                let (out, ids2, _) = run_with(&split(&s, &cuts), 1 << 16, &mut act);
+                prop_assert_eq!(&out, &whole);
+                prop_assert_eq!(&ids2, &ids);
+                let bytes: Vec<&[u8]> = s.chunks(1).collect();
+                prop_assert_eq!(&run_with(&bytes, 1 << 16, &mut act).0, &whole);
+                // Keep changes nothing a client can see.
+                let (kept, _, _) = run_with(&split(&s, &cuts), 1 << 16, &mut |_| IdAction::Keep);
+                prop_assert_eq!(reference(&kept), reference(&s));
+            }
+
+            #[test]
+            fn output_does_not_depend_on_chunking(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8), max_hold in 0usize..40) {
+                // Mixed actions and a small hold: overflow, drop and cut must be chunking-independent too.
+                let mut act = |id: &str| {
+                    if id.contains('q') { IdAction::Cut }
+                    else if id.contains('d') { IdAction::DropEvent }
+                    else if id.contains('k') { IdAction::Keep }
+                    else { IdAction::Replace(f(id)) }
+                };
+                let (whole, ids, rw) = run_with(&[&s], max_hold, &mut act);
+                let (out, ids2, rw2) = run_with(&split(&s, &cuts), max_hold, &mut act);
+                prop_assert_eq!(&out, &whole);
+                prop_assert_eq!(&ids2, &ids);
+                prop_assert_eq!(rw.stats(), rw2.stats());
+                prop_assert_eq!(rw.cut_mid_block(), rw2.cut_mid_block());
+                let bytes: Vec<&[u8]> = s.chunks(1).collect();
+                prop_assert_eq!(&run_with(&bytes, max_hold, &mut act).0, &whole);
+            }
+
+            #[test]
+            fn arbitrary_bytes_never_panic(s in prop::collection::vec(any::<u8>(), 0..200), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8), max_hold in 0usize..64) {
+                let (out, _, _) = run_with(&split(&s, &cuts), max_hold, &mut |id: &str| IdAction::Replace(f(id)));
+                prop_assert!(out.len() <= s.len() * 8 + 16);
+            }
+        }
+    }
+}

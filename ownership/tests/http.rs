@@ -1,0 +1,706 @@
+//! The HTTP API, through the router (tower `oneshot`) and over a real socket.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use mcp_ownership::store::{Facts, SnapshotQuery, StoreError, StoreStats};
+use mcp_ownership::{router, AppState, Limits, MemoryStore, ResumeOptions, Store};
+use mcp_resume_core::ownership::Record;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+const S1: &str = "0123456789abcdef0123456789abcdef";
+const A: &str = "00000000000000aa";
+const B: &str = "00000000000000bb";
+const X: &str = "10.0.0.1:8080";
+
+fn opts(wait_ms: u64) -> ResumeOptions {
+    ResumeOptions {
+        record_wait: Duration::from_millis(wait_ms),
+        max_expected: 256,
+    }
+}
+
+fn app() -> Router {
+    router(AppState::new(MemoryStore::new(Limits::default()), opts(0)))
+}
+
+async fn call(
+    app: &Router,
+    method: Method,
+    path: &str,
+    ctype: Option<&str>,
+    body: impl Into<Body>,
+) -> (StatusCode, String) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(ct) = ctype {
+        req = req.header("content-type", ct);
+    }
+    let resp = app
+        .clone()
+        .oneshot(req.body(body.into()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
+    let (st, text) = call(
+        app,
+        Method::POST,
+        path,
+        Some("application/json"),
+        body.to_string(),
+    )
+    .await;
+    (
+        st,
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+    )
+}
+
+fn setup_records() -> Value {
+    json!({"records": [
+        {"type": "session_open", "session": S1, "version": "2025-06-18"},
+        {"type": "stream_open", "session": S1, "incarnation": A, "kind": "get", "owner": X,
+         "retention": 0, "supersedes": true, "opened_ms": 1},
+        {"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["e1", "e2", "e3"]},
+    ]})
+}
+
+fn resume_body(inc: &str, seq: u64) -> Value {
+    json!({"session": S1, "incarnation": inc, "kind": "get", "seq": seq})
+}
+
+fn assert_error(
+    status: StatusCode,
+    body: &Value,
+    want_status: StatusCode,
+    error: &str,
+    detail_has: &str,
+) {
+    assert_eq!(status, want_status, "{body}");
+    assert_eq!(body["error"], error, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(detail_has),
+        "detail {detail:?} lacks {detail_has:?}"
+    );
+}
+
+#[tokio::test]
+async fn records_then_resume() {
+    let app = app();
+    let (st, ack) = post(&app, "/v1/records", setup_records()).await;
+    assert_eq!((st, ack), (StatusCode::OK, json!({"applied": 3})));
+    let (st, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3})
+    );
+    let (st, v) = post(&app, "/v1/resume", resume_body(B, 1)).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"verdict": "new_stream", "reason": "unknown_stream"})
+    );
+}
+
+#[tokio::test]
+async fn bad_json_and_fields_are_named() {
+    let app = app();
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/v1/resume",
+        Some("application/json"),
+        "{\"session\":",
+    )
+    .await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_json", "EOF");
+
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get"}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "seq");
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get", "seq": "7"}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "seq");
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get", "seq": 1, "extra": 1}),
+    )
+    .await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "unknown field `extra`",
+    );
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "sideways", "seq": 1}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "sideways");
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/v1/resume",
+        Some("application/json"),
+        format!("{} x", resume_body(A, 1)),
+    )
+    .await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_json", "trailing");
+
+    // Shapes.
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": "ABC", "incarnation": A, "kind": "get", "seq": 1}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "session");
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": "00000000000000AA", "kind": "get", "seq": 1}),
+    )
+    .await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "incarnation",
+    );
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get", "seq": u64::MAX}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "seq");
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get", "seq": -1}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "seq");
+}
+
+#[tokio::test]
+async fn bad_records_change_nothing() {
+    let app = app();
+    let mut batch = setup_records();
+    batch["records"][1]["owner"] = json!("pod-a");
+    let (st, body) = post(&app, "/v1/records", batch).await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "records[1].owner",
+    );
+    // The valid first record was not applied either.
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(v["reason"], "session_inactive");
+
+    for (owner, ok) in [
+        ("10.0.0.1:080", false),
+        ("10.0.0.1:0", false),
+        ("[fd00::1]:80", true),
+        ("10.0.0.1", false),
+    ] {
+        let mut batch = setup_records();
+        batch["records"][1]["owner"] = json!(owner);
+        let (st, _) = post(&app, "/v1/records", batch).await;
+        assert_eq!(st == StatusCode::OK, ok, "{owner}");
+    }
+
+    let (st, body) = post(
+        &app,
+        "/v1/records",
+        json!({"records": [{"type": "nonsense", "session": S1}]}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "nonsense");
+    let long = "x".repeat(1025);
+    let (st, body) = post(
+        &app,
+        "/v1/records",
+        json!({"records": [{"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["ok", long]}]}),
+    )
+    .await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "records[0].ids[1]",
+    );
+    let (st, body) = post(
+        &app,
+        "/v1/records",
+        json!({"records": [{"type": "events", "session": S1, "incarnation": A, "first_seq": u64::MAX, "ids": ["a"]}]}),
+    )
+    .await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "first_seq");
+    let many: Vec<Value> = (0..10_001)
+        .map(|_| json!({"type": "owner_gone", "owner": X}))
+        .collect();
+    let (st, body) = post(&app, "/v1/records", json!({ "records": many })).await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "10000");
+    let (st, body) = post(
+        &app,
+        "/v1/records",
+        json!({"records": [{"type": "session_open", "session": S1, "version": ""}]}),
+    )
+    .await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "records[0].version",
+    );
+}
+
+#[tokio::test]
+async fn transport_errors_are_json() {
+    let app = app();
+    let (st, text) = call(&app, Method::GET, "/v1/resume", None, Body::empty()).await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(
+        st,
+        &body,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "GET",
+    );
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/healthz",
+        Some("application/json"),
+        "{}",
+    )
+    .await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(
+        st,
+        &body,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "POST",
+    );
+    let (st, text) = call(&app, Method::GET, "/nope", None, Body::empty()).await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(st, &body, StatusCode::NOT_FOUND, "not_found", "endpoint");
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/v1/resume",
+        Some("text/plain"),
+        resume_body(A, 1).to_string(),
+    )
+    .await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(
+        st,
+        &body,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "application/json",
+    );
+    let (st, _) = call(
+        &app,
+        Method::POST,
+        "/v1/resume",
+        None,
+        resume_body(A, 1).to_string(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (st, _) = call(
+        &app,
+        Method::POST,
+        "/v1/resume",
+        Some("application/json; charset=utf-8"),
+        resume_body(A, 1).to_string(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let big = format!("{{\"records\":[],\"pad\":\"{}\"}}", "x".repeat(1024 * 1024));
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/v1/records",
+        Some("application/json"),
+        big,
+    )
+    .await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(
+        st,
+        &body,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "bytes",
+    );
+}
+
+#[tokio::test]
+async fn owners_gone_endpoint() {
+    let app = app();
+    post(&app, "/v1/records", setup_records()).await;
+    let (st, body) = post(&app, "/v1/owners/gone", json!({"owner": "nope"})).await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "owner");
+    let (st, body) = post(&app, "/v1/owners/gone", json!({"owner": X, "why": 1})).await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "why");
+    let (st, ack) = post(&app, "/v1/owners/gone", json!({"owner": X})).await;
+    assert_eq!((st, ack), (StatusCode::OK, json!({"applied": 1})));
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(
+        v,
+        json!({"verdict": "new_stream", "reason": "owner_unavailable"})
+    );
+}
+
+#[tokio::test]
+async fn healthz_and_metrics() {
+    let app = app();
+    let (st, text) = call(&app, Method::GET, "/healthz", None, Body::empty()).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"status": "ok", "store": "memory"})
+    );
+    post(&app, "/v1/records", setup_records()).await;
+    post(&app, "/v1/resume", resume_body(A, 1)).await;
+    post(&app, "/v1/resume", resume_body(B, 1)).await;
+    post(&app, "/v1/resume", json!({})).await;
+    let (st, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    assert_eq!(st, StatusCode::OK);
+    for line in [
+        "mcp_ownership_verdicts_total{outcome=\"continue\"} 1",
+        "mcp_ownership_verdicts_total{outcome=\"unknown_stream\"} 1",
+        "mcp_ownership_verdicts_total{outcome=\"gap\"} 0",
+        "mcp_ownership_http_requests_total{endpoint=\"resume\",code=\"200\"} 2",
+        "mcp_ownership_http_requests_total{endpoint=\"resume\",code=\"400\"} 1",
+        "mcp_ownership_http_requests_total{endpoint=\"records\",code=\"200\"} 1",
+        "mcp_ownership_records_applied_total{type=\"events\"} 1",
+        "mcp_ownership_store_errors_total{op=\"snapshot\"} 0",
+        "mcp_ownership_store_operation_duration_seconds_count{op=\"snapshot\"} 2",
+        "mcp_ownership_sessions 1",
+        "mcp_ownership_incarnations 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}
+
+/// A resume waits for records that are still travelling, through the handler.
+#[tokio::test]
+async fn resume_waits_for_in_flight_records() {
+    let app = router(AppState::new(
+        MemoryStore::new(Limits::default()),
+        opts(5_000),
+    ));
+    let waiter = {
+        let app = app.clone();
+        tokio::spawn(async move { post(&app, "/v1/resume", resume_body(A, 2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    post(&app, "/v1/records", setup_records()).await;
+    let (st, v) = waiter.await.unwrap();
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"verdict": "continue", "owner": X, "expected": ["e3"], "head": 3})
+    );
+    let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    assert!(
+        text.contains("mcp_ownership_resume_waits_total{outcome=\"continue\"} 1"),
+        "{text}"
+    );
+}
+
+/// Idle TTL through the handler, with an injected clock.
+#[tokio::test]
+async fn idle_ttl_with_injected_clock() {
+    let now = Arc::new(AtomicU64::new(1_000_000));
+    let clock = {
+        let now = now.clone();
+        Arc::new(move || now.load(Ordering::SeqCst))
+    };
+    let limits = Limits {
+        session_idle_ttl_ms: 10_000,
+        ..Limits::default()
+    };
+    let app = router(AppState::new(MemoryStore::new(limits), opts(0)).with_clock(clock));
+    post(&app, "/v1/records", setup_records()).await;
+    now.fetch_add(10_000, Ordering::SeqCst);
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(v["verdict"], "continue");
+    now.fetch_add(10_001, Ordering::SeqCst);
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(v["reason"], "session_inactive");
+}
+
+/// A store that is down: every operation fails.
+struct DownStore(watch::Sender<u64>);
+
+impl Store for DownStore {
+    fn name(&self) -> &'static str {
+        "down"
+    }
+    async fn apply(&self, _: &[Record], _: u64) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+    async fn health(&self) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn stats(&self, _: u64) -> Result<StoreStats, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn sweep(&self, _: u64) -> Result<usize, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+}
+
+#[tokio::test]
+async fn store_failure_is_503() {
+    let app = router(AppState::new(DownStore(watch::channel(0).0), opts(300)));
+    let (st, body) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "connection refused",
+    );
+    let (st, body) = post(&app, "/v1/records", setup_records()).await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "connection refused",
+    );
+    let (st, text) = call(&app, Method::GET, "/healthz", None, Body::empty()).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["status"],
+        "unavailable"
+    );
+    // Validation still comes first: bad input is 400 even when the store is down.
+    let (st, _) = post(&app, "/v1/resume", json!({"nope": 1})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let (st, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(
+        text.contains("mcp_ownership_store_errors_total{op=\"snapshot\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mcp_ownership_store_errors_total{op=\"stats\"} 1"),
+        "{text}"
+    );
+}
+
+// ---------------- over a real socket ----------------
+
+async fn serve(state: AppState<MemoryStore>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    addr
+}
+
+/// A deliberately tiny HTTP/1.1 client: one request per connection, `Connection: close`.
+async fn raw(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String, String) {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body.unwrap_or(""));
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut resp = Vec::new();
+    conn.read_to_end(&mut resp).await.unwrap();
+    let resp = String::from_utf8(resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+#[tokio::test]
+async fn socket_end_to_end() {
+    let addr = serve(AppState::new(
+        MemoryStore::new(Limits::default()),
+        opts(5_000),
+    ))
+    .await;
+
+    let (st, head, body) = raw(addr, "GET", "/healthz", None).await;
+    assert_eq!(st, 200);
+    assert!(head.contains("content-type: application/json"));
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"status": "ok", "store": "memory"})
+    );
+
+    // A resume sent before its records: answered once they land over another connection.
+    let waiter = tokio::spawn(async move {
+        raw(
+            addr,
+            "POST",
+            "/v1/resume",
+            Some(&resume_body(A, 3).to_string()),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (st, _, body) = raw(
+        addr,
+        "POST",
+        "/v1/records",
+        Some(&setup_records().to_string()),
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (200, "{\"applied\":3}"));
+    let (st, _, body) = waiter.await.unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"verdict": "continue", "owner": X, "expected": [], "head": 3})
+    );
+
+    let (st, _, body) = raw(addr, "POST", "/v1/resume", Some("{\"session\": 5}")).await;
+    assert_eq!(st, 400);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "bad_field");
+    assert!(v["detail"].as_str().unwrap().contains("session"), "{v}");
+
+    let (st, _, body) = raw(
+        addr,
+        "POST",
+        "/v1/resume",
+        Some("{\"session\": \"x\", \"bogus\": 1}"),
+    )
+    .await;
+    assert_eq!(st, 400);
+    assert!(body.contains("bogus"), "{body}");
+
+    let (st, head, body) = raw(addr, "DELETE", "/v1/records", None).await;
+    assert_eq!(st, 405);
+    assert!(head.contains("content-type: application/json"));
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "method_not_allowed"
+    );
+
+    let (st, _, body) = raw(
+        addr,
+        "POST",
+        "/v1/owners/gone",
+        Some(&json!({"owner": X}).to_string()),
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (200, "{\"applied\":1}"));
+    let (_, _, body) = raw(
+        addr,
+        "POST",
+        "/v1/resume",
+        Some(&resume_body(A, 3).to_string()),
+    )
+    .await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["reason"],
+        "owner_unavailable"
+    );
+
+    let (st, head, body) = raw(addr, "GET", "/metrics", None).await;
+    assert_eq!(st, 200);
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert!(
+        body.contains("mcp_ownership_verdicts_total{outcome=\"continue\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("mcp_ownership_verdicts_total{outcome=\"owner_unavailable\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("mcp_ownership_records_applied_total{type=\"owner_gone\"} 1"),
+        "{body}"
+    );
+    assert!(body.trim_end().ends_with("# EOF"));
+}
+
+#[tokio::test]
+async fn socket_garbage_never_kills_the_server() {
+    let addr = serve(AppState::new(MemoryStore::new(Limits::default()), opts(0))).await;
+    for body in [
+        "",
+        "null",
+        "[]",
+        "{\"records\": null}",
+        "\u{0}\u{1}",
+        "{\"records\": [{}]}",
+        "{\"records\": [{\"type\": 7}]}",
+    ] {
+        let (st, _, resp) = raw(addr, "POST", "/v1/records", Some(body)).await;
+        assert_eq!(st, 400, "{body:?} → {resp}");
+        let v: Value = serde_json::from_str(&resp).unwrap();
+        assert!(v["error"].is_string() && v["detail"].is_string(), "{resp}");
+    }
+    let (st, _, _) = raw(addr, "GET", "/healthz", None).await;
+    assert_eq!(st, 200);
+}
