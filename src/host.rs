@@ -96,6 +96,12 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) {
     }
 }
 
+pub fn reset_response() {
+    if let Err(s) = hc::reset_http_response() {
+        warn("reset_http_response", s);
+    }
+}
+
 pub fn resume_request() {
     if let Err(s) = hc::resume_http_request() {
         warn("resume_http_request", s);

@@ -89,6 +89,7 @@ impl RootContext for GuardRoot {
             refusal: None,
             stream: None,
             control_pending: None,
+            cut_sent: false,
             out: Vec::new(),
         }))
     }
@@ -148,6 +149,8 @@ struct Guard {
     stream: Option<StreamState>,
     /// Control event still to be sent at the head of the body.
     control_pending: Option<Reason>,
+    /// A replay mismatch cut the stream and the control event was sent.
+    cut_sent: bool,
     /// Scratch buffer reused for every body chunk.
     out: Vec<u8>,
 }
@@ -438,6 +441,13 @@ impl HttpContext for Guard {
         if self.stream.is_none() && self.control_pending.is_none() {
             return Action::Continue;
         }
+        if self.cut_sent {
+            // The control event went out with the previous chunk; end the stream now, so the
+            // client reconnects instead of waiting on a stream that will carry nothing more.
+            host::set_response_body(size, &[]);
+            host::reset_response();
+            return Action::Continue;
+        }
         let chunk = host::response_body(size);
         let mut out = std::mem::take(&mut self.out);
         out.clear();
@@ -452,6 +462,9 @@ impl HttpContext for Guard {
             }
         } else {
             out.extend_from_slice(&chunk);
+        }
+        if flow == Flow::CutReplayMismatch {
+            self.cut_sent = true;
         }
         if flow == Flow::CutReplayMismatch && !matches!(self.phase, Phase::Replied) {
             // Tell the cluster once; the control event is already in `out`.

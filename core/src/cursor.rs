@@ -418,7 +418,9 @@ fn push_hex(bytes: &[u8], s: &mut String) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for &b in bytes {
         for nib in [b >> 4, b & 0x0F] {
-            s.push(char::from(HEX.get(usize::from(nib)).copied().unwrap_or(b'0')));
+            s.push(char::from(
+                HEX.get(usize::from(nib)).copied().unwrap_or(b'0'),
+            ));
         }
     }
 }
@@ -644,8 +646,17 @@ mod tests {
         assert!(!d.is_bound_to(b"abd"));
         assert_eq!(incarnation_hex(0xdead_beef), "00000000deadbeef");
         assert_eq!(parse_incarnation_hex("00000000deadbeef"), Some(0xdead_beef));
-        assert_eq!(parse_incarnation_hex(&incarnation_hex(u64::MAX)), Some(u64::MAX));
-        for bad in ["00000000DEADBEEF", "deadbeef", "+0000000deadbeef", "00000000deadbeeg", ""] {
+        assert_eq!(
+            parse_incarnation_hex(&incarnation_hex(u64::MAX)),
+            Some(u64::MAX)
+        );
+        for bad in [
+            "00000000DEADBEEF",
+            "deadbeef",
+            "+0000000deadbeef",
+            "00000000deadbeeg",
+            "",
+        ] {
             assert_eq!(parse_incarnation_hex(bad), None, "{bad}");
         }
         assert_eq!(CursorError::BadMac.to_string(), "bad_mac");

@@ -58,7 +58,7 @@ pub fn decide(
     if inc.retention > 0 && inc.head - seq > inc.retention {
         return Err(Reason::Gap);
     }
-    if inc.retained_from > 0 && seq + 1 < inc.retained_from {
+    if inc.retained_from > 0 && seq.saturating_add(1) < inc.retained_from {
         return Err(Reason::Gap);
     }
     // 4. Incarnation: not superseded by a newer stream.

@@ -66,7 +66,9 @@ enum Line {
     /// "i" (1) or "id" (2) seen at a chunk end: may still become an `id` line.
     Prefix(u8),
     /// Inside an `id` line's value.
-    Id { at_value_start: bool },
+    Id {
+        at_value_start: bool,
+    },
     /// Inside any other line.
     Other,
 }
@@ -213,12 +215,7 @@ impl Rewriter {
         self.stats
     }
 
-    fn feed(
-        &mut self,
-        chunk: &[u8],
-        out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str) -> IdAction,
-    ) {
+    fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn FnMut(&str) -> IdAction) {
         if chunk.is_empty() {
             // Keep a pending CR's state for the next non-empty chunk.
             return;
@@ -636,7 +633,10 @@ mod tests {
                 continue;
             }
             let (name, value) = match line.find(':') {
-                Some(c) => (&line[..c], line[c + 1..].strip_prefix(' ').unwrap_or(&line[c + 1..])),
+                Some(c) => (
+                    &line[..c],
+                    line[c + 1..].strip_prefix(' ').unwrap_or(&line[c + 1..]),
+                ),
                 None => (line, ""),
             };
             match name {
@@ -910,7 +910,7 @@ mod tests {
 
         fn text() -> impl Strategy<Value = Vec<u8>> {
             let byte = prop_oneof![
-                8 => (b'a'..=b'z'),
+                8 => b'a'..=b'z',
                 1 => Just(b' '),
                 1 => Just(b':'),
                 1 => Just(0u8),
@@ -939,7 +939,12 @@ mod tests {
         /// Random SSE streams: optional BOM, blocks of lines with mixed line ends, maybe a tail.
         fn stream() -> impl Strategy<Value = Vec<u8>> {
             let block = (prop::collection::vec((line(), eol()), 0..5), eol());
-            (any::<bool>(), prop::collection::vec(block, 0..6), prop::collection::vec((line(), eol()), 0..2), text())
+            (
+                any::<bool>(),
+                prop::collection::vec(block, 0..6),
+                prop::collection::vec((line(), eol()), 0..2),
+                text(),
+            )
                 .prop_map(|(bom, blocks, tail, partial)| {
                     let mut s = Vec::new();
                     if bom {

@@ -279,7 +279,7 @@ pub fn validate_record(i: usize, r: &Record) -> Result<(), ApiError> {
         } => {
             check_session(&f("session"), session)?;
             check_incarnation(&f("incarnation"), incarnation)?;
-            let last = first_seq.checked_add(ids.len() as u64).unwrap_or(u64::MAX);
+            let last = first_seq.saturating_add((ids.len() as u64).saturating_sub(1));
             if last > MAX_SEQ {
                 return Err(ApiError::bad_field(format!(
                     "{}: first_seq + number of ids exceeds {MAX_SEQ}",

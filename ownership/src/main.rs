@@ -16,7 +16,7 @@ FLAGS:
     --store STORE                        `memory` (embedded, one instance) or `redis://HOST:PORT`
                                          (shared; not built yet) [default: memory]
     --record-wait-ms MS                  how long a resume waits for records still in flight
-                                         [default: 300]
+                                         [default: 150]
     --session-idle-ttl-secs SECS         a session untouched this long reads as expired
                                          [default: 3600]
     --max-incarnations-per-session N     stream incarnations kept per session [default: 64]
@@ -51,7 +51,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut cli = Cli {
         listen: SocketAddr::from(([127, 0, 0, 1], 9200)),
         store: StoreSpec::Memory,
-        record_wait_ms: 300,
+        record_wait_ms: 150,
         session_idle_ttl_secs: 3600,
         max_incarnations_per_session: 64,
         max_window: 4096,
@@ -247,7 +247,7 @@ mod tests {
         assert!(matches!(c.store, StoreSpec::Memory));
         assert_eq!(
             (c.record_wait_ms, c.max_window, c.max_expected),
-            (300, 4096, 256)
+            (150, 4096, 256)
         );
         let Ok(Parsed::Run(c)) = parse(&[
             "--listen=0.0.0.0:1",

@@ -10,6 +10,9 @@ use tokio::time::Instant;
 use crate::metrics::Metrics;
 use crate::store::{Facts, SnapshotQuery, Store, StoreError};
 
+/// Longest pause between two snapshots while waiting for in-flight records.
+const RECHECK: Duration = Duration::from_millis(50);
+
 #[derive(Debug, Clone, Copy)]
 pub struct ResumeOptions {
     /// How long to wait for records that have not landed yet (0 = never wait).
@@ -21,7 +24,7 @@ pub struct ResumeOptions {
 impl Default for ResumeOptions {
     fn default() -> Self {
         ResumeOptions {
-            record_wait: Duration::from_millis(300),
+            record_wait: Duration::from_millis(150),
             max_expected: 256,
         }
     }
@@ -69,22 +72,20 @@ pub async fn resolve<S: Store>(
         );
         let waiting = outcome.is_err() && in_flight(&facts, q);
         let verdict = to_verdict(outcome, facts);
-        if !waiting || opts.record_wait.is_zero() {
+        if !waiting || Instant::now() >= deadline {
             return Ok(Resolution {
                 waited: waited.then_some(outcome.is_ok()),
                 verdict,
             });
         }
         waited = true;
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => continue,
-            // Deadline passed, or the store went away: the last snapshot's answer stands.
-            _ => {
-                return Ok(Resolution {
-                    waited: Some(false),
-                    verdict,
-                })
-            }
+        // Wake on a change, and re-check every RECHECK anyway: a shared store may not see
+        // records that landed through another instance of this service.
+        let wake = deadline.min(Instant::now() + RECHECK);
+        match tokio::time::timeout_at(wake, changes.changed()).await {
+            Ok(Ok(())) | Err(_) => {}
+            // The change feed is gone: poll instead of spinning on the closed channel.
+            Ok(Err(_)) => tokio::time::sleep_until(wake).await,
         }
     }
 }

@@ -704,3 +704,56 @@ async fn socket_garbage_never_kills_the_server() {
     let (st, _, _) = raw(addr, "GET", "/healthz", None).await;
     assert_eq!(st, 200);
 }
+
+/// A store whose change feed never fires (like a shared store that cannot see records landing
+/// through another instance): resume still finds them by re-checking.
+struct Deaf(MemoryStore);
+
+impl Store for Deaf {
+    fn name(&self) -> &'static str {
+        "deaf"
+    }
+    async fn apply(&self, r: &[Record], now: u64) -> Result<(), StoreError> {
+        self.0.apply(r, now).await
+    }
+    async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
+        self.0.snapshot(q, now).await
+    }
+    fn changes(&self) -> watch::Receiver<u64> {
+        // Sender dropped at once: `changed()` errors immediately, forever.
+        watch::channel(0).1
+    }
+    async fn health(&self) -> Result<(), StoreError> {
+        self.0.health().await
+    }
+    async fn stats(&self, now: u64) -> Result<StoreStats, StoreError> {
+        self.0.stats(now).await
+    }
+    async fn sweep(&self, now: u64) -> Result<usize, StoreError> {
+        self.0.sweep(now).await
+    }
+}
+
+#[tokio::test]
+async fn resume_rechecks_without_change_feed() {
+    let state = AppState::new(Deaf(MemoryStore::new(Limits::default())), opts(2_000));
+    let app = router(state.clone());
+    let waiter = {
+        let app = app.clone();
+        tokio::spawn(async move { post(&app, "/v1/resume", resume_body(A, 2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Straight into the store, as another instance would.
+    let batch: mcp_resume_core::ownership::RecordBatch =
+        serde_json::from_value(setup_records()).unwrap();
+    state
+        .store
+        .apply(&batch.records, (state.clock)())
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (st, v) = waiter.await.unwrap();
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["verdict"], "continue", "{v}");
+    assert!(started.elapsed() < Duration::from_millis(1_000));
+}

@@ -259,7 +259,10 @@ class SSEStream:
         ev_id, ev_type, data = None, "", []
         has_fields = False
         while True:
-            line = self.resp.readline()
+            try:
+                line = self.resp.readline()
+            except (http.client.IncompleteRead, ConnectionError):
+                line = b""  # the proxy reset the stream: the end, as a client sees it
             if not line:
                 self.ended = True
                 return None
