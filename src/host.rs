@@ -8,7 +8,10 @@ pub fn log(level: LogLevel, msg: &str) {
 }
 
 fn warn(what: &str, status: proxy_wasm::types::Status) {
-    log(LogLevel::Warn, &format!("mcp-resume-guard: host call {what} failed: {status:?}"));
+    log(
+        LogLevel::Warn,
+        &format!("mcp-resume-guard: host call {what} failed: {status:?}"),
+    );
 }
 
 pub fn plugin_configuration() -> Vec<u8> {
@@ -108,7 +111,12 @@ pub fn resume_request() {
     }
 }
 
-pub fn dispatch(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> Option<u32> {
+pub fn dispatch(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Option<u32> {
     match hc::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout) {
         Ok(token) => Some(token),
         Err(s) => {
@@ -124,7 +132,9 @@ pub fn call_status() -> Option<u32> {
 }
 
 pub fn call_body(size: usize) -> Option<Vec<u8>> {
-    hc::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten()
+    hc::get_buffer(BufferType::HttpCallResponseBody, 0, size)
+        .ok()
+        .flatten()
 }
 
 /// `ip:port` of the replica that served this request.

@@ -42,7 +42,13 @@ struct GuardRoot {
 }
 
 impl Context for GuardRoot {
-    fn on_http_call_response(&mut self, token: u32, headers: usize, _body: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        headers: usize,
+        _body: usize,
+        _trailers: usize,
+    ) {
         let ok = headers > 0 && host::call_status() == Some(200);
         let mut q = self.queue.borrow_mut();
         if let Some(m) = &self.metrics {
@@ -168,7 +174,10 @@ impl Guard {
             }
             _ => {
                 host::remove_request_header("last-event-id");
-                self.refusal = Some(Refusal { reason, get: is_get });
+                self.refusal = Some(Refusal {
+                    reason,
+                    get: is_get,
+                });
                 if is_get {
                     self.metrics.restarted.inc();
                 } else {
@@ -186,7 +195,10 @@ impl Guard {
         let header = format!("rejected; reason={reason}");
         host::send_response(
             u32::from(self.config.reject_status),
-            &[("content-type", "application/json"), (MCP_RESUME_HEADER, &header)],
+            &[
+                ("content-type", "application/json"),
+                (MCP_RESUME_HEADER, &header),
+            ],
             body.as_bytes(),
         );
     }
@@ -209,10 +221,19 @@ impl Guard {
             (":authority", o.authority.as_str()),
             ("content-type", "application/json"),
         ];
-        match host::dispatch(&o.cluster, &headers, &body, Duration::from_millis(o.timeout_ms)) {
+        match host::dispatch(
+            &o.cluster,
+            &headers,
+            &body,
+            Duration::from_millis(o.timeout_ms),
+        ) {
             Some(token) => {
                 self.metrics.callouts.inc();
-                self.phase = Phase::Asking { token, cursor, started_ms: host::now_ms() };
+                self.phase = Phase::Asking {
+                    token,
+                    cursor,
+                    started_ms: host::now_ms(),
+                };
                 Action::Pause
             }
             None => self.callout_failed(cursor.kind, "dispatch"),
@@ -230,7 +251,9 @@ impl Guard {
         match verdict {
             None => self.callout_failed(cursor.kind, "body"),
             Some(ResumeVerdict::NewStream { reason }) => self.refuse(reason, Some(cursor.kind)),
-            Some(ResumeVerdict::Continue { owner, expected, .. }) => {
+            Some(ResumeVerdict::Continue {
+                owner, expected, ..
+            }) => {
                 let Some(replica_id) = cursor.replica_event_id.clone() else {
                     return self.refuse(Reason::UnknownStream, Some(cursor.kind));
                 };
@@ -238,7 +261,11 @@ impl Guard {
                 host::set_request_header("last-event-id", &replica_id);
                 host::set_request_header(&self.config.owner_header, &pin);
                 self.metrics.continued.inc();
-                self.phase = Phase::Continuing { cursor, owner, expected };
+                self.phase = Phase::Continuing {
+                    cursor,
+                    owner,
+                    expected,
+                };
                 Action::Continue
             }
         }
@@ -266,12 +293,11 @@ impl Guard {
                 session: session_key(sid.as_bytes()),
                 why: SessionEnd::Expired,
             }),
-            (Some(sid), _) if self.req.method == "DELETE" && (200..300).contains(&status) => {
-                self.push_record(Record::SessionEnd {
+            (Some(sid), _) if self.req.method == "DELETE" && (200..300).contains(&status) => self
+                .push_record(Record::SessionEnd {
                     session: session_key(sid.as_bytes()),
                     why: SessionEnd::Terminated,
-                })
-            }
+                }),
             _ => {}
         }
     }
@@ -285,14 +311,20 @@ impl Guard {
             .or_else(|| host::response_header("mcp-session-id"));
         let max_hold = self.config.max_event_hold_bytes;
         let stream = match &self.phase {
-            Phase::Continuing { cursor, expected, .. } => StreamState::continuation(
+            Phase::Continuing {
+                cursor, expected, ..
+            } => StreamState::continuation(
                 cursor,
                 expected.clone(),
                 self.config.suppress_cursor_echo,
                 max_hold,
             ),
             _ => {
-                let kind = if self.req.method == "GET" { StreamKind::Get } else { StreamKind::Request };
+                let kind = if self.req.method == "GET" {
+                    StreamKind::Get
+                } else {
+                    StreamKind::Request
+                };
                 let binding = session_binding(sid.as_deref().unwrap_or("").as_bytes());
                 let inc = host::random_u64();
                 if let (Some(sid), Some(owner)) = (sid.as_deref(), host::upstream_address()) {
@@ -315,9 +347,18 @@ impl Guard {
     }
 
     fn flush_relayed(&mut self) {
-        let Some(stream) = self.stream.as_mut() else { return };
-        let Some((first_seq, ids)) = stream.take_relayed() else { return };
-        let Some(sid) = self.req.session_id.clone().or_else(|| host::response_header("mcp-session-id")) else {
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        let Some((first_seq, ids)) = stream.take_relayed() else {
+            return;
+        };
+        let Some(sid) = self
+            .req
+            .session_id
+            .clone()
+            .or_else(|| host::response_header("mcp-session-id"))
+        else {
             return;
         };
         self.metrics.events_rewritten.add(ids.len() as u64);
@@ -345,14 +386,20 @@ impl Guard {
 
 impl Context for Guard {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _trailers: usize) {
-        let Phase::Asking { token: want, .. } = &self.phase else { return };
+        let Phase::Asking { token: want, .. } = &self.phase else {
+            return;
+        };
         if *want != token {
             return;
         }
-        let Phase::Asking { cursor, started_ms, .. } = std::mem::replace(&mut self.phase, Phase::Idle) else {
+        let Phase::Asking {
+            cursor, started_ms, ..
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
             return;
         };
-        self.metrics.callout_latency(host::now_ms().saturating_sub(started_ms));
+        self.metrics
+            .callout_latency(host::now_ms().saturating_sub(started_ms));
         let action = if headers == 0 {
             // Envoy reports a reset, a timeout or no healthy host as a response without headers.
             self.callout_failed(cursor.kind, "no_response")
@@ -421,7 +468,11 @@ impl HttpContext for Guard {
         }
         self.record_session(status);
         let is_sse = host::response_header("content-type")
-            .map(|ct| ct.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
+            .map(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            })
             .unwrap_or(false);
         if let Some(refusal) = self.refusal {
             host::set_response_header(MCP_RESUME_HEADER, &refusal.header());
@@ -468,7 +519,9 @@ impl HttpContext for Guard {
         }
         if flow == Flow::CutReplayMismatch && !matches!(self.phase, Phase::Replied) {
             // Tell the cluster once; the control event is already in `out`.
-            if let Phase::Continuing { cursor, .. } = std::mem::replace(&mut self.phase, Phase::Replied) {
+            if let Phase::Continuing { cursor, .. } =
+                std::mem::replace(&mut self.phase, Phase::Replied)
+            {
                 self.metrics.replay_mismatch.inc();
                 if let Some(sid) = self.req.session_id.as_deref() {
                     self.push_record(Record::StreamLost {

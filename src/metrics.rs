@@ -13,7 +13,10 @@ impl Metric {
         match hc::define_metric(kind, &format!("mcp_resume_guard.{name}")) {
             Ok(id) => Metric(id),
             Err(_) => {
-                host::log(proxy_wasm::types::LogLevel::Warn, &format!("cannot define metric {name}"));
+                host::log(
+                    proxy_wasm::types::LogLevel::Warn,
+                    &format!("cannot define metric {name}"),
+                );
                 Metric(0)
             }
         }

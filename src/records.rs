@@ -64,7 +64,9 @@ impl RecordQueue {
     }
 
     pub fn on_response(&mut self, token: u32, ok: bool, m: &Metrics) {
-        let Some((want, records)) = self.in_flight.take() else { return };
+        let Some((want, records)) = self.in_flight.take() else {
+            return;
+        };
         if want != token {
             self.in_flight = Some((want, records));
             return;

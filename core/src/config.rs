@@ -187,7 +187,11 @@ impl Config {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path == "." { "(root)".to_string() } else { path };
+            let field = if path == "." {
+                "(root)".to_string()
+            } else {
+                path
+            };
             err(field, e.into_inner().to_string())
         })?;
         Config::validate(raw)
@@ -209,7 +213,10 @@ impl Config {
         }
         let o = &raw.ownership;
         if o.cluster.is_empty() {
-            return Err(err("ownership.cluster", "must name the Envoy cluster of the ownership service"));
+            return Err(err(
+                "ownership.cluster",
+                "must name the Envoy cluster of the ownership service",
+            ));
         }
         if o.authority.is_empty() {
             return Err(err("ownership.authority", "must not be empty"));
@@ -224,7 +231,10 @@ impl Config {
             return Err(err("ownership.max_batch", "must be between 1 and 10000"));
         }
         if o.max_queue < o.max_batch {
-            return Err(err("ownership.max_queue", "must be at least ownership.max_batch"));
+            return Err(err(
+                "ownership.max_queue",
+                "must be at least ownership.max_batch",
+            ));
         }
         if !is_header_name(&raw.owner_header) {
             return Err(err("owner_header", "must be a lowercase HTTP header name"));
@@ -281,20 +291,34 @@ fn keyring(keys: &[KeyConfig]) -> Result<Keyring, ConfigError> {
     for (i, k) in keys.iter().enumerate() {
         let secret = base64::engine::general_purpose::STANDARD
             .decode(k.secret.trim())
-            .map_err(|e| err(format!("keys[{i}].secret"), format!("not standard base64: {e}")))?;
+            .map_err(|e| {
+                err(
+                    format!("keys[{i}].secret"),
+                    format!("not standard base64: {e}"),
+                )
+            })?;
         if secret.len() < MIN_SECRET_BYTES {
             return Err(err(
                 format!("keys[{i}].secret"),
-                format!("must decode to at least {MIN_SECRET_BYTES} bytes, got {}", secret.len()),
+                format!(
+                    "must decode to at least {MIN_SECRET_BYTES} bytes, got {}",
+                    secret.len()
+                ),
             ));
         }
         if keys[..i].iter().any(|o| o.id == k.id) {
-            return Err(err(format!("keys[{i}].id"), format!("duplicate key id {}", k.id)));
+            return Err(err(
+                format!("keys[{i}].id"),
+                format!("duplicate key id {}", k.id),
+            ));
         }
         let key = Key { id: k.id, secret };
         if k.active {
             if active.is_some() {
-                return Err(err(format!("keys[{i}].active"), "only one key may be active"));
+                return Err(err(
+                    format!("keys[{i}].active"),
+                    "only one key may be active",
+                ));
             }
             active = Some(key);
         } else {
@@ -355,15 +379,26 @@ mod tests {
         assert_eq!(field_of(&json(r#","reject_status":404"#)), "reject_status");
         assert_eq!(field_of(&json(r#","reject_status":"x""#)), "reject_status");
         assert_eq!(field_of(&json(r#","mcp_paths":["mcp"]"#)), "mcp_paths[0]");
-        assert_eq!(field_of(&json(r#","policy":{"get_stream":"maybe"}"#)), "policy.get_stream");
-        assert_eq!(field_of(&json(r#","owner_header":"X Owner""#)), "owner_header");
+        assert_eq!(
+            field_of(&json(r#","policy":{"get_stream":"maybe"}"#)),
+            "policy.get_stream"
+        );
+        assert_eq!(
+            field_of(&json(r#","owner_header":"X Owner""#)),
+            "owner_header"
+        );
         assert_eq!(
             field_of(r#"{"ownership":{"cluster":"c","timeout_ms":0},"keys":[]}"#),
             "ownership.timeout_ms"
         );
-        assert_eq!(field_of(r#"{"ownership":{"cluster":"c"},"keys":[]}"#), "keys");
         assert_eq!(
-            field_of(r#"{"ownership":{"cluster":"c"},"keys":[{"id":1,"secret":"c2hvcnQ=","active":true}]}"#),
+            field_of(r#"{"ownership":{"cluster":"c"},"keys":[]}"#),
+            "keys"
+        );
+        assert_eq!(
+            field_of(
+                r#"{"ownership":{"cluster":"c"},"keys":[{"id":1,"secret":"c2hvcnQ=","active":true}]}"#
+            ),
             "keys[0].secret"
         );
         assert_eq!(field_of(r#"{"keys":[]}"#), "(root)");
@@ -377,7 +412,8 @@ mod tests {
             r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}},{{"id":2,"secret":"{SECRET}","active":true}}]}}"#
         );
         assert_eq!(field_of(&two), "keys[1].active");
-        let none = format!(r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"secret":"{SECRET}"}}]}}"#);
+        let none =
+            format!(r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"secret":"{SECRET}"}}]}}"#);
         assert_eq!(field_of(&none), "keys");
         let dup = format!(
             r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}},{{"id":1,"secret":"{SECRET}"}}]}}"#

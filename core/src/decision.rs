@@ -68,7 +68,6 @@ pub fn decide(
     Ok(())
 }
 
-
 /// The first protocol revision without resumption ("ignore it; streams are not resumable").
 pub const FIRST_UNRESUMABLE_VERSION: &str = "2026-07-28";
 /// The revision to assume when `MCP-Protocol-Version` is absent (the spec's rule).
@@ -147,7 +146,11 @@ mod tests {
         }
     }
 
-    fn d(session: Option<SessionState>, i: Option<IncarnationFacts>, seq: u64) -> Result<(), Reason> {
+    fn d(
+        session: Option<SessionState>,
+        i: Option<IncarnationFacts>,
+        seq: u64,
+    ) -> Result<(), Reason> {
         decide(session, i.as_ref(), StreamKind::Get, seq)
     }
 
@@ -164,30 +167,56 @@ mod tests {
     fn each_condition_names_its_reason() {
         let a = Some(SessionState::Active);
         assert_eq!(d(None, Some(inc()), 9), Err(Reason::SessionInactive));
-        assert_eq!(d(Some(SessionState::Terminated), Some(inc()), 9), Err(Reason::SessionInactive));
-        assert_eq!(d(Some(SessionState::Expired), Some(inc()), 9), Err(Reason::SessionInactive));
+        assert_eq!(
+            d(Some(SessionState::Terminated), Some(inc()), 9),
+            Err(Reason::SessionInactive)
+        );
+        assert_eq!(
+            d(Some(SessionState::Expired), Some(inc()), 9),
+            Err(Reason::SessionInactive)
+        );
         assert_eq!(d(a, None, 9), Err(Reason::UnknownStream));
         assert_eq!(d(a, Some(inc()), 10), Err(Reason::UnknownStream));
-        let other_kind = IncarnationFacts { kind: StreamKind::Request, ..inc() };
+        let other_kind = IncarnationFacts {
+            kind: StreamKind::Request,
+            ..inc()
+        };
         assert_eq!(d(a, Some(other_kind), 9), Err(Reason::UnknownStream));
-        let lost = IncarnationFacts { owner_lost: true, ..inc() };
+        let lost = IncarnationFacts {
+            owner_lost: true,
+            ..inc()
+        };
         assert_eq!(d(a, Some(lost), 9), Err(Reason::OwnerUnavailable));
         assert_eq!(d(a, Some(inc()), 3), Err(Reason::Gap));
-        let trimmed = IncarnationFacts { retention: 0, retained_from: 8, ..inc() };
+        let trimmed = IncarnationFacts {
+            retention: 0,
+            retained_from: 8,
+            ..inc()
+        };
         assert_eq!(d(a, Some(trimmed), 7), Ok(()));
         assert_eq!(d(a, Some(trimmed), 6), Err(Reason::Gap));
-        let sup = IncarnationFacts { superseded: true, ..inc() };
+        let sup = IncarnationFacts {
+            superseded: true,
+            ..inc()
+        };
         assert_eq!(d(a, Some(sup), 9), Err(Reason::Superseded));
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn order_is_session_ownership_contiguity_incarnation() {
-        let all_bad = IncarnationFacts { owner_lost: true, superseded: true, ..inc() };
+        let all_bad = IncarnationFacts {
+            owner_lost: true,
+            superseded: true,
+            ..inc()
+        };
         assert_eq!(d(None, Some(all_bad), 1), Err(Reason::SessionInactive));
         let a = Some(SessionState::Active);
         assert_eq!(d(a, Some(all_bad), 1), Err(Reason::OwnerUnavailable));
-        let gap_and_sup = IncarnationFacts { superseded: true, ..inc() };
+        let gap_and_sup = IncarnationFacts {
+            superseded: true,
+            ..inc()
+        };
         assert_eq!(d(a, Some(gap_and_sup), 1), Err(Reason::Gap));
     }
 

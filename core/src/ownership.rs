@@ -143,8 +143,14 @@ pub enum SessionEnd {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Record {
     /// An `initialize` response carried `Mcp-Session-Id`.
-    SessionOpen { session: String, version: String },
-    SessionEnd { session: String, why: SessionEnd },
+    SessionOpen {
+        session: String,
+        version: String,
+    },
+    SessionEnd {
+        session: String,
+        why: SessionEnd,
+    },
     /// An SSE response opened (or, on a continuation, continued) an incarnation.
     StreamOpen {
         session: String,
@@ -169,10 +175,15 @@ pub enum Record {
     },
     /// A continuation to this incarnation's owner failed (owner down or not in the cluster):
     /// its log is lost, so later cursors for it are `owner_unavailable` at once.
-    StreamLost { session: String, incarnation: String },
+    StreamLost {
+        session: String,
+        incarnation: String,
+    },
     /// Operator or preStop hook: this replica address is gone. Every incarnation it owned
     /// until now is lost; incarnations opened later at the same address (a new pod) are not.
-    OwnerGone { owner: String },
+    OwnerGone {
+        owner: String,
+    },
 }
 
 /// `POST /v1/records`.

@@ -94,7 +94,8 @@ impl StreamState {
     pub fn push(&mut self, keys: &Keyring, chunk: &[u8], out: &mut Vec<u8>) -> Flow {
         if !self.cut {
             let ids = &mut self.ids;
-            self.rewriter.push(chunk, out, &mut |id| ids.on_id(keys, id));
+            self.rewriter
+                .push(chunk, out, &mut |id| ids.on_id(keys, id));
         }
         self.after(out)
     }

@@ -15,7 +15,10 @@ fn examples(kind: &str) -> Vec<(String, Vec<u8>)> {
         .unwrap()
         .map(|e| {
             let p = e.unwrap().path();
-            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
         })
         .collect();
     out.sort();
@@ -25,7 +28,8 @@ fn examples(kind: &str) -> Vec<(String, Vec<u8>)> {
 
 fn validator() -> jsonschema::Validator {
     let schema: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root().join("schema/config.schema.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(root().join("schema/config.schema.json")).unwrap())
+            .unwrap();
     jsonschema::validator_for(&schema).unwrap()
 }
 
@@ -68,14 +72,21 @@ fn envoy_configs_carry_valid_plugin_config() {
         // The plugin config is the indented JSON block under `value: |`.
         for block in text.split("value: |").skip(1) {
             let mut lines = block.lines().skip(1).peekable();
-            let indent = lines.peek().map(|l| l.len() - l.trim_start().len()).unwrap_or(0);
+            let indent = lines
+                .peek()
+                .map(|l| l.len() - l.trim_start().len())
+                .unwrap_or(0);
             let json: Vec<&str> = lines
                 .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
                 .collect();
             let json = json.join("\n");
             let doc: serde_json::Value = serde_json::from_str(&json)
                 .unwrap_or_else(|e| panic!("{}: plugin config is not JSON: {e}", path.display()));
-            assert!(v.is_valid(&doc), "schema rejects plugin config in {}", path.display());
+            assert!(
+                v.is_valid(&doc),
+                "schema rejects plugin config in {}",
+                path.display()
+            );
             Config::from_json(json.as_bytes()).unwrap();
             seen += 1;
         }
