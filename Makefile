@@ -39,7 +39,7 @@ venv: $(VENV)/.stamp
 WBG_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
 wasm-bindgen:
 	@test -x $(TOOLS)/bin/wasm-bindgen-test-runner && $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)" \
-	  || cargo install --quiet --locked wasm-bindgen-cli --version $(WBG_VERSION) --root $(TOOLS)
+	  || cargo install --quiet wasm-bindgen-cli --version $(WBG_VERSION) --root $(TOOLS)
 
 tools: rust-targets venv wasm-bindgen
 
@@ -62,7 +62,7 @@ unit:
 
 wasm-test: wasm-bindgen
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
-	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown
+	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib
 
 validate: venv wasm
 	@for f in envoy/*.yaml; do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done

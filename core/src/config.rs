@@ -375,7 +375,8 @@ mod tests {
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn errors_name_the_field() {
-        assert_eq!(field_of(&json(r#","bogus":1"#)), "(root)");
+        assert_eq!(field_of(&json(r#","bogus":1"#)), "bogus");
+        assert_eq!(field_of(&json(r#","policy":{"other":1}"#)), "policy.other");
         assert_eq!(field_of(&json(r#","reject_status":404"#)), "reject_status");
         assert_eq!(field_of(&json(r#","reject_status":"x""#)), "reject_status");
         assert_eq!(field_of(&json(r#","mcp_paths":["mcp"]"#)), "mcp_paths[0]");

@@ -232,4 +232,94 @@ mod tests {
         assert!(!version_resumable(Some("banana")));
         assert!(!version_resumable(Some("2025-1-1")));
     }
+
+    fn ring() -> Keyring {
+        match Keyring::new(
+            crate::cursor::Key {
+                id: 3,
+                secret: vec![9; 32],
+            },
+            vec![],
+        ) {
+            Ok(k) => k,
+            Err(e) => unreachable!("{e:?}"),
+        }
+    }
+
+    fn cursor_for(keys: &Keyring, sid: &str) -> String {
+        keys.encode(&crate::cursor::Cursor {
+            session: session_binding(sid.as_bytes()),
+            incarnation: 5,
+            kind: StreamKind::Get,
+            seq: 3,
+            replica_event_id: Some("e3"),
+        })
+    }
+
+    fn local(
+        keys: &Keyring,
+        is_get: bool,
+        lei: &str,
+        sid: Option<&str>,
+        v: Option<&str>,
+    ) -> LocalVerdict {
+        check_locally(
+            keys,
+            &CursorRequest {
+                is_get,
+                last_event_id: lei,
+                session_id: sid,
+                protocol_version: v,
+            },
+        )
+    }
+
+    fn refused(reason: Reason, kind: Option<StreamKind>) -> LocalVerdict {
+        LocalVerdict::Refuse { reason, kind }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn local_checks_in_order() {
+        let k = ring();
+        let good = cursor_for(&k, "s1");
+        let get = Some(StreamKind::Get);
+        assert!(
+            matches!(local(&k, true, &good, Some("s1"), None), LocalVerdict::Ask(c) if c.seq == 3)
+        );
+        assert_eq!(
+            local(&k, true, &good, Some("s1"), Some("2026-07-28")),
+            refused(Reason::NotResumableVersion, None)
+        );
+        assert_eq!(
+            local(&k, false, &good, Some("s1"), None),
+            refused(Reason::PostCursor, None)
+        );
+        assert_eq!(
+            local(&k, true, "e7", Some("s1"), None),
+            refused(Reason::ForeignCursor, None)
+        );
+        assert_eq!(
+            local(&k, true, &good, Some("s2"), None),
+            refused(Reason::SessionMismatch, get)
+        );
+        assert_eq!(
+            local(&k, true, &good, None, None),
+            refused(Reason::SessionInactive, get)
+        );
+        let other = match Keyring::new(
+            crate::cursor::Key {
+                id: 3,
+                secret: vec![1; 32],
+            },
+            vec![],
+        ) {
+            Ok(k) => k,
+            Err(e) => unreachable!("{e:?}"),
+        };
+        assert_eq!(
+            local(&other, true, &good, Some("s1"), None),
+            refused(Reason::ForeignCursor, None)
+        );
+    }
 }

@@ -114,7 +114,11 @@ impl StreamState {
         }
         if self.rewriter.is_cut() {
             self.cut = true;
-            out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
+            // A cut inside an oversized block leaves it unterminated: anything appended would
+            // join it. The caller ends the stream instead, and the client drops the partial block.
+            if !self.rewriter.cut_mid_block() {
+                out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
+            }
             return Flow::CutReplayMismatch;
         }
         Flow::Open
@@ -173,5 +177,140 @@ impl IdMap {
         self.relayed.push(id.to_string());
         self.rewritten += 1;
         IdAction::Replace(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::Key;
+
+    fn keys() -> Keyring {
+        match Keyring::new(
+            Key {
+                id: 1,
+                secret: vec![7; 32],
+            },
+            vec![],
+        ) {
+            Ok(k) => k,
+            Err(e) => unreachable!("{e:?}"),
+        }
+    }
+
+    fn run(s: &mut StreamState, k: &Keyring, input: &str) -> (String, Flow) {
+        let mut out = Vec::new();
+        let flow = s.push(k, input.as_bytes(), &mut out);
+        (String::from_utf8_lossy(&out).into_owned(), flow)
+    }
+
+    fn ids_of(out: &str) -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix("id: "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn fresh_stream_numbers_ids_from_one_and_records_them() {
+        let k = keys();
+        let mut s = StreamState::fresh([1; 8], 42, StreamKind::Get, 4096);
+        let (out, flow) = run(
+            &mut s,
+            &k,
+            "id: e5\ndata: a\n\n: comment\n\nid: e9\ndata: b\n\ndata: no id\n\n",
+        );
+        assert_eq!(flow, Flow::Open);
+        let ids = ids_of(&out);
+        assert_eq!(ids.len(), 2);
+        let c0 = k
+            .decode(&ids[0])
+            .map(|c| (c.seq, c.replica_event_id, c.incarnation));
+        assert_eq!(c0, Ok((1, Some("e5".to_string()), 42)));
+        assert_eq!(k.decode(&ids[1]).map(|c| c.seq), Ok(2));
+        assert!(out.contains("data: no id\n\n"));
+        assert_eq!(
+            s.take_relayed(),
+            Some((1, vec!["e5".to_string(), "e9".to_string()]))
+        );
+        assert_eq!(s.take_relayed(), None);
+        assert_eq!(s.rewritten(), 2);
+    }
+
+    fn cursor_at(seq: u64, id: &str) -> DecodedCursor {
+        DecodedCursor {
+            key_id: 1,
+            session: [1; 8],
+            incarnation: 42,
+            kind: StreamKind::Get,
+            seq,
+            replica_event_id: Some(id.to_string()),
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn continuation_checks_the_replay_and_continues_the_numbering() {
+        let k = keys();
+        let expected = vec!["e8".to_string(), "e9".to_string()];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (out, flow) = run(
+            &mut s,
+            &k,
+            "id: e7\ndata: echo\n\nid: e8\ndata: 8\n\nid: e9\ndata: 9\n\nid: e10\ndata: new\n\n",
+        );
+        assert_eq!(flow, Flow::Open);
+        assert!(
+            !out.contains("echo"),
+            "the cursor's own event is suppressed"
+        );
+        let seqs: Vec<u64> = ids_of(&out)
+            .iter()
+            .filter_map(|i| k.decode(i).ok())
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(seqs, vec![8, 9, 10]);
+        assert_eq!(s.take_relayed().map(|r| r.0), Some(8));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_replay_with_a_gap_is_cut_with_the_control_event() {
+        let k = keys();
+        let expected = vec!["e8".to_string(), "e9".to_string()];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (out, flow) = run(
+            &mut s,
+            &k,
+            "id: e8\ndata: 8\n\nid: e12\ndata: later\n\nid: e13\ndata: x\n\n",
+        );
+        assert_eq!(flow, Flow::CutReplayMismatch);
+        assert!(!out.contains("later") && !out.contains("data: x"));
+        assert!(out.ends_with(&control_event(Reason::ReplayMismatch)));
+        let (more, flow) = run(&mut s, &k, "id: e14\ndata: y\n\n");
+        assert_eq!((more.as_str(), flow), ("", Flow::CutReplayMismatch));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn echo_is_kept_when_it_is_the_expected_next_event() {
+        let k = keys();
+        // Same replica id reused: only a mismatch with the records decides.
+        let mut s =
+            StreamState::continuation(&cursor_at(7, "x"), vec!["x".to_string()], true, 4096);
+        let (out, flow) = run(&mut s, &k, "id: x\ndata: 8\n\n");
+        assert_eq!(flow, Flow::Open);
+        assert_eq!(ids_of(&out).len(), 1);
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn empty_id_resets_and_is_kept() {
+        let k = keys();
+        let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
+        let (out, _) = run(&mut s, &k, "id:\ndata: a\n\n");
+        assert!(out.contains("data: a"));
+        assert_eq!(s.rewritten(), 0);
     }
 }
