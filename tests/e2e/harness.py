@@ -21,16 +21,19 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = Path(__file__).resolve().parent / ".runs"
+RUNS = Path(__file__).resolve().parent / ".runs" / os.environ.get("E2E_PORT_OFFSET", "0")
 ENVOY_BIN = ROOT / ".venv" / "bin" / "envoy"
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
 BIN = ROOT / "target" / "debug"
 
 HOST = "127.0.0.1"
-ENVOY_PORT = 10000
-ADMIN_PORT = 9901
-REPLICA_PORTS = [9101, 9102, 9103]
-OWNERSHIP_PORT = 9200
+# DESIGN.md's local topology. E2E_PORT_OFFSET shifts every port, so two suites can run at once.
+PORT_OFFSET = int(os.environ.get("E2E_PORT_OFFSET", "0"))
+ENVOY_PORT = 10000 + PORT_OFFSET
+ADMIN_PORT = 9901 + PORT_OFFSET
+REPLICA_PORTS = [9101 + PORT_OFFSET, 9102 + PORT_OFFSET, 9103 + PORT_OFFSET]
+OWNERSHIP_PORT = 9200 + PORT_OFFSET
+REDIS_PORT = 6390 + PORT_OFFSET
 OWNER_HEADER = "x-mcp-owner"
 PATH = "/mcp"
 
@@ -63,7 +66,7 @@ class Proc:
     """A child process with its log file; stopped by pid."""
 
     def __init__(self, name: str, args: list[str], port: int | None = None):
-        RUNS.mkdir(exist_ok=True)
+        RUNS.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.args = [str(a) for a in args]
         self.port = port
@@ -157,7 +160,7 @@ def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,
 
 class Envoy(Proc):
     def __init__(self, name: str, cfg: dict, admin_port: int = ADMIN_PORT, listener_port: int = ENVOY_PORT):
-        RUNS.mkdir(exist_ok=True)
+        RUNS.mkdir(parents=True, exist_ok=True)
         self.cfg_path = RUNS / f"{name}.yaml"
         with open(self.cfg_path, "w") as f:
             yaml.safe_dump(cfg, f)
