@@ -459,8 +459,10 @@ impl HttpContext for Guard {
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
         if let Phase::Continuing { cursor, owner, .. } = &self.phase {
+            // Strict stateful_session answers 503 when the owner is down or gone; a 4xx is the
+            // owner's own answer (404: session gone) and passes through.
             let served_by_owner = host::upstream_address().as_deref() == Some(owner.as_str());
-            if !(200..300).contains(&status) || !served_by_owner {
+            if status >= 500 || !served_by_owner {
                 let cursor = cursor.clone();
                 self.owner_failed(&cursor);
                 return Action::Continue;
@@ -476,14 +478,10 @@ impl HttpContext for Guard {
             .unwrap_or(false);
         if let Some(refusal) = self.refusal {
             host::set_response_header(MCP_RESUME_HEADER, &refusal.header());
-            if is_sse {
-                self.control_pending = Some(refusal.reason);
-            }
         }
         if is_sse && (200..300).contains(&status) {
+            self.control_pending = self.refusal.map(|r| r.reason);
             self.open_stream();
-        } else if self.control_pending.is_some() {
-            host::remove_response_header("content-length");
         }
         Action::Continue
     }
