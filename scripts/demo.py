@@ -30,15 +30,7 @@ def parse_upstreams(text: str) -> list[tuple[str, int]]:
 
 
 def envoy_config(upstreams: list[tuple[str, int]]) -> dict:
-    cfg = h.base_envoy_config()
-    f = h.guard_filter(cfg)
-    f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(h.WASM)
-    for c in cfg["static_resources"]["clusters"]:
-        if c["name"] == "mcp_replicas" and upstreams:
-            c["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
-                {"endpoint": {"address": {"socket_address": {"address": a, "port_value": p}}}} for a, p in upstreams
-            ]
-    return cfg
+    return h.envoy_config(guard=True, upstreams=upstreams or None)
 
 
 def walkthrough(own_replicas: bool) -> None:
@@ -70,7 +62,7 @@ def walkthrough(own_replicas: bool) -> None:
         r.close()
         same = got and got[0].id == evs[1].id
         print(f"3. resume with the first id -> {r.status}, served by {r.header('x-replica') or 'the owner'}, "
-              f"Mcp-Resume: {r.header('mcp-resume')}; replay starts at the next event: {bool(same)}")
+              f"no Mcp-Resume header: {r.header('mcp-resume') is None}; replay starts at the next event: {bool(same)}")
     r = c.get_stream(last_event_id="e7")
     r.conn.sock.settimeout(5)
     first = r.read(1)
@@ -115,7 +107,8 @@ def main() -> None:
     except Exception as e:
         print(f"make demo: could not start: {e} (logs in {h.RUNS})")
         stop()
-    where = ",".join(f"{a}:{p}" for a, p in upstreams) or "demo replicas 127.0.0.1:9101-9103"
+    where = ",".join(f"{a}:{p}" for a, p in upstreams) or "demo replicas " + ", ".join(
+        f"{h.HOST}:{p}" for p in h.REPLICA_PORTS)
     print(f"Envoy on {URL} (admin http://{h.HOST}:{h.ADMIN_PORT}), ownership on {h.HOST}:{h.OWNERSHIP_PORT}, "
           f"upstreams: {where}")
     walkthrough(not upstreams)

@@ -106,8 +106,8 @@ class Proc:
 
 # ---- configuration -------------------------------------------------------------------------
 
-def base_envoy_config() -> dict:
-    with open(ROOT / "envoy" / "envoy.yaml") as f:
+def base_envoy_config(base: str = "envoy.yaml") -> dict:
+    with open(ROOT / "envoy" / base) as f:
         return yaml.safe_load(f)
 
 
@@ -133,8 +133,9 @@ TEST_KEY = base64.b64encode(b"e2e-test-key-0123456789abcdef-0123456789").decode(
 
 def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,
                  replica_ports: list[int] | None = None, listener_port: int = ENVOY_PORT,
-                 admin_port: int = ADMIN_PORT, ownership_ports: list[int] | None = None) -> dict:
-    cfg = copy.deepcopy(base_envoy_config())
+                 admin_port: int = ADMIN_PORT, ownership_ports: list[int] | None = None,
+                 base: str = "envoy.yaml", upstreams: list[tuple[str, int]] | None = None) -> dict:
+    cfg = copy.deepcopy(base_envoy_config(base))
     cfg["admin"]["address"]["socket_address"]["port_value"] = admin_port
     cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] = listener_port
     hcm = _hcm(cfg)
@@ -150,10 +151,14 @@ def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,
     else:
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "mcp_resume_guard"]
     for c in cfg["static_resources"]["clusters"]:
-        ports = {"mcp_replicas": replica_ports or REPLICA_PORTS,
-                 "mcp_ownership": ownership_ports or [OWNERSHIP_PORT]}[c["name"]]
+        if c["name"] == "mcp_replicas":
+            addrs = upstreams or [(HOST, p) for p in (replica_ports or REPLICA_PORTS)]
+        elif c["name"] == "mcp_ownership":
+            addrs = [(HOST, p) for p in (ownership_ports or [OWNERSHIP_PORT])]
+        else:
+            continue
         c["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
-            {"endpoint": {"address": {"socket_address": {"address": HOST, "port_value": p}}}} for p in ports
+            {"endpoint": {"address": {"socket_address": {"address": a, "port_value": p}}}} for a, p in addrs
         ]
     return cfg
 
@@ -201,6 +206,13 @@ class Envoy(Proc):
 def start_replica(port: int, name: str, state_dir: Path, ring: int = 16, tick_ms: int = 20) -> Proc:
     return Proc(f"replica-{name}", [BIN / "naive-replica", "--listen", f"{HOST}:{port}", "--name", name,
                                     "--state-dir", state_dir, "--ring", ring, "--tick-ms", tick_ms],
+                port=port).start()
+
+
+def start_rmcp_replica(port: int, name: str, state_dir: Path, sse_retry_ms: int = 500) -> Proc:
+    """A replica built on the official Rust SDK (tests/rmcp-replica): shared sessions, local events."""
+    return Proc(f"rmcp-{name}-{port}", [BIN / "rmcp-replica", "--listen", f"{HOST}:{port}", "--name", name,
+                                        "--state-dir", state_dir, "--sse-retry-ms", sse_retry_ms],
                 port=port).start()
 
 
