@@ -15,7 +15,7 @@ WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
 BINDIR    := target/debug
 UPSTREAMS ?=
 
-.PHONY: help tools rust-targets venv wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean
+.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours)"
@@ -41,7 +41,27 @@ wasm-bindgen:
 	@test -x $(TOOLS)/bin/wasm-bindgen-test-runner && $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)" \
 	  || cargo install --quiet wasm-bindgen-cli --version $(WBG_VERSION) --root $(TOOLS)
 
-tools: rust-targets venv wasm-bindgen
+# Real MCP SDKs for tests/interop, pinned and project-local: npm packages in tests/interop/node_modules
+# (package-lock.json), PyPI `mcp` and its dependencies in .venv (tests/interop/requirements.txt).
+INTEROP := tests/interop
+$(INTEROP)/node_modules/.stamp: $(INTEROP)/package.json $(INTEROP)/package-lock.json
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm)
+	npm ci --prefix $(INTEROP) --no-audit --no-fund --loglevel=error
+	touch $@
+$(VENV)/.interop-stamp: $(VENV)/.stamp $(INTEROP)/requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(INTEROP)/requirements.txt
+	touch $@
+interop-deps: $(INTEROP)/node_modules/.stamp $(VENV)/.interop-stamp
+
+# Redis 7 (Debian) for the shared-store tests. The tests start their own redis-server on
+# 127.0.0.1:6390 (+E2E_PORT_OFFSET) by pid and stop it; a service the package may start
+# (Debian's listens on 6379) is stopped at once so it never serves anything here.
+redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server \
+	  && (service redis-server stop >/dev/null 2>&1 || true))
+
+tools: rust-targets venv wasm-bindgen interop-deps redis
 
 # ---- build -----------------------------------------------------------------
 wasm: rust-targets
@@ -49,7 +69,7 @@ wasm: rust-targets
 	@ls -l $(WASM)
 
 build: wasm
-	cargo build -p mcp-ownership -p naive-replica
+	cargo build -p mcp-ownership -p naive-replica -p rmcp-replica
 
 # ---- checks ----------------------------------------------------------------
 lint: rust-targets
@@ -57,7 +77,7 @@ lint: rust-targets
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p mcp-resume-guard -- -D warnings
 
-unit:
+unit: redis
 	cargo test --workspace
 
 wasm-test: wasm-bindgen
@@ -67,11 +87,42 @@ wasm-test: wasm-bindgen
 validate: venv wasm
 	@for f in envoy/*.yaml; do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
 
-e2e: venv build
+e2e: venv interop-deps build
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: tools lint unit wasm-test validate e2e
+test: tools lint unit wasm-test validate e2e bench-smoke
 	@echo "make test: all green"
+
+# ---- benchmarks ------------------------------------------------------------
+# `make bench`: bare Envoy vs the proxy-wasm floor vs the guard; writes BENCHMARKS.md and
+# bench/plots/*.png (full run, <= 15 min). `BENCH_QUICK=1 make bench` (< 2 min, debug builds)
+# writes target/bench-smoke/ instead; `make test` runs it as a smoke test (no timing checks).
+MATPLOTLIB_VERSION ?= 3.9.2
+BENCH_TARGET ?= target
+BENCH_PROFILE = $(if $(BENCH_QUICK),debug,release)
+BENCH_CARGO   = $(if $(BENCH_QUICK),,--release)
+BENCH_OUT     = $(if $(BENCH_QUICK),target/bench-smoke,$(BENCH_TARGET)/bench-full)
+BENCH_REPORT  = $(if $(BENCH_QUICK),target/bench-smoke/BENCHMARKS.md,BENCHMARKS.md)
+BENCH_PLOTS   = $(if $(BENCH_QUICK),target/bench-smoke/plots,bench/plots)
+SUDO          = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+$(VENV)/.bench-stamp: $(VENV)/.stamp
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check matplotlib==$(MATPLOTLIB_VERSION)
+	touch $@
+
+bench-tools: venv $(VENV)/.bench-stamp rust-targets
+	@command -v wrk >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends wrk; }
+
+bench: bench-tools wasm
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_CARGO) -p mcp-bench -p mcp-ownership
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
+	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) \
+	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
+	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
+	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS)
+
+bench-smoke:
+	$(MAKE) bench BENCH_QUICK=1
 
 # ---- demo ------------------------------------------------------------------
 demo: venv build

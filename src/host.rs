@@ -48,10 +48,48 @@ fn header(map: MapType, name: &str) -> Option<String> {
     hc::get_map_value(map, name).ok().flatten()
 }
 
+/// All headers of a map in one host call (one allocation in the VM instead of one per value).
+/// Values stay bytes: a header value that is not UTF-8 must not panic the VM.
+pub struct Headers(Vec<(String, Vec<u8>)>);
+
+impl Headers {
+    /// The first value of `name` (lowercase, as Envoy keeps header names), lossily as UTF-8.
+    pub fn get(&self, name: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
+    }
+}
+
+pub fn request_headers() -> Headers {
+    Headers(
+        hc::get_map_bytes(MapType::HttpRequestHeaders)
+            .ok()
+            .unwrap_or_default(),
+    )
+}
+
+pub fn response_headers() -> Headers {
+    Headers(
+        hc::get_map_bytes(MapType::HttpResponseHeaders)
+            .ok()
+            .unwrap_or_default(),
+    )
+}
+
+/// A single read; the filter reads whole maps with `request_headers()` instead.
+#[allow(dead_code)]
 pub fn request_header(name: &str) -> Option<String> {
     header(MapType::HttpRequestHeaders, name)
 }
 
+/// A single read; the filter reads whole maps with `response_headers()` instead.
+#[allow(dead_code)]
 pub fn response_header(name: &str) -> Option<String> {
     header(MapType::HttpResponseHeaders, name)
 }

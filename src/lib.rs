@@ -11,7 +11,9 @@ mod records;
 
 use base64::Engine as _;
 use mcp_resume_core::config::{Config, Policy};
-use mcp_resume_core::cursor::{incarnation_hex, session_binding, session_key, DecodedCursor};
+use mcp_resume_core::cursor::{
+    incarnation_hex, session_binding_and_key, session_key, DecodedCursor,
+};
 use mcp_resume_core::decision::{check_locally, CursorRequest, LocalVerdict};
 use mcp_resume_core::ownership::{
     Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
@@ -24,6 +26,9 @@ use records::RecordQueue;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
+
+/// The shared scratch buffer is dropped after a chunk that grew it beyond this.
+const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 
 /// The response header that says a cursor was not honoured.
 pub const MCP_RESUME_HEADER: &str = "mcp-resume";
@@ -39,6 +44,9 @@ struct GuardRoot {
     config: Option<Rc<Config>>,
     metrics: Option<Rc<Metrics>>,
     queue: Rc<RefCell<RecordQueue>>,
+    /// One output buffer per worker, lent to whichever stream's body chunk is being rewritten
+    /// (callbacks never nest), so an open stream keeps no buffer of its own.
+    scratch: Rc<RefCell<Vec<u8>>>,
 }
 
 impl Context for GuardRoot {
@@ -96,7 +104,8 @@ impl RootContext for GuardRoot {
             stream: None,
             control_pending: None,
             cut_sent: false,
-            out: Vec::new(),
+            scratch: self.scratch.clone(),
+            record_keys: None,
         }))
     }
 
@@ -111,6 +120,11 @@ struct RequestInfo {
     method: String,
     session_id: Option<String>,
     protocol_version: Option<String>,
+    /// `Mcp-Session-Id` of the response, read with the response headers: header maps cannot be
+    /// read from body callbacks (Envoy answers BadArgument and proxy-wasm panics), and an SSE
+    /// `initialize` response (TypeScript and Python SDKs) relays its events before any request
+    /// carried the session id.
+    response_session_id: Option<String>,
 }
 
 /// The callout as a small state machine keyed by its token.
@@ -157,8 +171,10 @@ struct Guard {
     control_pending: Option<Reason>,
     /// A replay mismatch cut the stream and the control event was sent.
     cut_sent: bool,
-    /// Scratch buffer reused for every body chunk.
-    out: Vec<u8>,
+    /// The worker's scratch buffer for rewritten body chunks.
+    scratch: Rc<RefCell<Vec<u8>>>,
+    /// Store keys of this stream's session and incarnation, computed once per stream.
+    record_keys: Option<(String, String)>,
 }
 
 impl Guard {
@@ -278,7 +294,7 @@ impl Guard {
     /// Session lifecycle facts visible in response headers.
     fn record_session(&self, status: u32) {
         let req_sid = self.req.session_id.as_deref();
-        match (req_sid, host::response_header("mcp-session-id")) {
+        match (req_sid, self.req.response_session_id.clone()) {
             (None, Some(new_sid)) if (200..300).contains(&status) => {
                 self.push_record(Record::SessionOpen {
                     session: session_key(new_sid.as_bytes()),
@@ -308,7 +324,7 @@ impl Guard {
             .req
             .session_id
             .clone()
-            .or_else(|| host::response_header("mcp-session-id"));
+            .or_else(|| self.req.response_session_id.clone());
         let max_hold = self.config.max_event_hold_bytes;
         let stream = match &self.phase {
             Phase::Continuing {
@@ -325,12 +341,18 @@ impl Guard {
                 } else {
                     StreamKind::Request
                 };
-                let binding = session_binding(sid.as_deref().unwrap_or("").as_bytes());
+                // One SHA-256 of the session id gives both the cursor binding and the store key.
+                let (binding, skey) =
+                    session_binding_and_key(sid.as_deref().unwrap_or("").as_bytes());
                 let inc = host::random_u64();
-                if let (Some(sid), Some(owner)) = (sid.as_deref(), host::upstream_address()) {
+                let inc_hex = incarnation_hex(inc);
+                if sid.is_some() {
+                    self.record_keys = Some((skey.clone(), inc_hex.clone()));
+                }
+                if let (Some(_), Some(owner)) = (sid.as_deref(), host::upstream_address()) {
                     self.push_record(Record::StreamOpen {
-                        session: session_key(sid.as_bytes()),
-                        incarnation: incarnation_hex(inc),
+                        session: skey,
+                        incarnation: inc_hex,
                         kind,
                         owner,
                         retention: self.config.retention,
@@ -353,22 +375,30 @@ impl Guard {
         let Some((first_seq, ids)) = stream.take_relayed() else {
             return;
         };
-        let Some(sid) = self
-            .req
-            .session_id
-            .clone()
-            .or_else(|| host::response_header("mcp-session-id"))
-        else {
+        self.metrics.events_rewritten.add(ids.len() as u64);
+        if self.record_keys.is_none() {
+            let Some(sid) = self
+                .req
+                .session_id
+                .as_deref()
+                .or(self.req.response_session_id.as_deref())
+            else {
+                return;
+            };
+            self.record_keys = Some((
+                session_key(sid.as_bytes()),
+                incarnation_hex(stream.incarnation()),
+            ));
+        }
+        let Some((session, incarnation)) = self.record_keys.clone() else {
             return;
         };
-        self.metrics.events_rewritten.add(ids.len() as u64);
-        let r = Record::Events {
-            session: session_key(sid.as_bytes()),
-            incarnation: incarnation_hex(stream.incarnation()),
+        self.push_record(Record::Events {
+            session,
+            incarnation,
             first_seq,
             ids,
-        };
-        self.push_record(r);
+        });
     }
 
     /// The owner failed the continuation: its log is lost. Tell the client explicitly.
@@ -417,20 +447,22 @@ impl Context for Guard {
 
 impl HttpContext for Guard {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
-        let path = host::request_header(":path").unwrap_or_default();
+        // One host call for all of them (each single read is a VM round trip plus an allocation).
+        let h = host::request_headers();
+        let path = h.get(":path").unwrap_or_default();
         if !self.config.is_mcp_path(&path) {
             return Action::Continue;
         }
         self.req.mcp = true;
         // Only the guard may pin a replica: a client must not choose its pod.
-        if host::request_header(&self.config.owner_header).is_some() {
+        if h.has(&self.config.owner_header) {
             host::remove_request_header(&self.config.owner_header);
             self.metrics.owner_header_removed.inc();
         }
-        self.req.method = host::request_header(":method").unwrap_or_default();
-        self.req.session_id = host::request_header("mcp-session-id");
-        self.req.protocol_version = host::request_header("mcp-protocol-version");
-        let Some(last_event_id) = host::request_header("last-event-id") else {
+        self.req.method = h.get(":method").unwrap_or_default();
+        self.req.session_id = h.get("mcp-session-id");
+        self.req.protocol_version = h.get("mcp-protocol-version");
+        let Some(last_event_id) = h.get("last-event-id") else {
             return Action::Continue;
         };
         self.metrics.cursors_seen.inc();
@@ -453,11 +485,16 @@ impl HttpContext for Guard {
         if !self.req.mcp || matches!(self.phase, Phase::Replied) {
             return Action::Continue;
         }
+        let h = host::response_headers();
         // stateful_session echoes the chosen host to clients; the owner never leaks.
-        host::remove_response_header(&self.config.owner_header);
-        let status = host::response_header(":status")
+        if h.has(&self.config.owner_header) {
+            host::remove_response_header(&self.config.owner_header);
+        }
+        let status = h
+            .get(":status")
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
+        self.req.response_session_id = h.get("mcp-session-id");
         if let Phase::Continuing { cursor, owner, .. } = &self.phase {
             // Strict stateful_session answers 503 when the owner is down or gone; a 4xx is the
             // owner's own answer (404: session gone) and passes through.
@@ -469,7 +506,8 @@ impl HttpContext for Guard {
             }
         }
         self.record_session(status);
-        let is_sse = host::response_header("content-type")
+        let is_sse = h
+            .get("content-type")
             .map(|ct| {
                 ct.trim_start()
                     .to_ascii_lowercase()
@@ -498,7 +536,7 @@ impl HttpContext for Guard {
             return Action::Continue;
         }
         let chunk = host::response_body(size);
-        let mut out = std::mem::take(&mut self.out);
+        let mut out = std::mem::take(&mut *self.scratch.borrow_mut());
         out.clear();
         if let Some(reason) = self.control_pending.take() {
             out.extend_from_slice(control_event(reason).as_bytes());
@@ -530,7 +568,11 @@ impl HttpContext for Guard {
             }
         }
         host::set_response_body(size, &out);
-        self.out = out;
+        // Keep the worker's buffer, unless one huge chunk made it large.
+        if out.capacity() > SCRATCH_KEEP_BYTES {
+            out = Vec::new();
+        }
+        *self.scratch.borrow_mut() = out;
         self.flush_relayed();
         Action::Continue
     }

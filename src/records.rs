@@ -7,6 +7,12 @@ use mcp_resume_core::ownership::{Record, RecordBatch, RECORDS_PATH};
 use std::collections::VecDeque;
 use std::time::Duration;
 
+/// Ids one merged `Events` record may reach: keeps a record (and a queue of them) bounded.
+const MERGE_MAX_IDS: usize = 256;
+/// Ids one batch may carry, whatever `max_batch` says: at most 4096 × ~130 bytes of JSON, well
+/// under the ownership service's 1 MiB body limit.
+const BATCH_MAX_IDS: usize = 4096;
+
 #[derive(Default)]
 pub struct RecordQueue {
     pending: VecDeque<Record>,
@@ -30,6 +36,32 @@ impl RecordQueue {
     }
 
     pub fn push(&mut self, r: Record, m: &Metrics) {
+        // Events that continue the last queued record of the same incarnation join it: one
+        // record (and one session and incarnation key on the wire) per flush, not per chunk.
+        let r = match (self.pending.back_mut(), r) {
+            (
+                Some(Record::Events {
+                    session,
+                    incarnation,
+                    first_seq,
+                    ids,
+                }),
+                Record::Events {
+                    session: s2,
+                    incarnation: i2,
+                    first_seq: f2,
+                    ids: more,
+                },
+            ) if ids.len() < MERGE_MAX_IDS
+                && *incarnation == i2
+                && *session == s2
+                && first_seq.checked_add(ids.len() as u64) == Some(f2) =>
+            {
+                ids.extend(more);
+                return;
+            }
+            (_, r) => r,
+        };
         if self.pending.len() >= self.max_queue {
             self.pending.pop_front();
             m.records_dropped.inc();
@@ -41,7 +73,17 @@ impl RecordQueue {
         if self.in_flight.is_some() || self.pending.is_empty() {
             return;
         }
-        let n = self.pending.len().min(self.max_batch);
+        let mut n = 0;
+        let mut ids = 0;
+        for r in self.pending.iter().take(self.max_batch) {
+            if let Record::Events { ids: i, .. } = r {
+                if n > 0 && ids + i.len() > BATCH_MAX_IDS {
+                    break;
+                }
+                ids += i.len();
+            }
+            n += 1;
+        }
         let records: Vec<Record> = self.pending.drain(..n).collect();
         let batch = RecordBatch { records };
         let body = match serde_json::to_vec(&batch) {

@@ -12,11 +12,25 @@
 //! | seq              | 1..=10    | u64 as LEB128, minimal encoding only                    |
 //! | replica id len   | 1         | 0..=[`MAX_REPLICA_ID_BYTES`], or 0xFF = not embedded    |
 //! | replica id       | len       | UTF-8 bytes of the replica's own event id               |
-//! | MAC              | 16        | first 16 bytes of HMAC-SHA256(key, all bytes before it) |
+//! | MAC              | 16        | see below, over all bytes before it                     |
+//!
+//! The version byte names the MAC (the layout is the same):
+//! - **2**, used whenever the MAC input (the body) is at most 55 bytes, i.e. one SHA-256 block
+//!   (a replica id of up to ~34 bytes): the first 16 bytes of SHA-256(K₂ ‖ body), where K₂ is a
+//!   64-byte key derived from the secret (HMAC-SHA256(secret, label 0) ‖ HMAC-SHA256(secret,
+//!   label 1)). K₂ fills exactly one block, so its chaining value is computed once per key and
+//!   a cursor costs **one** compression. A version-2 cursor whose body is longer than 55 bytes
+//!   is malformed: the construction is only ever applied to single-block messages, where length
+//!   extension does not exist (and the tag is truncated besides). The README's Security section
+//!   gives the argument.
+//! - **1**, for longer bodies: the first 16 bytes of HMAC-SHA256(secret, body) (the precomputed
+//!   pads leave 2 or 3 compressions).
+//!
+//! Both are verified in constant time; the version byte is under the MAC and the two use
+//! independent keys, so neither tag can be turned into the other.
 //!
 //! Text form: base64 URL-safe alphabet without padding, so it is a valid SSE id and HTTP
-//! header value. With a replica id of up to ~34 bytes the MAC input stays within 55 bytes,
-//! i.e. one SHA-256 block after the precomputed key pads.
+//! header value.
 //!
 //! The owner's address is never part of a cursor. Decoding checks, in order: length, base64,
 //! version, key id, MAC (constant time), then the fields strictly.
@@ -26,11 +40,32 @@ use std::fmt;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
+use sha2::block_api::compress256;
 use sha2::{Digest, Sha256};
 
 use crate::ownership::StreamKind;
 
+/// Cursors whose MAC is HMAC-SHA256 (bodies longer than one block).
 pub const CURSOR_VERSION: u8 = 1;
+/// Cursors whose MAC is one keyed SHA-256 compression (bodies of at most [`ONE_BLOCK`] bytes).
+pub const CURSOR_VERSION_ONE_BLOCK: u8 = 2;
+/// Longest message that, with SHA-256's padding (0x80 and the 8-byte length), fits one block.
+pub const ONE_BLOCK: usize = 55;
+/// Labels of the two halves of the version-2 key K₂ (domain separation from the HMAC key use).
+const K2_LABELS: [&[u8]; 2] = [
+    b"mcp-resume-guard cursor v2 one-block key, half 0",
+    b"mcp-resume-guard cursor v2 one-block key, half 1",
+];
+const SHA256_IV: [u32; 8] = [
+    0x6a09_e667,
+    0xbb67_ae85,
+    0x3c6e_f372,
+    0xa54f_f53a,
+    0x510e_527f,
+    0x9b05_688c,
+    0x1f83_d9ab,
+    0x5be0_cd19,
+];
 /// Longer replica ids are not embedded (`replica_event_id = None`); the guard's records still map seq to them.
 pub const MAX_REPLICA_ID_BYTES: usize = 128;
 /// Length of the truncated HMAC-SHA256 tag.
@@ -85,17 +120,26 @@ impl fmt::Display for KeyringError {
 
 impl std::error::Error for KeyringError {}
 
+/// One key, ready to use for both cursor versions.
+#[derive(Clone)]
+struct KeyState {
+    id: u8,
+    // Pre-keyed HMAC state: cloning it skips hashing the key pads on every cursor.
+    hmac: Hmac<Sha256>,
+    /// SHA-256 chaining value after the block K₂ (version 2).
+    one_block: [u32; 8],
+}
+
 /// One active key that signs, plus verify-only keys kept during rotation.
 #[derive(Clone)]
 pub struct Keyring {
     active: u8,
-    // Pre-keyed HMAC states: cloning one skips hashing the key pads on every cursor.
-    keys: Vec<(u8, Hmac<Sha256>)>,
+    keys: Vec<KeyState>,
 }
 
 impl fmt::Debug for Keyring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ids: Vec<u8> = self.keys.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<u8> = self.keys.iter().map(|k| k.id).collect();
         f.debug_struct("Keyring")
             .field("active", &self.active)
             .field("key_ids", &ids)
@@ -164,14 +208,18 @@ impl std::error::Error for CursorError {}
 
 impl Keyring {
     pub fn new(active: Key, verify_only: Vec<Key>) -> Result<Keyring, KeyringError> {
-        let mut keys: Vec<(u8, Hmac<Sha256>)> = Vec::with_capacity(1 + verify_only.len());
+        let mut keys: Vec<KeyState> = Vec::with_capacity(1 + verify_only.len());
         for key in std::iter::once(&active).chain(verify_only.iter()) {
-            if keys.iter().any(|(id, _)| *id == key.id) {
+            if keys.iter().any(|k| k.id == key.id) {
                 return Err(KeyringError::DuplicateKeyId(key.id));
             }
-            let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.secret)
+            let hmac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.secret)
                 .map_err(|_| KeyringError::InvalidKey(key.id))?;
-            keys.push((key.id, mac));
+            keys.push(KeyState {
+                id: key.id,
+                one_block: one_block_state(&derive_k2(&hmac)),
+                hmac,
+            });
         }
         Ok(Keyring {
             active: active.id,
@@ -185,11 +233,11 @@ impl Keyring {
 
     /// Ids of all keys that verify, the active one first.
     pub fn key_ids(&self) -> impl Iterator<Item = u8> + '_ {
-        self.keys.iter().map(|(id, _)| *id)
+        self.keys.iter().map(|k| k.id)
     }
 
-    fn mac_for(&self, id: u8) -> Option<&Hmac<Sha256>> {
-        self.keys.iter().find(|(k, _)| *k == id).map(|(_, m)| m)
+    fn key(&self, id: u8) -> Option<&KeyState> {
+        self.keys.iter().find(|k| k.id == id)
     }
 
     /// Encodes with the active key.
@@ -217,11 +265,18 @@ impl Keyring {
             }
             _ => buf.push(&[NOT_EMBEDDED]),
         }
-        if let Some(mac) = self.mac_for(self.active) {
-            let mut mac = mac.clone();
-            mac.update(buf.bytes());
-            let tag = mac.finalize().into_bytes();
-            buf.push(tag.get(..MAC_BYTES).unwrap_or_default());
+        if let Some(key) = self.key(self.active) {
+            if buf.len <= ONE_BLOCK {
+                // The length decides the version; its byte is set before the MAC covers it.
+                buf.set_first(CURSOR_VERSION_ONE_BLOCK);
+                let tag = one_block_tag(&key.one_block, buf.bytes()).unwrap_or_default();
+                buf.push(&tag);
+            } else {
+                let mut mac = key.hmac.clone();
+                mac.update(buf.bytes());
+                let tag = mac.finalize().into_bytes();
+                buf.push(tag.get(..MAC_BYTES).unwrap_or_default());
+            }
         }
         out.reserve((buf.len * 4).div_ceil(3));
         URL_SAFE_NO_PAD.encode_string(buf.bytes(), out);
@@ -237,25 +292,81 @@ impl Keyring {
             .decode_slice(text.as_bytes(), &mut raw)
             .map_err(|_| CursorError::Malformed)?;
         let bytes = raw.get(..n).ok_or(CursorError::Malformed)?;
-        match bytes.first() {
+        let version = match bytes.first() {
             None => return Err(CursorError::Malformed),
-            Some(&CURSOR_VERSION) => {}
+            Some(&v @ (CURSOR_VERSION | CURSOR_VERSION_ONE_BLOCK)) => v,
             Some(_) => return Err(CursorError::UnknownVersion),
-        }
+        };
         let key_id = *bytes.get(1).ok_or(CursorError::Malformed)?;
-        let mac = self.mac_for(key_id).ok_or(CursorError::UnknownKey)?;
+        let key = self.key(key_id).ok_or(CursorError::UnknownKey)?;
         if n < MIN_CURSOR_BYTES {
             return Err(CursorError::Malformed);
         }
         let (body, tag) = bytes
             .split_at_checked(n - MAC_BYTES)
             .ok_or(CursorError::Malformed)?;
-        let mut mac = mac.clone();
-        mac.update(body);
-        mac.verify_truncated_left(tag)
-            .map_err(|_| CursorError::BadMac)?;
+        if version == CURSOR_VERSION_ONE_BLOCK {
+            // Only single-block bodies are ever signed this way.
+            let want = one_block_tag(&key.one_block, body).ok_or(CursorError::Malformed)?;
+            if !ct_eq(&want, tag) {
+                return Err(CursorError::BadMac);
+            }
+        } else {
+            let mut mac = key.hmac.clone();
+            mac.update(body);
+            mac.verify_truncated_left(tag)
+                .map_err(|_| CursorError::BadMac)?;
+        }
         parse_body(key_id, body)
     }
+}
+
+/// K₂ = HMAC(secret, label 0) ‖ HMAC(secret, label 1): 64 bytes, one SHA-256 block.
+fn derive_k2(hmac: &Hmac<Sha256>) -> [u8; 64] {
+    let mut k2 = [0u8; 64];
+    for (half, label) in k2.chunks_mut(32).zip(K2_LABELS) {
+        let mut m = hmac.clone();
+        m.update(label);
+        half.copy_from_slice(&m.finalize().into_bytes());
+    }
+    k2
+}
+
+/// The chaining value after compressing the key block: SHA-256's state after K₂.
+fn one_block_state(k2: &[u8; 64]) -> [u32; 8] {
+    let mut st = SHA256_IV;
+    compress256(&mut st, &[*k2]);
+    st
+}
+
+/// First 16 bytes of SHA-256(K₂ ‖ body) from K₂'s chaining value: one compression.
+/// `None` when `body` does not fit one block with SHA-256's padding.
+fn one_block_tag(state: &[u32; 8], body: &[u8]) -> Option<[u8; MAC_BYTES]> {
+    if body.len() > ONE_BLOCK {
+        return None;
+    }
+    let mut block = [0u8; 64];
+    block.get_mut(..body.len())?.copy_from_slice(body);
+    *block.get_mut(body.len())? = 0x80;
+    // Total message length in bits: the key block plus the body.
+    let bits = ((64 + body.len()) as u64) * 8;
+    block.get_mut(56..)?.copy_from_slice(&bits.to_be_bytes());
+    let mut st = *state;
+    compress256(&mut st, &[block]);
+    let mut tag = [0u8; MAC_BYTES];
+    for (out, w) in tag.chunks_mut(4).zip(st) {
+        out.copy_from_slice(&w.to_be_bytes());
+    }
+    Some(tag)
+}
+
+/// Constant-time equality of two tags (no early exit on the first differing byte).
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 /// Parses the MAC-verified body; any deviation from the layout is `Malformed`.
@@ -312,6 +423,11 @@ impl Buf {
     }
     fn bytes(&self) -> &[u8] {
         self.b.get(..self.len).unwrap_or_default()
+    }
+    fn set_first(&mut self, v: u8) {
+        if let Some(b) = self.b.first_mut() {
+            *b = v;
+        }
     }
 }
 
@@ -382,6 +498,18 @@ pub fn session_binding(session_id: &[u8]) -> [u8; 8] {
         out.copy_from_slice(h);
     }
     out
+}
+
+/// [`session_binding`] and [`session_key`] from one SHA-256 of the session id.
+pub fn session_binding_and_key(session_id: &[u8]) -> ([u8; 8], String) {
+    let h = sha256(session_id);
+    let mut binding = [0u8; 8];
+    if let Some(b) = h.get(..8) {
+        binding.copy_from_slice(b);
+    }
+    let mut s = String::with_capacity(32);
+    push_hex(h.get(..16).unwrap_or_default(), &mut s);
+    (binding, s)
 }
 
 /// Lowercase hex of the first 16 bytes of SHA-256(session id): the store key of a session.
@@ -543,9 +671,9 @@ mod tests {
         assert_eq!(r.decode(""), Err(CursorError::Malformed));
         assert_eq!(r.decode("not base64!"), Err(CursorError::Malformed));
         assert_eq!(r.decode(&format!("{good}=")), Err(CursorError::Malformed));
-        // Version 2 with an otherwise valid shape.
+        // Version 3 with an otherwise valid shape.
         let mut b = raw(&good);
-        b[0] = 2;
+        b[0] = 3;
         assert_eq!(
             r.decode(&URL_SAFE_NO_PAD.encode(&b)),
             Err(CursorError::UnknownVersion)
@@ -593,6 +721,75 @@ mod tests {
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn version_follows_the_mac_input_length() {
+        let r = ring(3, 9);
+        // 19 fixed bytes, a 2-byte varint (300), a length byte: 22 + replica id.
+        let short = "s".repeat(ONE_BLOCK - 22);
+        let long = "l".repeat(ONE_BLOCK - 21);
+        let b = raw(&r.encode(&sample(Some(&short))));
+        assert_eq!((b[0], b.len()), (CURSOR_VERSION_ONE_BLOCK, ONE_BLOCK + MAC_BYTES));
+        let b = raw(&r.encode(&sample(Some(&long))));
+        assert_eq!((b[0], b.len()), (CURSOR_VERSION, ONE_BLOCK + 1 + MAC_BYTES));
+        assert_eq!(raw(&r.encode(&sample(None)))[0], CURSOR_VERSION_ONE_BLOCK);
+        for id in [short.as_str(), long.as_str()] {
+            assert!(matches!(r.decode(&r.encode(&sample(Some(id)))), Ok(d) if same(&sample(Some(id)), &d)));
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn one_block_tag_is_truncated_sha256_of_k2_and_body() {
+        // The fast path computes exactly SHA-256(K₂ ‖ body), from a precomputed chaining value.
+        let hmac = match <Hmac<Sha256> as KeyInit>::new_from_slice(&[9; 32]) {
+            Ok(m) => m,
+            Err(_) => unreachable!(),
+        };
+        let k2 = derive_k2(&hmac);
+        let st = one_block_state(&k2);
+        for len in [0usize, 1, 21, 54, 55] {
+            let body: Vec<u8> = (0..len as u8).collect();
+            let mut whole = k2.to_vec();
+            whole.extend_from_slice(&body);
+            let want = Sha256::digest(&whole);
+            assert_eq!(one_block_tag(&st, &body).map(|t| t.to_vec()), Some(want[..MAC_BYTES].to_vec()), "{len}");
+        }
+        assert_eq!(one_block_tag(&st, &[0; ONE_BLOCK + 1]), None);
+        // The two halves of K₂ differ from each other and from the secret's HMAC use.
+        assert_ne!(k2[..32], k2[32..]);
+        assert!(ct_eq(b"abc", b"abc") && !ct_eq(b"abc", b"abd") && !ct_eq(b"ab", b"abc"));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn versions_cannot_be_swapped_or_stretched() {
+        let r = ring(3, 9);
+        // A version-2 cursor relabelled as version 1 (and the reverse) fails its MAC.
+        let v2 = raw(&r.encode(&sample(Some("ev-1"))));
+        let mut as_v1 = v2.clone();
+        as_v1[0] = CURSOR_VERSION;
+        assert_eq!(r.decode(&URL_SAFE_NO_PAD.encode(&as_v1)), Err(CursorError::BadMac));
+        let v1 = raw(&signed(9, 3, &{
+            let mut b = vec![0u8; 16];
+            b.extend_from_slice(&[0, 1, NOT_EMBEDDED]);
+            b
+        }));
+        assert!(r.decode(&URL_SAFE_NO_PAD.encode(&v1)).is_ok(), "version 1 still verifies");
+        let mut as_v2 = v1.clone();
+        as_v2[0] = CURSOR_VERSION_ONE_BLOCK;
+        assert_eq!(r.decode(&URL_SAFE_NO_PAD.encode(&as_v2)), Err(CursorError::BadMac));
+        // A version-2 cursor with a body longer than one block is malformed, whatever its tag.
+        let mut body = vec![CURSOR_VERSION_ONE_BLOCK, 3];
+        body.extend_from_slice(&[0u8; 17]);
+        body.extend_from_slice(&[1, 40]);
+        body.extend_from_slice(&[b'x'; 40]);
+        assert!(body.len() > ONE_BLOCK);
+        let mut long = body.clone();
+        long.extend_from_slice(&[0u8; MAC_BYTES]);
+        assert_eq!(r.decode(&URL_SAFE_NO_PAD.encode(&long)), Err(CursorError::Malformed));
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn key_rotation() {
         let old = ring(1, 0x11);
         let text = old.encode(&sample(Some("a")));
@@ -630,6 +827,10 @@ mod tests {
     fn session_helpers() {
         // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
         assert_eq!(session_key(b"abc"), "ba7816bf8f01cfea414140de5dae2223");
+        assert_eq!(
+            session_binding_and_key(b"abc"),
+            (session_binding(b"abc"), session_key(b"abc"))
+        );
         assert_eq!(
             session_binding(b"abc"),
             [0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea]

@@ -93,6 +93,9 @@ enum BlockId {
 #[derive(Debug)]
 pub struct Rewriter {
     max_hold: usize,
+    /// Hold each block until its blank line (needed for `DropEvent` and `Cut`); when false,
+    /// every block streams through as an overflowed one would, without being counted as such.
+    hold_blocks: bool,
     /// `Some(n)`: still at stream start, `n` BOM bytes matched so far.
     bom: Option<u8>,
     line: Line,
@@ -122,6 +125,7 @@ impl Rewriter {
     pub fn new(max_hold: usize) -> Rewriter {
         Rewriter {
             max_hold,
+            hold_blocks: true,
             bom: Some(0),
             line: Line::Start,
             skip_lf: None,
@@ -139,6 +143,18 @@ impl Rewriter {
             cut: false,
             cut_mid_block: false,
             stats: RewriterStats::default(),
+        }
+    }
+
+    /// A rewriter that never holds a block: its bytes go out as they arrive, only `id` lines
+    /// are removed and the replacement written before the blank line. For callers that only
+    /// ever answer `Replace` or `Keep` (a fresh stream): the output is the same as [`Rewriter::new`]'s,
+    /// with one copy less and no held bytes. `DropEvent` and `Cut` act as on an overflowed block.
+    /// `max_hold` still bounds an id value.
+    pub fn streaming(max_hold: usize) -> Rewriter {
+        Rewriter {
+            hold_blocks: false,
+            ..Rewriter::new(max_hold)
         }
     }
 
@@ -416,9 +432,11 @@ impl Rewriter {
     }
 
     fn check_overflow(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        if !self.streaming && self.block_bytes > self.max_hold {
+        if !self.streaming && (self.block_bytes > self.max_hold || !self.hold_blocks) {
             self.streaming = true;
-            self.stats.overflowed_blocks += 1;
+            if self.hold_blocks {
+                self.stats.overflowed_blocks += 1;
+            }
             self.flush_content(chunk, out);
         }
     }
@@ -1027,6 +1045,36 @@ mod tests {
                 prop_assert_eq!(rw.cut_mid_block(), rw2.cut_mid_block());
                 let bytes: Vec<&[u8]> = s.chunks(1).collect();
                 prop_assert_eq!(&run_with(&bytes, max_hold, &mut act).0, &whole);
+            }
+
+            #[test]
+            fn streaming_mode_matches_holding_for_replace_and_keep(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8), max_hold in 0usize..40) {
+                let mut act = |id: &str| if id.contains('k') { IdAction::Keep } else { IdAction::Replace(f(id)) };
+                let (held, ids, _) = run_with(&[&s], 1 << 16, &mut act);
+                for chunks in [split(&s, &cuts), s.chunks(1).collect()] {
+                    let mut rw = Rewriter::streaming(1 << 16);
+                    let mut out = Vec::new();
+                    let mut ids2 = Vec::new();
+                    let mut cb = |id: &str| { ids2.push(id.to_owned()); act(id) };
+                    for c in &chunks {
+                        rw.push(c, &mut out, &mut cb);
+                        // Nothing but an id value (and a possible "i"/"id" prefix) is ever held.
+                        prop_assert!(rw.hold.is_empty());
+                    }
+                    rw.finish(&mut out);
+                    prop_assert_eq!(&out, &held);
+                    prop_assert_eq!(&ids2, &ids);
+                    prop_assert_eq!(rw.stats().overflowed_blocks, 0);
+                }
+                // A small id bound drops long ids the same way in both modes.
+                let (held_small, _, _) = run_with(&[&s], max_hold, &mut act);
+                let mut rw = Rewriter::streaming(max_hold);
+                let mut out = Vec::new();
+                for c in split(&s, &cuts) {
+                    rw.push(c, &mut out, &mut act);
+                }
+                rw.finish(&mut out);
+                prop_assert_eq!(reference(&out), reference(&held_small));
             }
 
             #[test]

@@ -45,10 +45,15 @@ struct IdMap {
 }
 
 impl StreamState {
-    /// A new incarnation: its first event gets seq 1.
+    /// A new incarnation: its first event gets seq 1. Nothing is ever dropped or cut on a
+    /// fresh stream, so its events stream through without being held.
     pub fn fresh(session: [u8; 8], incarnation: u64, kind: StreamKind, max_hold: usize) -> Self {
+        Self::new(Rewriter::streaming(max_hold), session, incarnation, kind)
+    }
+
+    fn new(rewriter: Rewriter, session: [u8; 8], incarnation: u64, kind: StreamKind) -> Self {
         StreamState {
-            rewriter: Rewriter::new(max_hold),
+            rewriter,
             ids: IdMap {
                 session,
                 incarnation,
@@ -71,7 +76,13 @@ impl StreamState {
         suppress_echo: bool,
         max_hold: usize,
     ) -> Self {
-        let mut s = StreamState::fresh(cursor.session, cursor.incarnation, cursor.kind, max_hold);
+        // Held: a replayed echo is dropped whole and a divergent replay is cut before it leaves.
+        let mut s = StreamState::new(
+            Rewriter::new(max_hold),
+            cursor.session,
+            cursor.incarnation,
+            cursor.kind,
+        );
         let next = cursor.seq.saturating_add(1);
         s.ids.next_seq = next;
         s.ids.relayed_first = next;

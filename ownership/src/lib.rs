@@ -5,6 +5,8 @@
 pub mod api;
 pub mod memory;
 pub mod metrics;
+pub mod redis;
+mod redis_lua;
 pub mod resume;
 pub mod store;
 
@@ -17,6 +19,7 @@ use mcp_resume_core::ownership::{RECORDS_PATH, RESUME_PATH};
 
 pub use api::AppState;
 pub use memory::MemoryStore;
+pub use redis::{RedisOptions, RedisStore};
 pub use resume::ResumeOptions;
 pub use store::{Limits, Store};
 

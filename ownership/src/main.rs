@@ -3,7 +3,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mcp_ownership::{router, spawn_sweeper, AppState, Limits, MemoryStore, ResumeOptions, Store};
+use mcp_ownership::{
+    router, spawn_sweeper, AppState, Limits, MemoryStore, RedisOptions, RedisStore, ResumeOptions,
+    Store,
+};
 
 const HELP: &str = "\
 mcp-ownership: ownership service for mcp-resume-guard
@@ -13,8 +16,12 @@ USAGE:
 
 FLAGS:
     --listen ADDR                        address to serve HTTP on [default: 127.0.0.1:9200]
-    --store STORE                        `memory` (embedded, one instance) or `redis://HOST:PORT`
-                                         (shared; not built yet) [default: memory]
+    --store STORE                        `memory` (embedded, one instance only) or
+                                         `redis://HOST:PORT[/DB]` (shared by every instance)
+                                         [default: memory]
+    --store-timeout-ms MS                upper bound on one Redis operation; keep it well
+                                         below the guard's callout timeout [default: 150]
+    --redis-prefix PREFIX                namespace of every Redis key [default: mrg:]
     --record-wait-ms MS                  how long a resume waits for records still in flight
                                          [default: 150]
     --session-idle-ttl-secs SECS         a session untouched this long reads as expired
@@ -40,6 +47,8 @@ struct Cli {
     max_incarnations_per_session: usize,
     max_window: usize,
     max_expected: usize,
+    store_timeout_ms: u64,
+    redis_prefix: String,
 }
 
 enum Parsed {
@@ -56,6 +65,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         max_incarnations_per_session: 64,
         max_window: 4096,
         max_expected: 256,
+        store_timeout_ms: 150,
+        redis_prefix: "mrg:".to_owned(),
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -75,6 +86,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             "--max-incarnations-per-session",
             "--max-window",
             "--max-expected",
+            "--store-timeout-ms",
+            "--redis-prefix",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown flag {flag:?} (see --help)"));
@@ -95,6 +108,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 cli.store = if value == "memory" {
                     StoreSpec::Memory
                 } else if value.starts_with("redis://") {
+                    mcp_ownership::redis::parse_url(&value).map_err(|e| format!("--store: {e}"))?;
                     StoreSpec::Redis(value)
                 } else {
                     return Err(format!(
@@ -111,6 +125,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             }
             "--max-window" => cli.max_window = number(&flag, &value, 1, 10_000_000)? as usize,
             "--max-expected" => cli.max_expected = number(&flag, &value, 0, 100_000)? as usize,
+            "--store-timeout-ms" => cli.store_timeout_ms = number(&flag, &value, 1, 60_000)?,
+            "--redis-prefix" => {
+                if value.contains(['{', '}']) || value.is_empty() {
+                    return Err(format!(
+                        "--redis-prefix: must be non-empty and without braces, got {value:?}"
+                    ));
+                }
+                cli.redis_prefix = value
+            }
             _ => return Err(format!("unknown flag {flag:?} (see --help)")),
         }
     }
@@ -161,10 +184,31 @@ async fn run(cli: Cli) -> ExitCode {
     match &cli.store {
         StoreSpec::Memory => serve(MemoryStore::new(limits), &cli).await,
         StoreSpec::Redis(url) => {
-            eprintln!(
-                "mcp-ownership: --store {url}: redis store: not built yet (use --store memory)"
-            );
-            ExitCode::from(2)
+            let op_timeout = Duration::from_millis(cli.store_timeout_ms);
+            let opts = RedisOptions {
+                prefix: cli.redis_prefix.clone(),
+                op_timeout,
+                connect_timeout: op_timeout.min(Duration::from_millis(100)),
+                ..RedisOptions::default()
+            };
+            let store = match RedisStore::new(url, limits, opts) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("mcp-ownership: --store: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            // Redis down at start is not fatal: say so, serve 503 store_unavailable (and
+            // /healthz 503) until it answers, and say when it does.
+            match store.health().await {
+                Ok(()) => eprintln!("mcp-ownership: redis at {} is answering", store.addr()),
+                Err(e) => eprintln!(
+                    "mcp-ownership: {e}; starting anyway: /healthz and store operations answer \
+                     503 store_unavailable until redis at {} answers",
+                    store.addr()
+                ),
+            }
+            serve(store, &cli).await
         }
     }
 }
@@ -178,6 +222,7 @@ async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
     // Sweep often enough that memory follows the TTL, rarely enough to cost nothing.
     let every = Duration::from_secs((cli.session_idle_ttl_secs / 10).clamp(1, 60));
     let sweeper = spawn_sweeper(&state, every);
+    let watcher = spawn_health_watch(&state);
     let listener = match tokio::net::TcpListener::bind(cli.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -194,6 +239,7 @@ async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
         .with_graceful_shutdown(shutdown_signal())
         .await;
     sweeper.abort();
+    watcher.abort();
     match served {
         Ok(()) => {
             eprintln!("mcp-ownership: shut down");
@@ -204,6 +250,32 @@ async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Log every change of the store's reachability (once per change, not per request), so an
+/// operator sees "redis unavailable" and "redis back" in the log.
+fn spawn_health_watch<S: Store>(state: &AppState<S>) -> tokio::task::JoinHandle<()> {
+    let st = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was_ok: Option<bool> = None;
+        loop {
+            tick.tick().await;
+            let r = mcp_ownership::resume::timed(&st.metrics, "health", st.store.health()).await;
+            let ok = r.is_ok();
+            if was_ok.is_some_and(|w| w != ok) {
+                match r {
+                    Ok(()) => eprintln!(
+                        "mcp-ownership: store {} is answering again",
+                        st.store.name()
+                    ),
+                    Err(e) => eprintln!("mcp-ownership: {e}; answering 503 store_unavailable"),
+                }
+            }
+            was_ok = Some(ok);
+        }
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM; a terminal sends SIGINT).
@@ -269,6 +341,10 @@ mod tests {
         for (args, flag) in [
             (&["--listen", "nope"][..], "--listen"),
             (&["--store", "postgres://x"][..], "--store"),
+            (&["--store", "redis://"][..], "--store"),
+            (&["--store", "redis://h:x"][..], "--store"),
+            (&["--store-timeout-ms", "0"][..], "--store-timeout-ms"),
+            (&["--redis-prefix", "a{b}"][..], "--redis-prefix"),
             (&["--max-window", "0"][..], "--max-window"),
             (&["--record-wait-ms", "-1"][..], "--record-wait-ms"),
             (&["--max-expected"][..], "--max-expected"),

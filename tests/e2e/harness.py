@@ -422,3 +422,40 @@ def cursors_seen_by_replicas(since: dict[int, int] | None = None) -> list[dict]:
         except OSError:
             pass
     return out
+
+
+# ---- Redis (the shared ownership store) ------------------------------------------------------
+
+def start_redis(port: int = REDIS_PORT) -> Proc:
+    """A throw-away redis-server (no persistence) on 127.0.0.1:port, stopped by pid."""
+    return Proc(f"redis-{port}", ["redis-server", "--port", port, "--bind", HOST, "--save", "",
+                                  "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
+                port=port).start()
+
+
+def http_json(method: str, port: int, path: str, body: dict | None = None,
+              timeout: float = 3.0) -> tuple[int, dict | str]:
+    """One request to a local JSON service (the ownership service); any status is returned."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://{HOST}:{port}{path}", method=method, data=data,
+                                 headers={"content-type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def ownership_metric(port: int, name: str) -> float:
+    """Sum of every sample of one metric (all label sets) on an ownership instance's /metrics."""
+    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=3) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name):len(name) + 1] in ("{", " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

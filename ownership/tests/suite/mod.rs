@@ -714,6 +714,182 @@ pub async fn health_and_stats<S: Store>(make: impl Fn(Limits) -> S) {
     assert!(rx.has_changed().unwrap());
 }
 
+/// Linearizability: supersedes (new GET streams), trims (events sliding a small window) and
+/// resumes run concurrently; every resume's verdict must be one that the store's state at
+/// SOME instant inside the resume's own [start, end] interval produces. A snapshot torn
+/// between two records, or a record applied in two visible steps, fails this.
+pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Limits) -> S) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    const WINDOW: u64 = 8;
+    const INCS: u64 = 6;
+    let inc = |k: u64| format!("{:016x}", 0xa0 + k);
+    let s = Arc::new(make(Limits {
+        max_window: WINDOW as usize,
+        ..Limits::default()
+    }));
+    apply(
+        s.as_ref(),
+        &[
+            open(S1),
+            get_stream(S1, &inc(0), 100),
+            events(S1, &inc(0), 1, 3),
+        ],
+    )
+    .await;
+    let origin = Instant::now();
+    let at = move || origin.elapsed().as_micros() as u64;
+    // (start, end, value after) per writer; writers are sequential, so each log is ordered.
+    let sup_log: Arc<Mutex<Vec<(u64, u64, u64)>>> = Arc::new(Mutex::new(vec![(0, 0, 0)]));
+    let head_log: Arc<Mutex<Vec<(u64, u64, u64)>>> = Arc::new(Mutex::new(vec![(0, 0, 3)]));
+    let known_head = Arc::new(AtomicU64::new(3));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut rng_seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_rand = move || {
+        rng_seed ^= rng_seed << 13;
+        rng_seed ^= rng_seed >> 7;
+        rng_seed ^= rng_seed << 17;
+        rng_seed
+    };
+
+    let supersede = {
+        let (s, log, done) = (s.clone(), sup_log.clone(), done.clone());
+        let delays: Vec<u64> = (0..INCS).map(|_| next_rand() % 12).collect();
+        tokio::spawn(async move {
+            for k in 1..INCS {
+                tokio::time::sleep(Duration::from_millis(delays[k as usize])).await;
+                let start = at();
+                apply(s.as_ref(), &[get_stream(S1, &inc(k), 100 + k)]).await;
+                log.lock().unwrap().push((start, at(), k));
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let trim = {
+        let (s, log, known, done) = (
+            s.clone(),
+            head_log.clone(),
+            known_head.clone(),
+            done.clone(),
+        );
+        let sizes: Vec<u64> = (0..40).map(|_| 1 + next_rand() % 3).collect();
+        tokio::spawn(async move {
+            let mut head = 3;
+            for n in sizes {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let start = at();
+                apply(s.as_ref(), &[events(S1, &inc(0), head + 1, head + n)]).await;
+                head += n;
+                log.lock().unwrap().push((start, at(), head));
+                known.store(head, Ordering::SeqCst);
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let mut readers = Vec::new();
+    for r in 0..6u64 {
+        let (s, known, done) = (s.clone(), known_head.clone(), done.clone());
+        let mut seed = 0x2545_f491_4f6c_dd1d ^ (r + 1).wrapping_mul(0x9e37_79b9);
+        readers.push(tokio::spawn(async move {
+            let mut rand = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            let mut out = Vec::new();
+            while done.load(Ordering::SeqCst) < 2 || out.len() < 20 {
+                let k = rand() % INCS;
+                let q = if k == 0 {
+                    let h = known.load(Ordering::SeqCst);
+                    h.saturating_sub(rand() % (WINDOW + 5))
+                } else {
+                    0
+                };
+                let start = at();
+                let v = verdict(s.as_ref(), S1, &inc(k), StreamKind::Get, q).await;
+                out.push((start, at(), k, q, v));
+                tokio::task::yield_now().await;
+            }
+            out
+        }));
+    }
+    supersede.await.unwrap();
+    trim.await.unwrap();
+    let sup_log = sup_log.lock().unwrap().clone();
+    let head_log = head_log.lock().unwrap().clone();
+
+    // Values a variable may have at instant t: after the last write that ended by t, or
+    // after the (single, writers are sequential) write in progress at t.
+    fn possible(log: &[(u64, u64, u64)], t: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut last = log[0].2;
+        for &(start, end, v) in log {
+            if end <= t {
+                last = v;
+            } else if start <= t {
+                out.push(v);
+            }
+        }
+        out.push(last);
+        out
+    }
+    let model = |k: u64, q: u64, sup: u64, head: u64| -> ResumeVerdict {
+        if sup < k {
+            return new_stream(Reason::UnknownStream); // its StreamOpen has not landed
+        }
+        let h = if k == 0 { head } else { 0 };
+        if q > h {
+            return new_stream(Reason::UnknownStream);
+        }
+        if h - q > WINDOW {
+            return new_stream(Reason::Gap);
+        }
+        if sup > k {
+            return new_stream(Reason::Superseded);
+        }
+        cont(OWNER_X, ids(q + 1, h), h)
+    };
+    let mut checked = 0;
+    let mut seen = std::collections::BTreeMap::<&'static str, usize>::new();
+    for reader in readers {
+        for (start, end, k, q, got) in reader.await.unwrap() {
+            let mut instants = vec![start, end];
+            for &(a, b, _) in sup_log.iter().chain(head_log.iter()) {
+                instants.extend([a, b].into_iter().filter(|t| (start..=end).contains(t)));
+            }
+            let ok = instants.iter().any(|&t| {
+                possible(&sup_log, t).into_iter().any(|sup| {
+                    possible(&head_log, t)
+                        .into_iter()
+                        .any(|head| model(k, q, sup, head) == got)
+                })
+            });
+            assert!(
+                ok,
+                "resume (inc {k}, seq {q}) in [{start}, {end}] µs got {got:?}: no instant in \
+                 that interval has a state that answers this\nsupersedes {sup_log:?}\nheads {head_log:?}"
+            );
+            let name = match &got {
+                ResumeVerdict::Continue { .. } => "continue",
+                ResumeVerdict::NewStream { reason } => reason.as_str(),
+            };
+            *seen.entry(name).or_default() += 1;
+            checked += 1;
+        }
+    }
+    assert!(checked >= 120, "{checked}");
+    // The run really mixed the outcomes it is about.
+    for name in ["continue", "superseded", "gap"] {
+        assert!(
+            seen.get(name).copied().unwrap_or(0) > 0,
+            "no {name} in {seen:?}"
+        );
+    }
+}
+
 /// Expands to one `#[tokio::test]` per case for the store built by `$make`.
 #[macro_export]
 macro_rules! store_suite {
@@ -735,6 +911,7 @@ macro_rules! store_suite {
             max_incarnations_eviction,
             expected_content_and_cap,
             health_and_stats,
+            linearizable_under_concurrency,
         );
     };
     ($make:expr; $($case:ident),+ $(,)?) => {

@@ -1,0 +1,817 @@
+#!/usr/bin/env python3
+"""`make bench` driver: runs B1-B5 against bare Envoy, the proxy-wasm floor and the guard,
+alternating configurations round by round, and writes BENCHMARKS.md, results.json and plots.
+
+Every process is started here and stopped by pid. Ports: 14000-14999 on 127.0.0.1 only.
+Primary figure: Envoy CPU time (utime+stime from /proc/<pid>/stat) per request or event.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import http.client
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONFIGS = ["bare", "floor", "guard"]
+PORTS = {"bare": (14010, 14011), "floor": (14020, 14021), "guard": (14030, 14031)}
+JSON_UP, SSE_UP, OWN, OWN_B4 = 14101, 14102, 14200, 14201
+COMMANDS: list[str] = []
+
+
+def log(*a):
+    print("[bench]", *a, file=sys.stderr, flush=True)
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+class Proc:
+    def __init__(self, name, args, port=None, run_dir=None):
+        self.name, self.args, self.port = name, [str(a) for a in args], port
+        self.log_path = run_dir / f"{name}.log"
+        self.p = None
+
+    def start(self):
+        if self.port:
+            wait_free(self.port)
+        with open(self.log_path, "ab") as lf:
+            self.p = subprocess.Popen(self.args, stdout=lf, stderr=subprocess.STDOUT, cwd=ROOT,
+                                      start_new_session=True)
+        if self.port:
+            wait_port(self.port, self.p)
+        return self
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def stop(self):
+        if self.p is None or self.p.poll() is not None:
+            return
+        try:
+            os.kill(self.p.pid, signal.SIGTERM)
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(self.p.pid, signal.SIGKILL)
+            self.p.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+
+def wait_port(port, proc=None, timeout=30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}) before port {port} opened")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open")
+
+
+def wait_free(port, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                time.sleep(0.1)
+        except OSError:
+            return
+    raise TimeoutError(f"port {port} busy")
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12])
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---- Envoy configurations -----------------------------------------------------------------
+
+def envoy_cfg(kind, guard_wasm, floor_wasm):
+    with open(ROOT / "envoy" / "envoy.yaml") as f:
+        cfg = yaml.safe_load(f)
+    port, admin = PORTS[kind]
+    cfg["admin"]["address"]["socket_address"]["port_value"] = admin
+    lst = cfg["static_resources"]["listeners"][0]
+    lst["address"]["socket_address"]["port_value"] = port
+    hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = hcm["http_filters"]
+    g = next(f for f in filters if f["name"] == "mcp_resume_guard")
+    if kind == "bare":
+        hcm["http_filters"] = [f for f in filters if f is not g]
+    elif kind == "floor":
+        c = g["typed_config"]["config"]
+        g["name"] = "bench_floor"
+        c.update({"name": "bench_floor", "root_id": "bench_floor"})
+        c["vm_config"].update({"vm_id": "bench_floor"})
+        c["vm_config"]["code"]["local"]["filename"] = str(floor_wasm)
+        c.pop("configuration", None)
+    else:
+        g["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(guard_wasm)
+    # B2 streams go to the SSE upstream, selected by a request header.
+    vh = hcm["route_config"]["virtual_hosts"][0]
+    default = vh["routes"][0]
+    sse_route = copy.deepcopy(default)
+    sse_route["match"] = {"prefix": "/", "headers": [{"name": "x-bench",
+                                                      "string_match": {"exact": "sse"}}]}
+    sse_route["route"]["cluster"] = "bench_sse"
+    vh["routes"] = [sse_route, default]
+    clusters = cfg["static_resources"]["clusters"]
+
+    def endpoints(c, p):
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+            {"endpoint": {"address": {"socket_address": {"address": HOST, "port_value": p}}}}]
+
+    for c in clusters:
+        endpoints(c, {"mcp_replicas": JSON_UP, "mcp_ownership": OWN}[c["name"]])
+    sse = copy.deepcopy(next(c for c in clusters if c["name"] == "mcp_replicas"))
+    sse["name"] = sse["load_assignment"]["cluster_name"] = "bench_sse"
+    endpoints(sse, SSE_UP)
+    clusters.append(sse)
+    return cfg
+
+
+class Envoy(Proc):
+    def __init__(self, kind, run_dir, envoy_bin, guard_wasm, floor_wasm):
+        self.kind = kind
+        path = run_dir / f"envoy-{kind}.yaml"
+        with open(path, "w") as f:
+            yaml.safe_dump(envoy_cfg(kind, guard_wasm, floor_wasm), f)
+        super().__init__(f"envoy-{kind}", [envoy_bin, "-c", path, "--concurrency", "1", "--log-level", "warn",
+                                           "--use-dynamic-base-id", "--drain-time-s", "0"], run_dir=run_dir)
+        # After Proc.__init__, which would reset it: Proc.start must not wait on the listener.
+        self.envoy_port, self.admin = PORTS[kind]
+
+    @property
+    def port(self):
+        return self.envoy_port
+
+    @port.setter
+    def port(self, _v):
+        pass
+
+    def start(self):
+        wait_free(self.port)
+        wait_free(self.admin)
+        with open(self.log_path, "ab") as lf:
+            self.p = subprocess.Popen(self.args, stdout=lf, stderr=subprocess.STDOUT, cwd=ROOT,
+                                      start_new_session=True)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"envoy {self.kind} exited: see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{self.admin}/ready", timeout=1) as r:
+                    if r.read().strip() == b"LIVE":
+                        wait_port(self.port)
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("envoy not ready")
+
+    def stats(self, prefix="mcp_resume_guard"):
+        with urllib.request.urlopen(f"http://{HOST}:{self.admin}/stats?filter={prefix}", timeout=2) as r:
+            out = {}
+            for line in r.read().decode().splitlines():
+                k, _, v = line.partition(": ")
+                if v.strip().isdigit():
+                    out[k.removeprefix("wasmcustom.")] = int(v)
+            return out
+
+
+# ---- load runners -------------------------------------------------------------------------
+
+WRK_POST = """wrk.method = "POST"
+wrk.body = '{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["accept"] = "application/json, text/event-stream"
+wrk.headers["mcp-session-id"] = "bench-session"
+wrk.headers["mcp-protocol-version"] = "2025-06-18"
+"""
+WRK_GET = """wrk.method = "GET"
+wrk.headers["accept"] = "text/event-stream"
+wrk.headers["mcp-session-id"] = "bench-session"
+wrk.headers["mcp-protocol-version"] = "2025-06-18"
+"""
+
+UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def parse_wrk(text):
+    out = {}
+    m = re.search(r"(\d+) requests in ([\d.]+)(\w+)", text)
+    out["requests"] = int(m.group(1)) if m else 0
+    m = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    out["rps"] = float(m.group(1)) if m else 0.0
+    for p in ("50", "90", "99"):
+        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+        out[f"p{p}_us"] = float(m.group(1)) * UNITS[m.group(2)] if m else None
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    out["non2xx"] = int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors: (.*)", text)
+    out["socket_errors"] = m.group(1) if m else ""
+    return out
+
+
+def run_wrk(envoy, script, secs, conns):
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{secs}s", "--latency", "-s", str(script),
+           f"http://{HOST}:{envoy.port}/mcp"]
+    c0 = cpu_ticks(envoy.pid)
+    t = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 30)
+    c1 = cpu_ticks(envoy.pid)
+    r = parse_wrk(t.stdout)
+    r["ticks"] = c1 - c0
+    r["cpu_us_per_req"] = (c1 - c0) * 1e6 / CLK_TCK / max(r["requests"], 1)
+    return r, cmd
+
+
+def sse_load(bin_dir, args, timeout):
+    cmd = [str(bin_dir / "sse-load"), *[str(a) for a in args]]
+    t = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if t.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)}: {t.stderr.strip()}")
+    return json.loads(t.stdout), cmd
+
+
+def rel(cmd):
+    s = shlex.join(str(c) for c in cmd)
+    return s.replace(str(ROOT) + "/", "")
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# ---- HTTP helpers for B3 setup ------------------------------------------------------------
+
+def http_req(port, method, path, headers=None, body=None):
+    c = http.client.HTTPConnection(HOST, port, timeout=10)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    hs = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, hs, data
+
+
+# ---- benchmarks ---------------------------------------------------------------------------
+
+def b1(envoys, rounds, secs, run_dir):
+    (run_dir / "post.lua").write_text(WRK_POST)
+    (run_dir / "get.lua").write_text(WRK_GET)
+    res = {}
+    for kind, script in (("post_json", run_dir / "post.lua"), ("get_sse", run_dir / "get.lua")):
+        runs = {c: [] for c in CONFIGS}
+        for _ in range(rounds):
+            for c in CONFIGS:
+                r, cmd = run_wrk(envoys[c], script, secs, 8)
+                runs[c].append(r)
+        COMMANDS.append(f"B1 {kind}: " + rel(cmd).replace(str(PORTS['guard'][0]), "<port>"))
+        res[kind] = summarize(runs, "cpu_us_per_req", extra=("rps", "p50_us", "p99_us"))
+        res[kind]["runs"] = runs
+        log("B1", kind, {c: round(res[kind][c]["cpu_us_per_req"], 2) for c in CONFIGS})
+    return res
+
+
+def summarize(runs, key, extra=()):
+    out = {}
+    for c, rs in runs.items():
+        out[c] = {key: med([r[key] for r in rs])}
+        for e in extra:
+            out[c][e] = med([r.get(e) for r in rs])
+    # Ratios round by round, then the median (the pairs ran back to back).
+    for a, b in (("guard", "floor"), ("floor", "bare"), ("guard", "bare")):
+        if a in runs and b in runs:
+            ratios = [x[key] / y[key] for x, y in zip(runs[a], runs[b]) if x[key] and y[key]]
+            out[f"{a}/{b}"] = med(ratios)
+    return out
+
+
+def b2(envoys, bin_dir, rounds, secs, sizes, mode, conns):
+    res = {}
+    rate = 1000 if mode == "paced" else 0
+    for size in sizes:
+        runs = {c: [] for c in CONFIGS}
+        for _ in range(rounds):
+            for c in CONFIGS:
+                e = envoys[c]
+                r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}",
+                                            "--path", f"/mcp?size={size}&rate={rate}",
+                                            "--conns", conns, "--secs", secs, "--pid", e.pid,
+                                            "--header", "x-bench:sse",
+                                            "--header", "mcp-protocol-version:2025-06-18"], secs + 30)
+                if r["errors"] or r["opened"] != conns:
+                    raise RuntimeError(f"B2 {mode} {size} {c}: {r}")
+                r["cpu_us_per_event"] = r["ticks"] * 1e6 / CLK_TCK / max(r["events"], 1)
+                r["events_per_s"] = r["events"] / r["secs"]
+                r["mb_per_s"] = r["bytes"] / r["secs"] / 1e6
+                runs[c].append(r)
+        COMMANDS.append(f"B2 {mode} {size} B: " + rel(cmd).replace(str(e.pid), "<envoy pid>")
+                        .replace(str(e.port), "<port>"))
+        res[str(size)] = summarize(runs, "cpu_us_per_event", extra=("events_per_s", "mb_per_s"))
+        res[str(size)]["runs"] = runs
+        log("B2", mode, size, {c: round(res[str(size)][c]["cpu_us_per_event"], 3) for c in CONFIGS},
+            "guard/floor", round(res[str(size)]["guard/floor"] or 0, 3))
+    return res
+
+
+def b2_flat(envoys, bin_dir, secs):
+    """One long bulk 1 KiB stream per config, CPU per event per 1 s window."""
+    out = {}
+    for c in ("floor", "guard"):
+        e = envoys[c]
+        r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}", "--path", "/mcp?size=1024&rate=0",
+                                    "--conns", 1, "--secs", secs, "--pid", e.pid, "--window-ms", 1000,
+                                    "--header", "x-bench:sse"], secs + 30)
+        w = [x for x in r["windows"] if x["events"]]
+        series = [x["ticks"] * 1e6 / CLK_TCK / x["events"] for x in w]
+        cum = 0
+        lengths = []
+        for x in w:
+            cum += x["events"]
+            lengths.append(cum)
+        out[c] = {"cpu_us_per_event": series, "events_at_end": lengths}
+    COMMANDS.append("B2 flat: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.port), "<port>"))
+    g = out["guard"]["cpu_us_per_event"]
+    if len(g) >= 3:
+        third = max(len(g) // 3, 1)
+        out["guard_last_third_over_first_third"] = statistics.mean(g[-third:]) / statistics.mean(g[:third])
+    log("B2 flat", out.get("guard_last_third_over_first_third"))
+    return out
+
+
+def b3(envoys, bin_dir, rounds, secs):
+    e = envoys["guard"]
+    hv = {"mcp-protocol-version": "2025-06-18", "content-type": "application/json",
+          "accept": "application/json, text/event-stream"}
+    init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}'
+    st, h1, _ = http_req(e.port, "POST", "/mcp", hv, init)
+    sid_a = h1.get("mcp-session-id")
+    st, h2, _ = http_req(e.port, "POST", "/mcp", hv, init)
+    sid_b = h2.get("mcp-session-id")
+    time.sleep(0.2)
+    st, hs, body = http_req(e.port, "GET", "/mcp", {**hv, "mcp-session-id": sid_a})
+    m = re.search(rb"^id: (\S+)", body, re.M)
+    if not (sid_a and sid_b and m):
+        raise RuntimeError(f"B3 setup: {sid_a} {sid_b} {body!r}")
+    cursor = m.group(1).decode()
+    time.sleep(0.3)
+    st, hs, body = http_req(e.port, "GET", "/mcp?prime=0", {**hv, "mcp-session-id": sid_a, "last-event-id": cursor})
+    if st != 200 or "mcp-resume" in hs:
+        raise RuntimeError(f"B3: the cursor is not continued: {st} {hs.get('mcp-resume')}")
+    before = e.stats()
+    runs = {"resume": [], "no_cursor": []}
+    for _ in range(rounds):
+        for kind in ("resume", "no_cursor"):
+            hdr = ["--header", f"mcp-session-id:{sid_a if kind == 'resume' else sid_b}",
+                   "--header", "mcp-protocol-version:2025-06-18"]
+            if kind == "resume":
+                hdr += ["--header", f"last-event-id:{cursor}"]
+            r, cmd = sse_load(bin_dir, ["rate", "--addr", f"{HOST}:{e.port}", "--path", "/mcp?prime=0",
+                                        "--rps", 500, "--secs", secs, "--conns", 4, "--pid", e.pid, *hdr],
+                              secs + 60)
+            r["cpu_us_per_req"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
+            runs[kind].append(r)
+            if kind == "resume":
+                COMMANDS.append("B3 resume: " + rel(cmd).replace(cursor, "<cursor>").replace(str(e.pid), "<envoy pid>"))
+    after = e.stats()
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("mcp_resume_guard.")}
+    out = {k: {"p50_us": med([r["p50_us"] for r in v]), "p99_us": med([r["p99_us"] for r in v]),
+               "cpu_us_per_req": med([r["cpu_us_per_req"] for r in v]),
+               "rate": med([r["count"] / r["secs"] for r in v]),
+               "errors": sum(r["errors"] for r in v)} for k, v in runs.items()}
+    out["added_p99_us"] = med([a["p99_us"] - b["p99_us"] for a, b in zip(runs["resume"], runs["no_cursor"])])
+    out["added_p50_us"] = med([a["p50_us"] - b["p50_us"] for a, b in zip(runs["resume"], runs["no_cursor"])])
+    out["stats"] = {k: v for k, v in d.items() if v}
+    out["runs"] = runs
+    log("B3", out["added_p50_us"], out["added_p99_us"], out["stats"])
+    return out
+
+
+def b4(bin_dir, run_dir, own_bin, steps, secs):
+    own = Proc("ownership-b4", [own_bin, "--listen", f"{HOST}:{OWN_B4}"], port=OWN_B4, run_dir=run_dir).start()
+    try:
+        res = []
+        prev = 0
+        for n in steps:
+            r, cmd = sse_load(bin_dir, ["ownership", "--addr", f"{HOST}:{OWN_B4}", "--from", prev, "--to", n,
+                                        "--secs", secs, "--conns", 16, "--pid", own.pid], secs + 300)
+            r["cpu_us_per_decision"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
+            r["bytes_per_session"] = (r["rss"][1] - r["rss"][0]) / max(n - prev, 1)
+            r["bytes_per_incarnation"] = (r["rss"][2] - r["rss"][1]) / max(n - prev, 1)
+            res.append(r)
+            prev = n
+            log("B4", n, round(r["rate"]), r["p50_us"], r["p99_us"], r["outcomes"])
+        COMMANDS.append("B4: " + rel(cmd).replace(str(own.pid), "<ownership pid>"))
+        return res
+    finally:
+        own.stop()
+
+
+def b5(bin_dir, run_dir, envoy_bin, guard_wasm, floor_wasm, sizes, secs, streams=200):
+    """Fresh Envoys per event size: RSS idle, then with `streams` open slow streams."""
+    out = {"wasm_bytes": {"guard": guard_wasm.stat().st_size, "floor": floor_wasm.stat().st_size}}
+    idle = {}
+    per = {}
+    for size in sizes:
+        for c in ("floor", "guard"):
+            e = Envoy(c, run_dir, envoy_bin, guard_wasm, floor_wasm).start()
+            try:
+                time.sleep(0.5)
+                r0 = rss(e.pid)
+                idle.setdefault(c, []).append(r0)
+                r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}",
+                                            "--path", f"/mcp?size={size}&rate=20", "--conns", streams,
+                                            "--secs", secs, "--pid", e.pid, "--header", "x-bench:sse"], secs + 60)
+                per.setdefault(str(size), {})[c] = (r["rss_end"] - r0) / streams
+            finally:
+                e.stop()
+    b = Envoy("bare", run_dir, envoy_bin, guard_wasm, floor_wasm).start()
+    try:
+        time.sleep(0.5)
+        bare_idle = rss(b.pid)
+    finally:
+        b.stop()
+    out["rss_idle"] = {"bare": bare_idle, "floor": med(idle["floor"]), "guard": med(idle["guard"])}
+    out["vm_bytes"] = {c: out["rss_idle"][c] - bare_idle for c in ("floor", "guard")}
+    out["per_stream_bytes"] = {s: {**v, "guard_minus_floor": v["guard"] - v["floor"]} for s, v in per.items()}
+    out["streams"] = streams
+    COMMANDS.append("B5 streams: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.port), "<port>"))
+    log("B5", out)
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20, shell=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def machine(envoy_bin):
+    mem = sh("awk '/MemTotal/ {printf \"%.1f GiB\", $2/1048576}' /proc/meminfo")
+    return {
+        "nproc": sh("nproc"), "memory": mem, "cpu": sh("awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo"),
+        "kernel": platform.release(), "envoy": sh(f"{envoy_bin} --version | grep -o 'version: [^ ]*'"),
+        "rustc": sh("rustc --version"), "wrk": sh("wrk -v 2>&1 | head -1"),
+        "loadavg": sh("cat /proc/loadavg"),
+        "busy": sh("ps -eo comm= | grep -cE '^(rustc|cargo|cc|ld|node|python3?|pytest|envoy|redis-server)$'"),
+    }
+
+
+def fmt(x, d=2):
+    return "–" if x is None else f"{x:.{d}f}"
+
+
+def verdict(ok):
+    return "**met**" if ok else "**not met**"
+
+
+def write_report(res, path, plots_rel):
+    m = res["machine"]
+    L = []
+    a = L.append
+    a("# Benchmarks")
+    a("")
+    a("Generated by `make bench` (`bench/run.py`); do not edit by hand — the optimization log comes from "
+      "`bench/OPTIMIZATIONS.md`.")
+    a("")
+    a(f"Run: {res['started']} UTC, {res['duration_s']:.0f} s, mode **{'quick' if res['quick'] else 'full'}**, "
+      f"{res['rounds']} rounds per benchmark, configurations alternated (bare, floor, guard, bare, …); "
+      "figures are medians over rounds, ratios are medians of per-round ratios.")
+    a("")
+    a("## Machine")
+    a("")
+    a(f"| nproc | memory | CPU | kernel | Envoy | rustc | wrk |")
+    a("| --- | --- | --- | --- | --- | --- | --- |")
+    a(f"| {m['nproc']} | {m['memory']} | {m['cpu']} | {m['kernel']} | {m['envoy']} | {m['rustc']} | {m['wrk']} |")
+    a("")
+    a(f"Machine load: loadavg at start `{res['machine_start']['loadavg']}`, at end `{m['loadavg']}`; "
+      f"{res['machine_start']['busy']} / {m['busy']} build or test processes (rustc, cargo, node, python, envoy, …) "
+      "were running at start / end. The machine is shared: absolute figures move with the load, ratios within one "
+      "alternating run much less.")
+    a("")
+    a("Envoy runs with `--concurrency 1`; *bare* = no Wasm filter, *floor* = the empty Rust proxy-wasm filter "
+      "`bench/floor-filter`, *guard* = `mcp_resume_guard.wasm` with the config of `envoy/envoy.yaml` and the "
+      "ownership service (embedded store) running. The three Envoys have the same listener, routes, "
+      "`stateful_session` and clusters. CPU = utime+stime of the Envoy process from `/proc/<pid>/stat` "
+      f"(clock ticks of {1000 // CLK_TCK} ms) over the measured window, divided by requests or events completed.")
+    a("")
+    a("## Targets")
+    a("")
+    a("| target | measured | status |")
+    a("| --- | --- | --- |")
+    for row in res["targets"]:
+        a(f"| {row[0]} | {row[1]} | {verdict(row[2]) if row[2] is not None else 'reported'} |")
+    a("")
+    b1 = res["b1"]
+    a("## B1 — requests without a cursor")
+    a("")
+    a(f"![B1]({plots_rel}/b1.png)")
+    a("")
+    a("wrk, 1 thread, 8 connections, closed loop (saturates the single Envoy worker).")
+    a("")
+    a("| request | config | CPU µs/req | req/s | p50 µs | p99 µs | ratio |")
+    a("| --- | --- | --- | --- | --- | --- | --- |")
+    for kind, label in (("post_json", "POST → JSON"), ("get_sse", "GET → SSE (priming event)")):
+        r = b1[kind]
+        for c in CONFIGS:
+            ratio = {"bare": "", "floor": f"floor/bare {fmt(r['floor/bare'])}",
+                     "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**"}[c]
+            a(f"| {label} | {c} | {fmt(r[c]['cpu_us_per_req'])} | {fmt(r[c]['rps'], 0)} | {fmt(r[c]['p50_us'], 0)} | "
+              f"{fmt(r[c]['p99_us'], 0)} | {ratio} |")
+    a("")
+    for mode, title in (("b2_paced", "B2 — SSE ids rewritten, paced (20 streams × 1 event/ms)"),
+                        ("b2_bulk", "B2 — SSE ids rewritten, bulk (as fast as possible)")):
+        a(f"## {title}")
+        a("")
+        a(f"![{mode}]({plots_rel}/{mode}.png)")
+        a("")
+        a("| event size | config | CPU µs/event | events/s | MB/s | ratio |")
+        a("| --- | --- | --- | --- | --- | --- |")
+        for size, r in res[mode].items():
+            for c in CONFIGS:
+                ratio = {"bare": "", "floor": f"floor/bare {fmt(r['floor/bare'])}",
+                         "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**"}[c]
+                a(f"| {size} B | {c} | {fmt(r[c]['cpu_us_per_event'], 3)} | {fmt(r[c]['events_per_s'], 0)} | "
+                  f"{fmt(r[c]['mb_per_s'], 1)} | {ratio} |")
+        a("")
+    fl = res.get("b2_flat")
+    if fl:
+        a("### Cost per event against stream length (bulk, 1 KiB, one stream, 1 s windows)")
+        a("")
+        a("| window | events so far (guard) | guard CPU µs/event | floor CPU µs/event |")
+        a("| --- | --- | --- | --- |")
+        g, f = fl["guard"], fl["floor"]
+        for i, v in enumerate(g["cpu_us_per_event"]):
+            fv = f["cpu_us_per_event"][i] if i < len(f["cpu_us_per_event"]) else None
+            a(f"| {i + 1} | {g['events_at_end'][i]} | {fmt(v, 3)} | {fmt(fv, 3)} |")
+        a("")
+        a(f"Guard, mean of the last third over the first third: **{fmt(fl.get('guard_last_third_over_first_third'), 3)}**.")
+        a("")
+    b3 = res["b3"]
+    a("## B3 — resumptions (GET with a valid cursor: one callout)")
+    a("")
+    a("500 requests/s over 4 keep-alive connections, alternating with the same GET without a cursor; latency to the "
+      "end of the (short) response, measured by `sse-load rate`. The cursor is continued: the guard decodes it, asks "
+      "the ownership service (embedded store), pins the owner and restores the replica's id.")
+    a("")
+    a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
+    a("| --- | --- | --- | --- | --- | --- |")
+    for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
+        r = b3[k]
+        a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | {fmt(r['rate'], 0)} | {r['errors']} |")
+    a("")
+    a(f"Added latency: p50 **{fmt(b3['added_p50_us'], 0)} µs**, p99 **{fmt(b3['added_p99_us'], 0)} µs**. "
+      f"Guard counters over the run: `{json.dumps(b3['stats'])}`.")
+    a("")
+    a("Redis store: " + res.get("b3_redis_note", "not measured."))
+    a("")
+    a("## B4 — ownership service")
+    a("")
+    a(f"![B4]({plots_rel}/b4.png)")
+    a("")
+    a("`mcp-ownership` (release build, embedded store, tokio multi-thread on the machine's 2 cores) answered "
+      "`/v1/resume` for random stored sessions, 16 keep-alive connections in a closed loop from one load-generator "
+      "thread on the same machine. Each session has one GET incarnation with one recorded event; every answer is "
+      "`continue`.")
+    a("")
+    a("| stored sessions | decisions/s | p50 µs | p99 µs | service CPU µs/decision | decisions/s per CPU core | outcomes |")
+    a("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in res["b4"]:
+        a(f"| {r['sessions']} | {fmt(r['rate'], 0)} | {r['p50_us']} | {r['p99_us']} | {fmt(r['cpu_us_per_decision'])} | "
+          f"{fmt(1e6 / r['cpu_us_per_decision'] if r['cpu_us_per_decision'] else None, 0)} | `{json.dumps(r['outcomes'])}` |")
+    a("")
+    b5 = res["b5"]
+    last = res["b4"][-1]
+    a("## B5 — footprint")
+    a("")
+    a("| what | figure |")
+    a("| --- | --- |")
+    a(f"| guard `.wasm` | {b5['wasm_bytes']['guard']:,} bytes |")
+    a(f"| floor `.wasm` | {b5['wasm_bytes']['floor']:,} bytes |")
+    a(f"| Envoy RSS idle: bare / floor / guard | {b5['rss_idle']['bare'] / 2**20:.1f} / {b5['rss_idle']['floor'] / 2**20:.1f} / "
+      f"{b5['rss_idle']['guard'] / 2**20:.1f} MiB |")
+    a(f"| VM memory (RSS over bare; one worker plus the main-thread VM) | floor {b5['vm_bytes']['floor'] / 2**20:.1f} MiB, "
+      f"guard {b5['vm_bytes']['guard'] / 2**20:.1f} MiB |")
+    for size, v in b5["per_stream_bytes"].items():
+        a(f"| Envoy memory per open stream, {size} B events ({b5['streams']} streams) | floor {v['floor'] / 1024:.1f} KiB, "
+          f"guard {v['guard'] / 1024:.1f} KiB, guard − floor **{v['guard_minus_floor'] / 1024:.1f} KiB** |")
+    a(f"| store: bytes per session (RSS growth over {last['loaded']} sessions) | {fmt(last['bytes_per_session'], 0)} |")
+    a(f"| store: bytes per incarnation with one event | {fmt(last['bytes_per_incarnation'], 0)} |")
+    a("")
+    a("The guard's per-stream state is bounded by construction: the SSE parser holds at most one event up to "
+      "`max_event_hold_bytes` (64 KiB; larger events stream through), plus the id being read; the output scratch "
+      "buffer is shared by all streams of a worker.")
+    a("")
+    opt = ROOT / "bench" / "OPTIMIZATIONS.md"
+    if opt.exists():
+        a(opt.read_text().rstrip())
+        a("")
+    a("## Commands")
+    a("")
+    a("```sh")
+    a("make bench                 # full run, writes BENCHMARKS.md and bench/plots/*.png")
+    a("BENCH_QUICK=1 make bench   # < 2 min smoke run, writes target/bench-smoke/ (part of make test)")
+    for c in COMMANDS:
+        a(c)
+    a("```")
+    path.write_text("\n".join(L) + "\n")
+
+
+def plots(res, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colors = {"bare": "#999999", "floor": "#4c72b0", "guard": "#dd8452"}
+
+    def bars(ax, groups, key, ylabel, title):
+        labels = list(groups)
+        w = 0.26
+        for i, c in enumerate(CONFIGS):
+            ax.bar([x + (i - 1) * w for x in range(len(labels))], [groups[g][c][key] or 0 for g in labels], w,
+                   label=c, color=colors[c])
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend()
+
+    fig, axs = plt.subplots(1, 2, figsize=(10, 4))
+    bars(axs[0], {"POST→JSON": res["b1"]["post_json"], "GET→SSE": res["b1"]["get_sse"]}, "cpu_us_per_req",
+         "Envoy CPU µs / request", "B1 CPU per request")
+    bars(axs[1], {"POST→JSON": res["b1"]["post_json"], "GET→SSE": res["b1"]["get_sse"]}, "p99_us",
+         "p99 µs (wrk, saturated)", "B1 p99 latency")
+    fig.tight_layout()
+    fig.savefig(out_dir / "b1.png", dpi=90)
+    plt.close(fig)
+    for mode in ("b2_paced", "b2_bulk"):
+        fig, axs = plt.subplots(1, 2, figsize=(10, 4))
+        g = {f"{s} B": v for s, v in res[mode].items()}
+        bars(axs[0], g, "cpu_us_per_event", "Envoy CPU µs / event", f"{mode} CPU per event")
+        bars(axs[1], g, "events_per_s", "events / s", f"{mode} throughput")
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{mode}.png", dpi=90)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["sessions"] for r in res["b4"]]
+    ax.plot(xs, [r["p50_us"] for r in res["b4"]], "o-", label="p50")
+    ax.plot(xs, [r["p99_us"] for r in res["b4"]], "o-", label="p99")
+    ax.set_xscale("log")
+    ax.set_xlabel("stored sessions")
+    ax.set_ylabel("latency µs")
+    ax.set_title("B4 /v1/resume latency vs stored sessions")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "b4.png", dpi=90)
+    plt.close(fig)
+
+
+def targets(res):
+    t = []
+    for kind, label in (("post_json", "POST→JSON"), ("get_sse", "GET→SSE")):
+        r = res["b1"][kind]
+        t.append((f"B1 {label}: guard ≤ 1.05× floor CPU/request", f"{fmt(r['guard/floor'], 3)}×",
+                  r["guard/floor"] is not None and r["guard/floor"] <= 1.05))
+        p = (r["guard"]["p99_us"] or 0) / (r["floor"]["p99_us"] or 1)
+        t.append((f"B1 {label}: p99 within 10% of floor", f"{fmt(p, 3)}× ({fmt(r['guard']['p99_us'], 0)} vs "
+                  f"{fmt(r['floor']['p99_us'], 0)} µs)", p <= 1.10))
+    for size, r in res["b2_paced"].items():
+        t.append((f"B2 paced {size} B: guard ≤ 1.10× floor CPU/event", f"{fmt(r['guard/floor'], 3)}×",
+                  r["guard/floor"] is not None and r["guard/floor"] <= 1.10))
+    for size, r in res["b2_bulk"].items():
+        lim = {"1024": 1.5, "16384": 1.1}.get(size)
+        t.append((f"B2 bulk {size} B: " + (f"guard ≤ {lim}× floor" if lim else "report"),
+                  f"{fmt(r['guard/floor'], 3)}×", None if lim is None else (r["guard/floor"] or 99) <= lim))
+    fl = res.get("b2_flat", {}).get("guard_last_third_over_first_third")
+    t.append(("B2 cost per event flat in stream length (last/first third ≤ 1.10)", fmt(fl, 3),
+              None if fl is None else fl <= 1.10))
+    ps = res["b5"]["per_stream_bytes"]
+    worst = max(v["guard_minus_floor"] for v in ps.values())
+    t.append(("B2 filter memory per stream bounded whatever the event size",
+              ", ".join(f"{s} B: {v['guard_minus_floor'] / 1024:.1f} KiB" for s, v in ps.items()),
+              worst <= 160 * 1024))
+    b3 = res["b3"]
+    t.append(("B3 added p99 ≤ 1 ms (embedded store)", f"{fmt(b3['added_p99_us'], 0)} µs",
+              b3["added_p99_us"] is not None and b3["added_p99_us"] <= 1000))
+    rates = [r["rate"] for r in res["b4"]]
+    p50s = [r["p50_us"] for r in res["b4"]]
+    t.append(("B4 ≥ 20k decisions/s (embedded)", ", ".join(f"{r['sessions']}: {r['rate']:.0f}/s" for r in res["b4"]),
+              min(rates) >= 20000))
+    t.append(("B4 latency flat in stored sessions (p50 at most ×1.5 from smallest to largest)",
+              " → ".join(f"{p} µs" for p in p50s), max(p50s) <= 1.5 * max(min(p50s), 1)))
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--bin-dir", required=True, type=Path)
+    ap.add_argument("--floor-wasm", required=True, type=Path)
+    ap.add_argument("--guard-wasm", required=True, type=Path)
+    ap.add_argument("--ownership", required=True, type=Path)
+    ap.add_argument("--envoy", default=str(ROOT / ".venv" / "bin" / "envoy"))
+    ap.add_argument("--out", required=True, type=Path, help="directory for results.json and run logs")
+    ap.add_argument("--report", required=True, type=Path)
+    ap.add_argument("--plots", required=True, type=Path)
+    ap.add_argument("--only", default="", help="comma list of b1,b2,b3,b4,b5 (debugging)")
+    a = ap.parse_args()
+    quick = a.quick
+    rounds = 1 if quick else 5
+    secs = 0.5 if quick else 2.0
+    run_dir = a.out / "runs"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir = a.bin_dir.resolve()
+    res = {"quick": quick, "rounds": rounds, "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+           "machine_start": machine(a.envoy)}
+    t0 = time.monotonic()
+    procs = []
+    only = set(filter(None, a.only.split(",")))
+
+    def want(b):
+        return not only or b in only
+
+    try:
+        procs.append(Proc("json-upstream", [bin_dir / "json-upstream", "--listen", f"{HOST}:{JSON_UP}"],
+                          port=JSON_UP, run_dir=run_dir).start())
+        procs.append(Proc("sse-upstream", [bin_dir / "sse-upstream", "--listen", f"{HOST}:{SSE_UP}"],
+                          port=SSE_UP, run_dir=run_dir).start())
+        procs.append(Proc("ownership", [a.ownership, "--listen", f"{HOST}:{OWN}"], port=OWN, run_dir=run_dir).start())
+        envoys = {}
+        for c in CONFIGS:
+            envoys[c] = Envoy(c, run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve()).start()
+            procs.append(envoys[c])
+        if want("b1"):
+            res["b1"] = b1(envoys, rounds, 1 if quick else 3, run_dir)
+        if want("b2"):
+            sizes = [100, 1024, 16384]
+            res["b2_paced"] = b2(envoys, bin_dir, rounds, secs, sizes, "paced", 20)
+            res["b2_bulk"] = b2(envoys, bin_dir, rounds, secs, sizes, "bulk", 2)
+            res["b2_flat"] = b2_flat(envoys, bin_dir, 3 if quick else 9)
+        if want("b3"):
+            res["b3"] = b3(envoys, bin_dir, rounds, secs if quick else 3.0)
+            res["b3_redis_note"] = ("not measured: the Redis store of `mcp-ownership --store redis://…` "
+                                    "is not available in this build yet.")
+        for e in envoys.values():
+            e.stop()
+        if want("b4"):
+            res["b4"] = b4(bin_dir, run_dir, a.ownership, [1000, 2000] if quick else [1000, 10000, 100000],
+                           0.5 if quick else 3.0)
+        if want("b5"):
+            res["b5"] = b5(bin_dir, run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve(),
+                           [16384] if quick else [100, 16384, 262144], 1.0 if quick else 2.0,
+                           streams=50 if quick else 200)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    res["duration_s"] = time.monotonic() - t0
+    res["machine"] = machine(a.envoy)
+    res["commands"] = COMMANDS
+    (a.out / "results.json").write_text(json.dumps(res, indent=1))
+    if only:
+        log("partial run (--only): results.json written, no report")
+        return
+    res["targets"] = targets(res)
+    plots(res, a.plots)
+    plots_rel = os.path.relpath(a.plots, a.report.parent)
+    write_report(res, a.report, plots_rel)
+    (a.out / "results.json").write_text(json.dumps(res, indent=1))
+    log(f"done in {res['duration_s']:.0f} s: {a.report}")
+    for row in res["targets"]:
+        log(f"  {'OK ' if row[2] else ('-- ' if row[2] is None else 'MISS')} {row[0]}: {row[1]}")
+
+
+if __name__ == "__main__":
+    main()

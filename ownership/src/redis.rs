@@ -1,0 +1,696 @@
+//! The shared store: Redis. Several ownership instances (and so several guards) share one truth.
+//!
+//! - **Atomic.** Every record is one Lua script over the keys of its session, and every verdict
+//!   snapshot is one Lua script too (`redis_lua.rs`), so a supersede, a trim, a terminate and a
+//!   resume are linearizable with each other. The only fact outside a session's keys is the
+//!   owner epoch (`owner_gone` is about an address, not a session): a snapshot reads it right
+//!   after its session script, so an `owner_gone` landing during a resume already counts; the
+//!   error is toward a new stream, never toward a blind replay.
+//! - **Cluster-ready.** All keys of a session carry the hash tag `{<session>}`.
+//! - **Bounded.** `max_window` events per incarnation, `max_incarnations_per_session`
+//!   incarnations per session, and every key expires `session_idle_ttl + KEEP_GRACE` after the
+//!   session's (or the incarnation's) last activity, even if no instance sweeps.
+//! - **Fast failure.** Every operation is bounded by `op_timeout` (default 150 ms): with Redis
+//!   down, the service answers 503 `store_unavailable` well inside the guard's callout timeout,
+//!   and the connection is re-established in the background when Redis is back.
+use std::time::Duration;
+
+use mcp_resume_core::decision::{IncarnationFacts, SessionState};
+use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, Pipeline, Value};
+use tokio::sync::watch;
+
+use crate::redis_lua;
+use crate::store::{Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats};
+
+/// Keys outlive the idle TTL by this much, so the TTL check in the scripts (on the caller's
+/// clock) decides, and Redis's own expiry only frees what nobody swept.
+pub const KEEP_GRACE: Duration = Duration::from_secs(60);
+/// Sessions freed per sweep round trip.
+const SWEEP_PAGE: usize = 500;
+/// Sessions whose incarnations are counted exactly for the gauge; beyond, it is extrapolated.
+const STATS_SAMPLE: usize = 10_000;
+
+/// How to reach Redis and how long to wait for it.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Prepended to every key (a namespace; no `{` or `}`). Default `mrg:`.
+    pub prefix: String,
+    /// Upper bound on one store operation (snapshot, apply, health), connecting included.
+    pub op_timeout: Duration,
+    /// Upper bound on one connection attempt.
+    pub connect_timeout: Duration,
+    /// Upper bound on one sweep or stats call (they touch many sessions).
+    pub bulk_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            prefix: "mrg:".to_owned(),
+            op_timeout: Duration::from_millis(150),
+            connect_timeout: Duration::from_millis(100),
+            bulk_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+struct LoadedScript {
+    code: String,
+    sha: String,
+}
+
+impl LoadedScript {
+    fn new(code: String) -> Self {
+        let sha = redis::Script::new(&code).get_hash().to_owned();
+        LoadedScript { code, sha }
+    }
+}
+
+pub struct RedisStore {
+    limits: Limits,
+    opts: RedisOptions,
+    /// `host:port` for messages (never the password of a URL).
+    addr: String,
+    conn: ConnectionManager,
+    apply: LoadedScript,
+    snapshot: LoadedScript,
+    sweep: LoadedScript,
+    changes: watch::Sender<u64>,
+}
+
+/// Check a `--store redis://…` URL without connecting. The error says what is wrong.
+pub fn parse_url(url: &str) -> Result<redis::Client, String> {
+    let rest = url
+        .strip_prefix("redis://")
+        .ok_or_else(|| format!("expected redis://HOST:PORT, got {url:?}"))?;
+    let hostport = rest.rsplit('@').next().unwrap_or(rest);
+    let hostport = hostport.split('/').next().unwrap_or(hostport);
+    if hostport.is_empty() || hostport.starts_with(':') {
+        return Err(format!("expected redis://HOST:PORT, got {url:?} (no host)"));
+    }
+    if let Some((_, port)) = hostport.rsplit_once(':') {
+        if !hostport.ends_with(']') && port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!(
+                "expected redis://HOST:PORT, got {url:?} (bad port {port:?})"
+            ));
+        }
+    }
+    redis::Client::open(url).map_err(|e| format!("{url:?}: {e}"))
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("redis {what}: {e}"))
+}
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("redis {what}: {detail}"))
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        || e.to_string().contains("NOSCRIPT")
+}
+
+fn as_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_u64(v: &Value) -> Option<u64> {
+    as_i64(v).and_then(|n| u64::try_from(n).ok())
+}
+
+fn as_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn as_array(v: Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(a) | Value::Set(a) => Some(a),
+        _ => None,
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RedisStore {
+    /// A store for `url` (`redis://HOST:PORT[/DB]`). Does not connect: the first operation does,
+    /// so the service can start while Redis is down (/healthz says 503 until it answers).
+    /// Must be called inside a Tokio runtime.
+    pub fn new(url: &str, limits: Limits, opts: RedisOptions) -> Result<Self, String> {
+        if opts.prefix.contains(['{', '}']) {
+            return Err(format!(
+                "key prefix {:?} must not contain braces",
+                opts.prefix
+            ));
+        }
+        let client = parse_url(url)?;
+        let addr = client.get_connection_info().addr().to_string();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.op_timeout))
+            // One attempt per reconnect: the next operation triggers the next attempt, so a
+            // Redis that comes back is used at once and one that stays away costs no retries.
+            .set_number_of_retries(0)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("{url:?}: {e}"))?;
+        let (changes, _) = watch::channel(0);
+        Ok(RedisStore {
+            limits,
+            opts,
+            addr,
+            conn,
+            apply: LoadedScript::new(redis_lua::apply_script()),
+            snapshot: LoadedScript::new(redis_lua::snapshot_script()),
+            sweep: LoadedScript::new(redis_lua::sweep_script()),
+            changes,
+        })
+    }
+
+    /// `host:port` of the Redis server.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Key base of a session: every key of it starts with this and carries its hash tag.
+    pub fn session_base(&self, session: &str) -> String {
+        format!("{}{{{session}}}", self.opts.prefix)
+    }
+
+    fn index_key(&self) -> String {
+        format!("{}sessions", self.opts.prefix)
+    }
+
+    fn owners_key(&self) -> String {
+        format!("{}owners", self.opts.prefix)
+    }
+
+    fn keep_ms(&self) -> u64 {
+        self.limits
+            .session_idle_ttl_ms
+            .saturating_add(ms(KEEP_GRACE))
+    }
+
+    /// Run `fut` within `limit`; a timeout is an `Unavailable` naming the operation.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(unavailable(
+                what,
+                format!("no answer within {} ms", limit.as_millis()),
+            )),
+        }
+    }
+
+    async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut p = redis::pipe();
+        for s in [&self.apply, &self.snapshot, &self.sweep] {
+            p.cmd("SCRIPT").arg("LOAD").arg(&s.code).ignore();
+        }
+        let mut conn = self.conn.clone();
+        p.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| unavailable("script load", e))
+    }
+
+    /// Run a pipeline that contains EVALSHAs; on NOSCRIPT (a restarted or flushed Redis),
+    /// load the scripts and run it once more. Every script is an idempotent upsert or a read.
+    async fn pipeline(&self, what: &str, p: &Pipeline) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn.clone();
+        match p.query_async::<Vec<Value>>(&mut conn).await {
+            Ok(v) => Ok(v),
+            Err(e) if is_noscript(&e) => {
+                self.load_scripts().await?;
+                p.query_async::<Vec<Value>>(&mut conn)
+                    .await
+                    .map_err(|e| unavailable(what, e))
+            }
+            Err(e) => Err(unavailable(what, e)),
+        }
+    }
+
+    /// `EVALSHA apply` for one record (OwnerGone is not a session record: `None`).
+    fn apply_cmd(
+        &self,
+        r: &Record,
+        now_ms: u64,
+        epochs: &std::collections::HashMap<String, u64>,
+    ) -> Option<Cmd> {
+        let session = match r {
+            Record::SessionOpen { session, .. }
+            | Record::SessionEnd { session, .. }
+            | Record::StreamOpen { session, .. }
+            | Record::Events { session, .. }
+            | Record::StreamLost { session, .. } => session,
+            Record::OwnerGone { .. } => return None,
+        };
+        let base = self.session_base(session);
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&self.apply.sha)
+            .arg(1)
+            .arg(format!("{base}:s"))
+            .arg(&base)
+            .arg(now_ms)
+            .arg(self.limits.session_idle_ttl_ms)
+            .arg(self.limits.max_window)
+            .arg(self.limits.max_incarnations_per_session)
+            .arg(self.keep_ms());
+        match r {
+            Record::SessionOpen { version, .. } => {
+                c.arg("so").arg(version);
+            }
+            Record::SessionEnd { why, .. } => {
+                c.arg("se").arg(match why {
+                    SessionEnd::Terminated => "t",
+                    SessionEnd::Expired => "e",
+                });
+            }
+            Record::StreamOpen {
+                incarnation,
+                kind,
+                owner,
+                retention,
+                supersedes,
+                opened_ms,
+                ..
+            } => {
+                c.arg("st")
+                    .arg(incarnation)
+                    .arg(kind_code(*kind))
+                    .arg(owner)
+                    .arg(epochs.get(owner).copied().unwrap_or(0))
+                    .arg(retention)
+                    .arg(if *supersedes { "1" } else { "0" })
+                    .arg(opened_ms);
+            }
+            Record::Events {
+                incarnation,
+                first_seq,
+                ids,
+                ..
+            } => {
+                c.arg("ev").arg(incarnation).arg(first_seq);
+                for id in ids {
+                    c.arg(id.as_bytes());
+                }
+            }
+            Record::StreamLost { incarnation, .. } => {
+                c.arg("sl").arg(incarnation);
+            }
+            Record::OwnerGone { .. } => return None,
+        }
+        Some(c)
+    }
+
+    /// Apply records in order: session records are pipelined (one round trip per run of them),
+    /// an OwnerGone closes the run, so StreamOpens after it see the new epoch.
+    async fn apply_inner(&self, records: &[Record], now_ms: u64) -> Result<(), StoreError> {
+        let mut start = 0;
+        while start < records.len() {
+            let end = records[start..]
+                .iter()
+                .position(|r| matches!(r, Record::OwnerGone { .. }))
+                .map_or(records.len(), |i| start + i + 1);
+            self.apply_run(&records[start..end], now_ms).await?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    async fn apply_run(&self, run: &[Record], now_ms: u64) -> Result<(), StoreError> {
+        // Owner epochs for the StreamOpens of this run, read before them.
+        let mut owners: Vec<&str> = run
+            .iter()
+            .filter_map(|r| match r {
+                Record::StreamOpen { owner, .. } => Some(owner.as_str()),
+                _ => None,
+            })
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
+        let mut epochs = std::collections::HashMap::new();
+        if !owners.is_empty() {
+            let mut conn = self.conn.clone();
+            let got: Vec<Option<u64>> = redis::cmd("HMGET")
+                .arg(self.owners_key())
+                .arg(&owners)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| unavailable("apply", e))?;
+            for (o, e) in owners.iter().zip(got) {
+                epochs.insert((*o).to_owned(), e.unwrap_or(0));
+            }
+        }
+        let mut p = redis::pipe();
+        let mut sessions: Vec<&str> = Vec::new();
+        for r in run {
+            match r {
+                Record::OwnerGone { owner } => {
+                    p.cmd("HINCRBY").arg(self.owners_key()).arg(owner).arg(1);
+                }
+                _ => {
+                    if let Some(c) = self.apply_cmd(r, now_ms, &epochs) {
+                        p.add_command(c);
+                    }
+                    if let Record::SessionOpen { session, .. }
+                    | Record::SessionEnd { session, .. }
+                    | Record::StreamOpen { session, .. }
+                    | Record::Events { session, .. }
+                    | Record::StreamLost { session, .. } = r
+                    {
+                        sessions.push(session);
+                    }
+                }
+            }
+        }
+        sessions.sort_unstable();
+        sessions.dedup();
+        if !sessions.is_empty() {
+            // The sweep's index: last write per session (GT: never moves back).
+            let mut z = redis::cmd("ZADD");
+            z.arg(self.index_key()).arg("GT");
+            for s in &sessions {
+                z.arg(now_ms).arg(*s);
+            }
+            p.add_command(z);
+        }
+        self.pipeline("apply", &p).await.map(|_| ())
+    }
+
+    async fn snapshot_inner(&self, q: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
+        let base = self.session_base(q.session);
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&self.snapshot.sha)
+            .arg(1)
+            .arg(format!("{base}:s"))
+            .arg(&base)
+            .arg(now_ms)
+            .arg(self.limits.session_idle_ttl_ms)
+            .arg(q.incarnation)
+            .arg(q.seq)
+            .arg(q.max_expected)
+            .arg(self.limits.max_window)
+            .arg(self.keep_ms());
+        let mut p = redis::pipe();
+        p.add_command(c);
+        let reply = self
+            .pipeline("snapshot", &p)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| corrupt("snapshot", "empty reply"))?;
+        let arr = as_array(reply).ok_or_else(|| corrupt("snapshot", "not an array"))?;
+        let session = match arr.first().and_then(as_i64) {
+            Some(0) => return Ok(Facts::default()),
+            Some(1) => SessionState::Active,
+            Some(2) => SessionState::Terminated,
+            Some(3) => SessionState::Expired,
+            other => return Err(corrupt("snapshot", format!("session code {other:?}"))),
+        };
+        if arr.len() == 1 {
+            return Ok(Facts {
+                session: Some(session),
+                incarnation: None,
+            });
+        }
+        if arr.len() < 9 {
+            return Err(corrupt("snapshot", format!("{} fields", arr.len())));
+        }
+        let bad = |f: &str| corrupt("snapshot", format!("field {f}"));
+        let kind = match as_string(&arr[1]).as_deref() {
+            Some("g") => StreamKind::Get,
+            Some("r") => StreamKind::Request,
+            _ => return Err(bad("kind")),
+        };
+        let owner = as_string(&arr[2]).ok_or_else(|| bad("owner"))?;
+        let opened_epoch = as_u64(&arr[3]).ok_or_else(|| bad("epoch"))?;
+        let lost = as_i64(&arr[4]).ok_or_else(|| bad("lost"))? == 1;
+        let superseded = as_i64(&arr[5]).ok_or_else(|| bad("superseded"))? == 1;
+        let head = as_u64(&arr[6]).ok_or_else(|| bad("head"))?;
+        let retention = as_u64(&arr[7]).ok_or_else(|| bad("retention"))?;
+        let retained_from = as_u64(&arr[8]).ok_or_else(|| bad("retained_from"))?;
+        let expected = arr[9..]
+            .iter()
+            .map(|v| as_string(v).ok_or_else(|| bad("expected")))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The owner's epoch now: read after the session script (see the module docs).
+        let owner_lost = if lost {
+            true
+        } else {
+            let mut conn = self.conn.clone();
+            let now_epoch: Option<u64> = redis::cmd("HGET")
+                .arg(self.owners_key())
+                .arg(&owner)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| unavailable("snapshot", e))?;
+            now_epoch.unwrap_or(0) != opened_epoch
+        };
+        Ok(Facts {
+            session: Some(session),
+            incarnation: Some(IncarnationView {
+                facts: IncarnationFacts {
+                    kind,
+                    owner_lost,
+                    superseded,
+                    head,
+                    retention,
+                    retained_from,
+                },
+                owner,
+                expected,
+            }),
+        })
+    }
+
+    async fn stats_inner(&self) -> Result<StoreStats, StoreError> {
+        let mut conn = self.conn.clone();
+        let sessions: u64 = redis::cmd("ZCARD")
+            .arg(self.index_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| unavailable("stats", e))?;
+        if sessions == 0 {
+            return Ok(StoreStats::default());
+        }
+        let sample: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.index_key())
+            .arg(0)
+            .arg(STATS_SAMPLE.saturating_sub(1))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| unavailable("stats", e))?;
+        let mut p = redis::pipe();
+        for s in &sample {
+            p.cmd("ZCARD").arg(format!("{}:n", self.session_base(s)));
+        }
+        let counts: Vec<u64> = p
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| unavailable("stats", e))?;
+        let counted: u64 = counts.iter().sum();
+        let incarnations = if sample.is_empty() {
+            0
+        } else {
+            // Exact up to STATS_SAMPLE sessions, extrapolated beyond.
+            counted.saturating_mul(sessions) / sample.len() as u64
+        };
+        Ok(StoreStats {
+            sessions,
+            incarnations,
+        })
+    }
+
+    async fn sweep_inner(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let ttl = self.limits.session_idle_ttl_ms;
+        let Some(cutoff) = now_ms.checked_sub(ttl.saturating_add(1)) else {
+            return Ok(0);
+        };
+        let mut freed = 0;
+        let mut conn = self.conn.clone();
+        // A bounded number of pages per call: the next sweep goes on.
+        for _ in 0..20 {
+            let idle: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                .arg(self.index_key())
+                .arg("-inf")
+                .arg(cutoff)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(SWEEP_PAGE)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| unavailable("sweep", e))?;
+            if idle.is_empty() {
+                break;
+            }
+            let mut p = redis::pipe();
+            for s in &idle {
+                let base = self.session_base(s);
+                p.cmd("EVALSHA")
+                    .arg(&self.sweep.sha)
+                    .arg(1)
+                    .arg(format!("{base}:s"))
+                    .arg(&base)
+                    .arg(now_ms)
+                    .arg(ttl);
+            }
+            let replies = self.pipeline("sweep", &p).await?;
+            let mut gone = redis::cmd("ZREM");
+            gone.arg(self.index_key());
+            let mut alive = redis::cmd("ZADD");
+            alive.arg(self.index_key()).arg("GT");
+            let (mut n_gone, mut n_alive) = (0, 0);
+            for (s, r) in idle.iter().zip(replies) {
+                let arr = as_array(r).ok_or_else(|| corrupt("sweep", "not an array"))?;
+                match arr.first().and_then(as_i64) {
+                    Some(0) => {
+                        gone.arg(s);
+                        n_gone += 1;
+                    }
+                    Some(1) => {
+                        gone.arg(s);
+                        n_gone += 1;
+                        freed += 1;
+                    }
+                    Some(2) => {
+                        // Touched by resumes since the index saw it: re-score it.
+                        let lu = arr.get(1).and_then(as_u64).unwrap_or(now_ms);
+                        alive.arg(lu).arg(s);
+                        n_alive += 1;
+                    }
+                    other => return Err(corrupt("sweep", format!("code {other:?}"))),
+                }
+            }
+            let mut p = redis::pipe();
+            if n_gone > 0 {
+                p.add_command(gone).ignore();
+            }
+            if n_alive > 0 {
+                p.add_command(alive).ignore();
+            }
+            if n_gone + n_alive > 0 {
+                p.query_async::<()>(&mut conn)
+                    .await
+                    .map_err(|e| unavailable("sweep", e))?;
+            }
+            if idle.len() < SWEEP_PAGE {
+                break;
+            }
+        }
+        Ok(freed)
+    }
+}
+
+fn kind_code(k: StreamKind) -> &'static str {
+    match k {
+        StreamKind::Get => "g",
+        StreamKind::Request => "r",
+    }
+}
+
+impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn apply(&self, records: &[Record], now_ms: u64) -> Result<(), StoreError> {
+        // A batch is one pipeline; a large one gets a little more time (records are not on
+        // the resume path), never more than the bulk bound.
+        let per_record = Duration::from_micros(50)
+            .saturating_mul(u32::try_from(records.len()).unwrap_or(u32::MAX));
+        let limit = (self.opts.op_timeout + per_record)
+            .min(self.opts.bulk_timeout.max(self.opts.op_timeout));
+        let r = self
+            .bounded("apply", limit, self.apply_inner(records, now_ms))
+            .await;
+        // Wake resumes waiting here for in-flight records (others poll: see resume.rs).
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+        r
+    }
+
+    async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
+        self.bounded(
+            "snapshot",
+            self.opts.op_timeout,
+            self.snapshot_inner(query, now_ms),
+        )
+        .await
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    async fn health(&self) -> Result<(), StoreError> {
+        self.bounded("ping", self.opts.op_timeout, async {
+            let mut conn = self.conn.clone();
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(|_| ())
+                .map_err(|e| unavailable("ping", e))
+        })
+        .await
+    }
+
+    async fn stats(&self, _now_ms: u64) -> Result<StoreStats, StoreError> {
+        self.bounded("stats", self.opts.bulk_timeout, self.stats_inner())
+            .await
+    }
+
+    async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.bounded("sweep", self.opts.bulk_timeout, self.sweep_inner(now_ms))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::parse_url;
+
+    #[test]
+    fn urls() {
+        assert!(parse_url("redis://127.0.0.1:6390").is_ok());
+        assert!(parse_url("redis://localhost").is_ok());
+        assert!(parse_url("redis://127.0.0.1:6390/2").is_ok());
+        for bad in [
+            "127.0.0.1:6390",
+            "redis://",
+            "redis://:6390",
+            "redis://host:notaport",
+            "redis://host:0",
+            "http://host:1",
+        ] {
+            let e = parse_url(bad).err().unwrap();
+            assert!(
+                e.contains("redis://HOST:PORT") || e.contains(bad),
+                "{bad}: {e}"
+            );
+        }
+    }
+}

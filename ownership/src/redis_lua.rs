@@ -1,0 +1,270 @@
+//! The Lua scripts of the Redis store. Each runs atomically on the Redis server, on the keys of
+//! ONE session (one hash slot: every key carries the session's `{hash tag}`), so a record and a
+//! verdict snapshot never interleave, on a single node or on Redis Cluster.
+//!
+//! Key layout, `P` = prefix (default `mrg:`), `S` = the session key (32 hex):
+//!
+//! | key | type | content |
+//! | --- | --- | --- |
+//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms, `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
+//! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `om` opened ms, `l` lost (1), `h` head |
+//! | `P{S}:w:<inc>` | hash | seq → replica event id, only `head - max_window < seq <= head` |
+//! | `Psessions` | zset | session → last write ms (the sweep's index; not in the session's slot) |
+//! | `Powners` | hash | owner `ip:port` → epoch, bumped by `owner_gone` (not in the session's slot) |
+//!
+//! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
+//! significant digits, which would round sequence numbers near 2^53.
+
+/// Helpers shared by every script. `ARGV[1]` is always the key base `P{S}`.
+const PRELUDE: &str = r#"
+local base = ARGV[1]
+local now = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local skey = base .. ':s'
+local nkey = base .. ':n'
+local function fmt(n) return string.format('%d', n) end
+local function ikey(inc) return base .. ':i:' .. inc end
+local function wkey(inc) return base .. ':w:' .. inc end
+local function chunked(cmd, key, list, step)
+  for j = 1, #list, step do
+    redis.call(cmd, key, unpack(list, j, math.min(j + step - 1, #list)))
+  end
+end
+local function drop_session()
+  local incs = redis.call('ZRANGE', nkey, 0, -1)
+  for _, inc in ipairs(incs) do redis.call('DEL', ikey(inc), wkey(inc)) end
+  redis.call('DEL', skey, nkey)
+end
+"#;
+
+/// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, type, fields…
+const APPLY: &str = r#"
+local max_window = tonumber(ARGV[4])
+local max_incs = tonumber(ARGV[5])
+local keep_ms = tonumber(ARGV[6])
+local typ = ARGV[7]
+
+-- The session for a write. One idle past its TTL is dropped first, exactly as if the sweep
+-- had already run, so the outcome never depends on the sweep's timing.
+local function session_for_write(fresh)
+  local lu = redis.call('HGET', skey, 'lu')
+  if lu and now - tonumber(lu) > ttl then
+    drop_session()
+    lu = false
+  end
+  if not lu then
+    redis.call('HSET', skey, 'st', fresh, 'lu', fmt(now), 'tk', '0')
+  elseif now > tonumber(lu) then
+    redis.call('HSET', skey, 'lu', fmt(now))
+  end
+  redis.call('PEXPIRE', skey, keep_ms)
+  return redis.call('HGET', skey, 'st')
+end
+
+local function touch_inc(inc)
+  local tk = redis.call('HINCRBY', skey, 'tk', 1)
+  redis.call('ZADD', nkey, tk, inc)
+  redis.call('HSETNX', ikey(inc), 'h', '0')
+  redis.call('PEXPIRE', nkey, keep_ms)
+  redis.call('PEXPIRE', ikey(inc), keep_ms)
+  redis.call('PEXPIRE', wkey(inc), keep_ms)
+end
+
+-- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
+local function evict(keep)
+  local limit = math.max(max_incs, 1)
+  while redis.call('ZCARD', nkey) > limit do
+    local c = redis.call('ZRANGE', nkey, 0, 1)
+    local victim = c[1]
+    if victim == keep then victim = c[2] end
+    if not victim then break end
+    redis.call('DEL', ikey(victim), wkey(victim))
+    redis.call('ZREM', nkey, victim)
+  end
+end
+
+if typ == 'so' then
+  local st = session_for_write('a')
+  -- Ended is final: a late SessionOpen does not revive the session.
+  if st == 'a' then redis.call('HSET', skey, 'v', ARGV[8]) end
+elseif typ == 'se' then
+  local e = ARGV[8]
+  local st = session_for_write(e)
+  -- Terminated wins over Expired, whichever lands first.
+  if st ~= 't' then redis.call('HSET', skey, 'st', e) end
+elseif typ == 'st' then
+  local inc, kind, owner, epoch, ret, sup = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+  local oms = tonumber(ARGV[14])
+  session_for_write('a')
+  touch_inc(inc)
+  local ik = ikey(inc)
+  local cur = redis.call('HMGET', ik, 'o', 'ow')
+  if cur[1] == '1' then
+    -- A continuation re-sends StreamOpen: the same owner keeps the epoch it opened in.
+    if cur[2] ~= owner then redis.call('HSET', ik, 'ow', owner, 'ep', epoch) end
+    redis.call('HSET', ik, 'r', ret, 'k', kind)
+    if sup == '1' then redis.call('HSET', ik, 'om', fmt(oms)) end
+  else
+    redis.call('HSET', ik, 'o', '1', 'k', kind, 'ow', owner, 'ep', epoch, 'r', ret, 'om', fmt(oms))
+  end
+  if sup == '1' and kind == 'g' then
+    -- Newest (opened_ms, then incarnation id) wins, whatever order records arrive in.
+    local c = redis.call('HMGET', skey, 'cm', 'ci')
+    local better = (not c[1]) or oms > tonumber(c[1]) or (oms == tonumber(c[1]) and inc > c[2])
+    if better then redis.call('HSET', skey, 'cm', fmt(oms), 'ci', inc) end
+  end
+  evict(inc)
+elseif typ == 'ev' then
+  local inc = ARGV[8]
+  local first = tonumber(ARGV[9])
+  local n = #ARGV - 9
+  session_for_write('a')
+  touch_inc(inc)
+  if n > 0 then
+    local ik, wk = ikey(inc), wkey(inc)
+    local old_head = tonumber(redis.call('HGET', ik, 'h') or '0')
+    local head = math.max(old_head, first + n - 1)
+    -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
+    local floor = head - max_window + 1
+    local pairs_ = {}
+    for i = 1, n do
+      local seq = first + i - 1
+      if seq >= floor then
+        pairs_[#pairs_ + 1] = fmt(seq)
+        pairs_[#pairs_ + 1] = ARGV[9 + i]
+      end
+    end
+    chunked('HSET', wk, pairs_, 1000)
+    if head > old_head then
+      redis.call('HSET', ik, 'h', fmt(head))
+      local old_floor = math.max(old_head - max_window + 1, 0)
+      if floor > old_floor then
+        local del = {}
+        if floor - old_floor > redis.call('HLEN', wk) then
+          for _, k in ipairs(redis.call('HKEYS', wk)) do
+            if tonumber(k) < floor then del[#del + 1] = k end
+          end
+        else
+          for s = old_floor, floor - 1 do del[#del + 1] = fmt(s) end
+        end
+        chunked('HDEL', wk, del, 1000)
+      end
+    end
+    redis.call('PEXPIRE', wk, keep_ms)
+  end
+  evict(inc)
+elseif typ == 'sl' then
+  session_for_write('a')
+  touch_inc(ARGV[8])
+  redis.call('HSET', ikey(ARGV[8]), 'l', '1')
+  evict(ARGV[8])
+else
+  return redis.error_reply('unknown record type ' .. tostring(typ))
+end
+return 1
+"#;
+
+/// The facts about one cursor, read in one atomic step.
+/// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms.
+/// Returns `{0}` (no session), `{state}` (no opened incarnation) or
+/// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, ids…}`.
+const SNAPSHOT: &str = r#"
+local inc = ARGV[4]
+local seq = tonumber(ARGV[5])
+local max_expected = tonumber(ARGV[6])
+local max_window = tonumber(ARGV[7])
+local keep_ms = tonumber(ARGV[8])
+local lu = redis.call('HGET', skey, 'lu')
+if not lu then return {0} end
+-- Idle past the TTL: reads as expired; the sweep (or the next write) frees it.
+if now - tonumber(lu) > ttl then return {3} end
+local st = redis.call('HGET', skey, 'st')
+local ik, wk = ikey(inc), wkey(inc)
+if st == 'a' then
+  if now > tonumber(lu) then redis.call('HSET', skey, 'lu', fmt(now)) end
+  redis.call('PEXPIRE', skey, keep_ms)
+  redis.call('PEXPIRE', nkey, keep_ms)
+  redis.call('PEXPIRE', ik, keep_ms)
+  redis.call('PEXPIRE', wk, keep_ms)
+end
+local code = 3
+if st == 'a' then code = 1 elseif st == 't' then code = 2 end
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'om', 'l', 'h')
+if f[1] ~= '1' then return {code} end
+local kind = f[2]
+local head = tonumber(f[8] or '0')
+local superseded = 0
+if kind == 'g' then
+  local c = redis.call('HMGET', skey, 'cm', 'ci')
+  local om = tonumber(f[6])
+  if c[1] then
+    local cm = tonumber(c[1])
+    if cm > om or (cm == om and c[2] > inc) then superseded = 1 end
+  end
+end
+local lost = 0
+if f[7] == '1' then lost = 1 end
+-- Contiguity: walk down from head while recorded; the first missing seq is the floor.
+local retained_from = 0
+local expected = {}
+if seq < head then
+  local from = seq + 1
+  local want = head
+  local vals = {}
+  local complete = false
+  local steps = 0
+  while true do
+    local lo = math.max(from, want - 255)
+    local fields = {}
+    for s = want, lo, -1 do fields[#fields + 1] = fmt(s) end
+    local got = redis.call('HMGET', wk, unpack(fields))
+    local missing = false
+    for i = 1, #fields do
+      if not got[i] then missing = true break end
+      vals[#vals + 1] = got[i]
+      want = want - 1
+    end
+    if missing then break end
+    if want < from then complete = true break end
+    steps = steps + #fields
+    -- Never more than max_window entries exist: the rest cannot be vouched for.
+    if steps >= max_window then break end
+  end
+  if complete then
+    for i = #vals, math.max(1, #vals - max_expected + 1), -1 do expected[#expected + 1] = vals[i] end
+  else
+    retained_from = want + 1
+  end
+end
+local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from}
+for i = 1, #expected do out[#out + 1] = expected[i] end
+return out
+"#;
+
+/// Free one session if it is idle past its TTL. ARGV: base, now, ttl.
+/// Returns `{0}` (already gone), `{1}` (freed) or `{2, last_used}` (alive).
+const SWEEP: &str = r#"
+local lu = redis.call('HGET', skey, 'lu')
+if not lu then
+  drop_session()
+  return {0}
+end
+if now - tonumber(lu) > ttl then
+  drop_session()
+  return {1}
+end
+return {2, lu}
+"#;
+
+pub fn apply_script() -> String {
+    format!("{PRELUDE}{APPLY}")
+}
+
+pub fn snapshot_script() -> String {
+    format!("{PRELUDE}{SNAPSHOT}")
+}
+
+pub fn sweep_script() -> String {
+    format!("{PRELUDE}{SWEEP}")
+}

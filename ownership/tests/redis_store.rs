@@ -1,0 +1,263 @@
+//! The shared store suite against a real `redis-server`, started by this test binary on
+//! 127.0.0.1:6390 (+ `E2E_PORT_OFFSET`, or `REDIS_TEST_PORT`) and stopped when it exits.
+//! Every test gets its own key prefix, so the cases run in parallel on one server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod suite;
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use mcp_ownership::store::Limits;
+use mcp_ownership::{RedisOptions, RedisStore};
+
+fn port() -> u16 {
+    if let Ok(p) = std::env::var("REDIS_TEST_PORT") {
+        return p.parse().expect("REDIS_TEST_PORT");
+    }
+    let offset: u16 = std::env::var("E2E_PORT_OFFSET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    6390 + offset
+}
+
+/// The redis-server of this test binary, under a watchdog shell that stops it (by pid) once
+/// this process is gone: the Rust test harness has no global teardown.
+static SERVER: OnceLock<Mutex<Child>> = OnceLock::new();
+
+fn server() -> u16 {
+    let port = port();
+    SERVER.get_or_init(|| {
+        let script = format!(
+            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
+             --daemonize no --loglevel warning & rp=$!; \
+             while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done; \
+             kill $rp 2>/dev/null; wait $rp",
+            parent = std::process::id()
+        );
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start redis-server (is it installed? `make tools`)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not open 127.0.0.1:{port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Mutex::new(child)
+    });
+    port
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn make(limits: Limits) -> RedisStore {
+    let port = server();
+    let prefix = format!(
+        "t{}-{}-{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let opts = RedisOptions {
+        prefix,
+        // A busy CI machine runs every case at once: generous, still bounded.
+        op_timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    };
+    RedisStore::new(&format!("redis://127.0.0.1:{port}"), limits, opts).expect("store")
+}
+
+store_suite!(make);
+
+#[tokio::test]
+async fn bad_url_is_a_clear_error() {
+    for bad in ["redis://", "127.0.0.1:6390", "redis://h:x"] {
+        let e = RedisStore::new(bad, Limits::default(), RedisOptions::default())
+            .err()
+            .unwrap();
+        assert!(e.contains("redis://HOST:PORT"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn unreachable_redis_fails_fast_then_recovers() {
+    use mcp_ownership::Store;
+    // Nothing listens on port 1: every operation fails within the op timeout.
+    let opts = RedisOptions {
+        op_timeout: Duration::from_millis(150),
+        ..RedisOptions::default()
+    };
+    let s = RedisStore::new("redis://127.0.0.1:1", Limits::default(), opts).unwrap();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let e = s.health().await.unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(e.to_string().contains("redis"), "{e}");
+        let e = s.apply(&[suite::open(suite::S1)], suite::T0).await;
+        assert!(e.is_err());
+    }
+    // And a store created while its Redis is up answers.
+    let ok = make(Limits::default());
+    ok.health().await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_are_hash_tagged_per_session() {
+    use mcp_ownership::Store;
+    use suite::*;
+    let s = make(Limits::default());
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events(S1, A, 1, 3),
+            events(S2, B, 1, 1),
+            gone(OWNER_Y),
+        ],
+    )
+    .await;
+    let base = s.session_base(S1);
+    let prefix = base.trim_end_matches(&format!("{{{S1}}}")).to_owned();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", server())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.len() >= 7, "{keys:?}");
+    for k in &keys {
+        let rest = &k[prefix.len()..];
+        let tagged =
+            rest.starts_with(&format!("{{{S1}}}:")) || rest.starts_with(&format!("{{{S2}}}:"));
+        assert!(tagged || rest == "sessions" || rest == "owners", "{k}");
+        // Every session key expires on its own, even if no instance ever sweeps.
+        if tagged {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(ttl > 0, "{k} has no TTL");
+        }
+    }
+    assert!(s.health().await.is_ok());
+}
+
+/// The HTTP face of a Redis outage: fast 503 `store_unavailable` with the reason, /healthz
+/// 503, and the failed Redis operations counted and timed on /metrics.
+#[tokio::test]
+async fn http_503_and_metrics_when_redis_is_unreachable() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use mcp_ownership::{router, AppState, ResumeOptions};
+    use tower::ServiceExt;
+
+    async fn call(
+        app: &axum::Router,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> (StatusCode, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    let opts = RedisOptions {
+        op_timeout: Duration::from_millis(150),
+        ..RedisOptions::default()
+    };
+    let down = RedisStore::new("redis://127.0.0.1:1", Limits::default(), opts).unwrap();
+    let app = router(AppState::new(down, ResumeOptions::default()));
+    let q = format!(
+        r#"{{"session":"{}","incarnation":"{}","kind":"get","seq":1}}"#,
+        suite::S1,
+        suite::A
+    );
+    let started = Instant::now();
+    let (status, body) = call(&app, "POST", "/v1/resume", &q).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "store_unavailable");
+    assert!(v["detail"].as_str().unwrap().contains("redis"), "{body}");
+    let (status, body) = call(&app, "GET", "/healthz", "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains(r#""store":"redis""#), "{body}");
+    let (status, body) = call(&app, "POST", "/v1/records", r#"{"records":[]}"#).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "an empty batch needs no store: {body}"
+    );
+    let (_, metrics) = call(&app, "GET", "/metrics", "").await;
+    for want in [
+        r#"mcp_ownership_store_errors_total{op="snapshot"} 1"#,
+        r#"mcp_ownership_store_errors_total{op="health"} 1"#,
+        r#"mcp_ownership_store_operation_duration_seconds_count{op="snapshot"} 1"#,
+    ] {
+        assert!(metrics.contains(want), "{want} missing in\n{metrics}");
+    }
+
+    // The same service on a live Redis: records and a continuation, timed per operation.
+    let live = make(Limits::default());
+    let app = router(AppState::new(live, ResumeOptions::default()));
+    let records = format!(
+        r#"{{"records":[{{"type":"session_open","session":"{s}","version":"2025-06-18"}},
+            {{"type":"stream_open","session":"{s}","incarnation":"{a}","kind":"get","owner":"10.0.0.1:8080","retention":0,"supersedes":true,"opened_ms":1}},
+            {{"type":"events","session":"{s}","incarnation":"{a}","first_seq":1,"ids":["x1","x2"]}}]}}"#,
+        s = suite::S1,
+        a = suite::A
+    );
+    let (status, body) = call(&app, "POST", "/v1/records", &records).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = call(&app, "POST", "/v1/resume", &q).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        serde_json::json!({"verdict":"continue","owner":"10.0.0.1:8080","expected":["x2"],"head":2})
+    );
+    let (_, metrics) = call(&app, "GET", "/metrics", "").await;
+    for want in [
+        r#"mcp_ownership_store_operation_duration_seconds_count{op="apply"} 1"#,
+        r#"mcp_ownership_store_operation_duration_seconds_count{op="snapshot"} 1"#,
+        r#"mcp_ownership_store_errors_total{op="snapshot"} 0"#,
+        "mcp_ownership_sessions 1",
+        "mcp_ownership_incarnations 1",
+    ] {
+        assert!(metrics.contains(want), "{want} missing in\n{metrics}");
+    }
+}

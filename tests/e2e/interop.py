@@ -1,0 +1,166 @@
+"""Real MCP SDK replicas and clients (tests/interop) behind the guard in real Envoy.
+
+Replicas built from the TypeScript SDK (node) or the Python SDK (the project's .venv) take the harness
+ports, so E2E_PORT_OFFSET shifts them like everything else. Clients run as subprocesses with bounded
+timeouts and print one JSON object.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import harness as h
+
+INTEROP = h.ROOT / "tests" / "interop"
+NODE = shutil.which("node") or "node"
+PYTHON = str(h.ROOT / ".venv" / "bin" / "python")
+AFFINITY_CONFIG = "envoy-ts-affinity.yaml"
+
+
+def node_ready() -> bool:
+    return (INTEROP / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json").exists()
+
+
+def python_sdk_ready() -> bool:
+    r = subprocess.run([PYTHON, "-c", "import mcp"], capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+def start_ts_replica(port: int, name: str, retry_ms: int = 200) -> h.Proc:
+    return h.Proc(f"ts-{name}", [NODE, INTEROP / "ts_server.mjs", "--port", port, "--name", name,
+                                 "--retry-ms", retry_ms], port=port).start()
+
+
+def start_py_replica(port: int, name: str, retry_ms: int = 200) -> h.Proc:
+    return h.Proc(f"py-{name}", [PYTHON, INTEROP / "py_server.py", "--port", port, "--name", name,
+                                 "--retry-ms", retry_ms], port=port).start()
+
+
+def affinity_envoy(name: str, guard: bool = True, plugin_overrides: dict | None = None,
+                   replica_ports: list[int] | None = None) -> h.Envoy:
+    cfg = h.envoy_config(guard=guard, plugin_overrides=plugin_overrides, replica_ports=replica_ports,
+                         base=AFFINITY_CONFIG)
+    return h.Envoy(name, cfg).start()
+
+
+def url(port: int = h.ENVOY_PORT) -> str:
+    return f"http://{h.HOST}:{port}{h.PATH}"
+
+
+def run_json(args: list, timeout: float = 40.0) -> dict:
+    """Run a client script; its last stdout line is a JSON object."""
+    r = subprocess.run([str(a) for a in args], capture_output=True, timeout=timeout, cwd=h.ROOT, text=True,
+                       env={**os.environ, "NODE_NO_WARNINGS": "1"})
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"no JSON from {args[1]} (rc {r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}"
+    out = json.loads(lines[-1])
+    out["_rc"] = r.returncode
+    out["_stderr"] = r.stderr[-4000:]
+    return out
+
+
+def ts_client(scenario: str, *args, port: int = h.ENVOY_PORT, timeout: float = 40.0) -> dict:
+    return run_json([NODE, INTEROP / "ts_client.mjs", scenario, "--url", url(port), *args], timeout=timeout)
+
+
+def py_client(scenario: str, *args, port: int = h.ENVOY_PORT, timeout: float = 40.0) -> dict:
+    return run_json([PYTHON, INTEROP / "py_client.py", scenario, "--url", url(port), *args], timeout=timeout)
+
+
+def replica_state(port: int) -> dict:
+    with urllib.request.urlopen(f"http://{h.HOST}:{port}/_interop/state", timeout=3) as r:
+        return json.loads(r.read())
+
+
+def replica_post(port: int, path: str) -> int:
+    req = urllib.request.Request(f"http://{h.HOST}:{port}{path}", method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(req, timeout=3) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def reset_replicas(ports: list[int]) -> None:
+    for p in ports:
+        replica_post(p, "/_interop/reset")
+
+
+def cursors_at_replicas(ports: list[int]) -> list[dict]:
+    out = []
+    for p in ports:
+        try:
+            for r in replica_state(p)["requests"]:
+                if r.get("last_event_id"):
+                    out.append({**r, "port": p})
+        except OSError:
+            pass
+    return out
+
+
+SDK_ID = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-|_GET_stream|\d+_)|_(r|py)\d_")
+
+
+def is_guard_cursor(token: str | None) -> bool:
+    """Guard cursors are opaque base64url: the replicas' own `<stream>_<replica>_<n>` ids never show through."""
+    return bool(token) and re.fullmatch(r"[A-Za-z0-9_-]{20,}", token) is not None and not SDK_ID.search(token)
+
+
+class SdkStack:
+    """Three SDK replicas (kind "ts" or "py") on the harness replica ports, behind the affinity Envoy.
+
+    Borrows the ports from the naive-replica `stack` fixture: its Envoy and replicas are stopped
+    first (its `fresh` fixture starts them again on demand) and the ownership service is shared.
+    """
+
+    def __init__(self, stack, kind: str):
+        self.stack = stack
+        self.kind = kind
+        self.replicas: list[h.Proc] = []
+        self.envoy: h.Envoy | None = None
+        self._key = None
+
+    def start(self) -> "SdkStack":
+        if self.stack.envoy is not None:
+            self.stack.envoy.stop()
+        for p in self.stack.replicas.values():
+            p.stop()
+        self.stack.ensure_ownership()
+        start = start_ts_replica if self.kind == "ts" else start_py_replica
+        prefix = "r" if self.kind == "ts" else "py"
+        for n, port in enumerate(h.REPLICA_PORTS):
+            self.replicas.append(start(port, f"{prefix}{n + 1}"))
+        return self
+
+    def use(self, guard: bool = True, **overrides) -> h.Envoy:
+        key = json.dumps([guard, overrides], sort_keys=True)
+        if self.envoy is not None and self.envoy.alive and key == self._key:
+            return self.envoy
+        if self.envoy is not None:
+            self.envoy.stop()
+        self.envoy = affinity_envoy(f"envoy-{self.kind}-{'guard' if guard else 'noguard'}", guard=guard,
+                                    plugin_overrides=overrides if guard else None)
+        self._key = key
+        return self.envoy
+
+    def port_of(self, name: str) -> int:
+        return h.REPLICA_PORTS[int(name.lstrip("rpy")) - 1]
+
+    def reset(self) -> None:
+        reset_replicas(h.REPLICA_PORTS)
+
+    def stop(self) -> None:
+        for p in [self.envoy, *self.replicas]:
+            if p is not None:
+                p.stop()
+
+
+def envelope_inner(session: str) -> str:
+    """The server's own session id inside an `envelope` stateful_session value `<b64 host>;UV:<b64 id>`."""
+    import base64
+    return base64.b64decode(session.split(";UV:", 1)[1]).decode()

@@ -1,0 +1,486 @@
+"""Interop with the official Rust SDK: rmcp 3.11.0 servers and rmcp's own client.
+
+The seed's deployment, built from a real SDK: three `rmcp-replica` processes (rmcp's
+Streamable HTTP server with `LocalSessionManager`) share their sessions through rmcp's
+`SessionStore` (a shared directory), so any replica restores any session, while each
+replica's events stay in its own process. rmcp mints event ids `<index>/<http_request_id>`
+per session and per process, so the first tool call of a session has the same ids on every
+replica that runs one.
+
+Run 1 removes the guard from Envoy's chain and shows what goes wrong; run 2 puts it back.
+This stack has its own ports (replicas 9141-9143, ownership 9240, Envoy 10040 / admin
+9940, all shifted by E2E_PORT_OFFSET), so it runs beside the naive-replica stack.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import harness as h
+
+OFF = h.PORT_OFFSET
+PORTS = [9141 + OFF, 9142 + OFF, 9143 + OFF]
+ENVOY_PORT = 10040 + OFF
+ADMIN_PORT = 9940 + OFF
+OWNERSHIP_PORT = 9240 + OFF
+GUARD_HEADER = "mcp-resume"
+RMCP_ID = re.compile(r"^\d+(/\d+)?$")  # rmcp's own event ids: <index>/<http_request_id>
+
+
+class RmcpStack:
+    def __init__(self, state_dir):
+        self.state_dir = state_dir
+        self.replicas: dict[int, h.Proc] = {}
+        self.ownership: h.Proc | None = None
+        self.envoy: h.Envoy | None = None
+        self.guard: bool | None = None
+
+    def name(self, port: int) -> str:
+        return f"r{PORTS.index(port) + 1}"
+
+    def port(self, name: str) -> int:
+        return PORTS[int(name.lstrip("r")) - 1]
+
+    def ensure(self) -> None:
+        for p in PORTS:
+            if p not in self.replicas or not self.replicas[p].alive:
+                self.replicas[p] = h.start_rmcp_replica(p, self.name(p), self.state_dir)
+        if self.ownership is None or not self.ownership.alive:
+            self.ownership = h.start_ownership(OWNERSHIP_PORT)
+
+    def use(self, guard: bool) -> h.Envoy:
+        if self.envoy is not None and self.envoy.alive and self.guard == guard:
+            return self.envoy
+        if self.envoy is not None:
+            self.envoy.stop()
+        cfg = h.envoy_config(guard=guard, replica_ports=PORTS, listener_port=ENVOY_PORT,
+                             admin_port=ADMIN_PORT, ownership_ports=[OWNERSHIP_PORT])
+        self.envoy = h.Envoy("envoy-rmcp-guard" if guard else "envoy-rmcp-noguard", cfg,
+                             admin_port=ADMIN_PORT, listener_port=ENVOY_PORT).start()
+        self.guard = guard
+        return self.envoy
+
+    def stop(self) -> None:
+        for p in [self.envoy, self.ownership, *self.replicas.values()]:
+            if p is not None:
+                p.stop()
+
+    def ledger(self, label: str) -> list[dict]:
+        return [e for e in h.ledger(self.state_dir) if e["label"] == label]
+
+
+@pytest.fixture(scope="module")
+def rmcp_stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("rmcp-state")
+    s = RmcpStack(state)
+    try:
+        s.ensure()
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+def rstack(rmcp_stack):
+    rmcp_stack.ensure()
+    return rmcp_stack
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def client() -> h.Client:
+    c = h.Client(port=ENVOY_PORT, version="2025-11-25")
+    c.initialize()
+    return c
+
+
+def pin(stack: RmcpStack, name: str) -> dict:
+    return {h.OWNER_HEADER: h.owner_pin(stack.port(name))}
+
+
+def start_call(c: h.Client, label: str, steps: int = 5, step_ms: int = 400, headers: dict | None = None):
+    """tools/call `progress` with a progress token; returns (request id, open SSE stream)."""
+    rid = c.next_id()
+    body = {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+            "params": {"name": "progress", "arguments": {"steps": steps, "step_ms": step_ms, "label": label},
+                       "_meta": {"progressToken": f"tok-{label}"}}}
+    s = c.open("POST", body, headers)
+    assert s.status == 200 and s.is_sse, (s.status, s.headers)
+    return rid, s
+
+
+def read_until_progress(s: h.SSEStream, n: int) -> list[h.Event]:
+    """Read the priming event and the first `n` progress notifications."""
+    evs = []
+    while sum(1 for e in evs if e.data and e.json().get("method") == "notifications/progress") < n:
+        ev = s.next_event()
+        assert ev is not None, f"stream ended early: {evs}"
+        evs.append(ev)
+    return evs
+
+
+def drain(s: h.SSEStream, deadline_s: float = 6.0) -> list[h.Event]:
+    """Read until the JSON-RPC response, the end of the stream, or the deadline."""
+    got = []
+    s.conn.sock.settimeout(deadline_s)  # a timed-out socket cannot be read again: one deadline
+    while True:
+        try:
+            ev = s.next_event()
+        except TimeoutError:
+            break
+        if ev is None:
+            break
+        got.append(ev)
+        if ev.event == "message" and ev.data and ("result" in ev.json() or "error" in ev.json()):
+            break
+    return got
+
+
+def messages(evs: list[h.Event]) -> list[dict]:
+    return [e.json() for e in evs if e.event == "message" and e.data]
+
+
+def progress_of(evs: list[h.Event]) -> list[tuple[str, float]]:
+    return [(m["params"]["progressToken"], m["params"]["progress"])
+            for m in messages(evs) if m.get("method") == "notifications/progress"]
+
+
+def results_of(evs: list[h.Event]) -> list[dict]:
+    return [m for m in messages(evs) if "result" in m or "error" in m]
+
+
+def result_text(m: dict) -> str:
+    return m["result"]["content"][0]["text"]
+
+
+def rmcp_client(*args: str, timeout_s: float = 30) -> dict:
+    out = subprocess.run([str(h.BIN / "rmcp-client"), "--url", f"http://{h.HOST}:{ENVOY_PORT}{h.PATH}", *args],
+                         capture_output=True, text=True, timeout=timeout_s)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tool_streams(report: dict) -> tuple[dict, list[dict]]:
+    """The cut POST stream of the tool call and the GET streams that resumed it."""
+    posts = [s for s in report["streams"] if s["method"] == "POST" and s["cut"]]
+    assert len(posts) == 1, report
+    resumes = [s for s in report["streams"] if s["method"] == "GET" and s["last_event_id"]]
+    return posts[0], resumes
+
+
+def stat(env: h.Envoy, name: str) -> int:
+    return env.stats().get(f"mcp_resume_guard.{name}", 0)
+
+
+# =============================================================================================
+# Run 1: no guard. Plain round robin plus strict stateful_session (clients may pin a replica).
+# =============================================================================================
+
+def test_rmcp_without_guard_resume_on_a_busy_replica_returns_another_calls_result(rstack):
+    """The wrong-result case: the resume lands on a replica running another call of the same
+    session, whose stream has the same rmcp ids, and replays that call. HTTP 200, no error."""
+    rstack.use(guard=False)
+    c = client()
+    a_label, b_label = f"A-{uuid.uuid4().hex[:6]}", f"B-{uuid.uuid4().hex[:6]}"
+    a_id, a = start_call(c, a_label, headers=pin(rstack, "r1"))
+    a_evs = read_until_progress(a, 2)
+    a.close()  # the connection drops after progress 2
+    cursor = a_evs[-1].id
+    assert RMCP_ID.match(cursor) and cursor.endswith("/0"), cursor
+    b_id, b = start_call(c, b_label, headers=pin(rstack, "r2"))  # r2 restores the session
+    b_evs = read_until_progress(b, 1)
+    assert b_evs[-1].id == "1/0", "the same ids on another replica"
+    r = c.get_stream(last_event_id=cursor, headers=pin(rstack, "r2"))
+    assert r.status == 200 and r.header("x-replica") == "r2"
+    got = drain(r)
+    r.close()
+    b.close()
+    assert {tok for tok, _ in progress_of(got)} == {f"tok-{b_label}"}, "B's progress on A's resume"
+    res = results_of(got)
+    assert len(res) == 1 and "error" not in res[0]
+    assert res[0]["id"] == b_id and res[0]["id"] != a_id
+    assert f"label={b_label}" in result_text(res[0]), "A's resume delivered B's result"
+    time.sleep(0.5)
+    assert len(rstack.ledger(a_label)) == 1  # A ran, its result never reached the client
+
+
+def test_rmcp_without_guard_resume_on_an_idle_replica_is_an_empty_200(rstack):
+    """The lost resume: a replica that knows the session but not the stream answers 200 with
+    an empty SSE body, so the client learns nothing and the result is lost."""
+    rstack.use(guard=False)
+    c = client()
+    label = f"L-{uuid.uuid4().hex[:6]}"
+    _, a = start_call(c, label, headers=pin(rstack, "r1"))
+    cursor = read_until_progress(a, 2)[-1].id
+    a.close()
+    r = c.get_stream(last_event_id=cursor, headers=pin(rstack, "r3"))
+    body = r.resp.read()
+    r.close()
+    assert r.status == 200 and r.is_sse and r.header("x-replica") == "r3"
+    assert body == b"", body
+    assert r.header(GUARD_HEADER) is None
+    time.sleep(2.0)
+    assert len(rstack.ledger(label)) == 1, "the call finished on r1; nobody told the client"
+
+
+def test_rmcp_without_guard_owner_resends_the_cursor_event(rstack):
+    """rmcp replays from the cursor's own event, not after it: that event arrives twice."""
+    rstack.use(guard=False)
+    c = client()
+    label = f"E-{uuid.uuid4().hex[:6]}"
+    _, a = start_call(c, label, headers=pin(rstack, "r1"))
+    evs = read_until_progress(a, 2)
+    a.close()
+    r = c.get_stream(last_event_id=evs[-1].id, headers=pin(rstack, "r1"))
+    got = drain(r)
+    r.close()
+    assert (got[0].id, got[0].data) == (evs[-1].id, evs[-1].data), "the cursor's own event, again"
+    assert [p for _, p in progress_of(got)] == [2, 3, 4, 5]
+    assert len(results_of(got)) == 1
+
+
+def test_rmcp_client_without_guard_loses_the_result(rstack):
+    """rmcp's own client: its automatic resume (GET + Last-Event-ID) is spread by round robin,
+    replicas without the stream answer empty 200s, the owner drops a finished call's stream,
+    and the client keeps reconnecting until the caller's timeout."""
+    rstack.use(guard=False)
+    label = f"C-{uuid.uuid4().hex[:6]}"
+    rep = rmcp_client("--label", label, "--steps", "5", "--step-ms", "300", "--cut-after", "3",
+                      "--timeout-ms", "8000")
+    post, resumes = tool_streams(rep)
+    assert resumes and all(s["last_event_id"] == post["ids"][-1] for s in resumes)
+    exactly_once = rep["result"] is not None and rep["progress"] == [1, 2, 3, 4, 5]
+    assert not exactly_once, rep
+    time.sleep(0.3)
+    assert len(rstack.ledger(label)) == 1
+
+
+def test_rmcp_client_without_guard_pinned_to_the_owner_sees_a_duplicate(rstack):
+    """Even at the owner (all requests pinned), rmcp's client gets the cursor's event twice."""
+    rstack.use(guard=False)
+    label = f"D-{uuid.uuid4().hex[:6]}"
+    owner = pin(rstack, "r2")[h.OWNER_HEADER]
+    rep = rmcp_client("--label", label, "--cut-after", "3", "--header", f"{h.OWNER_HEADER}:{owner}")
+    post, resumes = tool_streams(rep)
+    assert resumes[0]["ids"][0] == post["ids"][-1], "the replay starts with the cursor's own event"
+    assert rep["progress"] == [1, 2, 2, 3, 4, 5], rep
+    assert f"label={label}" in (rep["result"] or "")
+
+
+# =============================================================================================
+# Run 2: with the guard.
+# =============================================================================================
+
+def test_rmcp_with_guard_resume_continues_at_the_owner_exactly_once(rstack):
+    env = rstack.use(guard=True)
+    before = env.stats()
+    c = client()
+    a_label, b_label = f"A-{uuid.uuid4().hex[:6]}", f"B-{uuid.uuid4().hex[:6]}"
+    a_id, a = start_call(c, a_label)
+    b_id, b = start_call(c, b_label)  # round robin: the next replica, same rmcp ids there
+    owner_a, owner_b = a.header("x-replica"), b.header("x-replica")
+    assert owner_a != owner_b
+    a_evs = read_until_progress(a, 2)
+    a.close()
+    cursor = a_evs[-1].id
+    assert not RMCP_ID.match(cursor), "clients see guard cursors, not rmcp ids"
+    r = c.get_stream(last_event_id=cursor)
+    assert r.status == 200 and r.header(GUARD_HEADER) is None
+    assert r.header("x-replica") == owner_a, "the continuation reaches A's owner"
+    assert h.OWNER_HEADER not in r.headers
+    got = drain(r)
+    r.close()
+    assert all(e.id != cursor for e in got), "rmcp's re-sent cursor event is suppressed"
+    assert progress_of(got) == [(f"tok-{a_label}", p) for p in (3, 4, 5)], "the rest, each once"
+    res = results_of(got)
+    assert len(res) == 1 and res[0]["id"] == a_id and f"label={a_label}" in result_text(res[0])
+    ids = [e.id for e in a_evs + got if e.id]
+    assert len(ids) == len(set(ids)), "no id twice"
+    b_rest = drain(b)
+    b.close()
+    assert [m["id"] for m in results_of(b_rest)] == [b_id]
+    after = env.stats()
+    assert after["mcp_resume_guard.continued"] == before["mcp_resume_guard.continued"] + 1
+    assert after["mcp_resume_guard.replay_mismatch"] == before["mcp_resume_guard.replay_mismatch"]
+    assert after["mcp_resume_guard.refused.replay_mismatch"] == before["mcp_resume_guard.refused.replay_mismatch"]
+    assert len(rstack.ledger(a_label)) == 1 and len(rstack.ledger(b_label)) == 1
+
+
+def test_rmcp_with_guard_owner_gone_is_signalled(rstack):
+    env = rstack.use(guard=True)
+    c = client()
+    label = f"G-{uuid.uuid4().hex[:6]}"
+    _, a = start_call(c, label, steps=5, step_ms=400)
+    owner = a.header("x-replica")
+    cursor = read_until_progress(a, 2)[-1].id
+    a.close()
+    time.sleep(0.1)  # records are asynchronous
+    rstack.replicas[rstack.port(owner)].kill()
+    before = stat(env, "refused.owner_unavailable")
+    r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
+    r.close()
+    assert r.status == 409, (r.status, body)
+    assert r.header(GUARD_HEADER) == "rejected; reason=owner_unavailable"
+    err = json.loads(body)
+    assert err["error"]["data"] == {"resumed": False, "reason": "owner_unavailable"}
+    assert stat(env, "refused.owner_unavailable") == before + 1
+
+
+def test_rmcp_with_guard_rmcp_id_is_a_foreign_cursor(rstack):
+    """A raw rmcp id (e.g. kept from before the guard was deployed) never reaches a replica."""
+    env = rstack.use(guard=True)
+    c = client()
+    before = stat(env, "refused.foreign_cursor")
+    r = c.get_stream(last_event_id="2/0")
+    assert r.status == 200
+    assert r.header(GUARD_HEADER) == "restarted; reason=foreign_cursor"
+    ev = r.next_event()
+    r.close()
+    assert ev is not None and ev.event == "mcp-resume" and ev.id is None
+    assert ev.json() == {"resumed": False, "reason": "foreign_cursor"}
+    assert stat(env, "refused.foreign_cursor") == before + 1
+
+
+def test_rmcp_client_with_guard_resumes_the_call_exactly_once(rstack):
+    """rmcp's own client resumes by itself, with the guard's cursor as its Last-Event-ID."""
+    env = rstack.use(guard=True)
+    before = env.stats()
+    label = f"R-{uuid.uuid4().hex[:6]}"
+    rep = rmcp_client("--label", label, "--steps", "5", "--step-ms", "300", "--cut-after", "3")
+    assert rep["error"] is None, rep
+    assert rep["progress"] == [1, 2, 3, 4, 5], rep
+    assert f"label={label}" in rep["result"]
+    post, resumes = tool_streams(rep)
+    assert len(resumes) == 1, rep
+    cursor = post["ids"][-1]
+    assert resumes[0]["last_event_id"] == cursor and not RMCP_ID.match(cursor)
+    assert cursor not in resumes[0]["ids"], "the echo of the cursor's event was dropped"
+    after = env.stats()
+    assert after["mcp_resume_guard.continued"] == before["mcp_resume_guard.continued"] + 1
+    assert after["mcp_resume_guard.replay_mismatch"] == before["mcp_resume_guard.replay_mismatch"]
+    assert len(rstack.ledger(label)) == 1
+
+
+# ---- every protocol revision, with the guard ------------------------------------------------
+
+@pytest.mark.parametrize("version", [None, "2025-06-18", "2025-11-25"],
+                         ids=["2025-03-26-no-header", "2025-06-18", "2025-11-25"])
+def test_rmcp_with_guard_resume_per_revision(rstack, version):
+    """No `MCP-Protocol-Version` header means 2025-03-26 (the guard's and rmcp's rule)."""
+    env = rstack.use(guard=True)
+    before = env.stats()
+    c = h.Client(port=ENVOY_PORT, version=version)
+    c.initialize()
+    label = f"V-{uuid.uuid4().hex[:6]}"
+    a_id, a = start_call(c, label)
+    owner = a.header("x-replica")
+    evs = read_until_progress(a, 2)
+    a.close()
+    assert evs[0].data == "", "rmcp's priming event (id, empty data) is rewritten like any event"
+    r = c.get_stream(last_event_id=evs[-1].id)
+    assert r.status == 200 and r.header(GUARD_HEADER) is None and r.header("x-replica") == owner
+    got = drain(r)
+    r.close()
+    assert [p for _, p in progress_of(got)] == [3, 4, 5]
+    assert [m["id"] for m in results_of(got)] == [a_id]
+    after = env.stats()
+    assert after["mcp_resume_guard.continued"] == before["mcp_resume_guard.continued"] + 1
+    assert after["mcp_resume_guard.replay_mismatch"] == before["mcp_resume_guard.replay_mismatch"]
+
+
+@pytest.mark.parametrize("protocol", ["2025-03-26", "2025-06-18", "2025-11-25"])
+def test_rmcp_client_with_guard_per_revision(rstack, protocol):
+    env = rstack.use(guard=True)
+    before = stat(env, "continued")
+    label = f"P-{uuid.uuid4().hex[:6]}"
+    rep = rmcp_client("--protocol", protocol, "--label", label, "--cut-after", "3")
+    assert rep["negotiated"] == protocol, rep
+    assert rep["progress"] == [1, 2, 3, 4, 5] and f"label={label}" in (rep["result"] or ""), rep
+    assert stat(env, "continued") == before + 1
+
+
+def test_rmcp_2026_cursor_is_stripped_and_the_call_still_runs(rstack):
+    """2026-07-28 has no resumption: rmcp serves it statelessly; the guard strips any cursor,
+    says so, and the POST's body still reaches the server."""
+    env = rstack.use(guard=True)
+    c = client()
+    _, a = start_call(c, f"S-{uuid.uuid4().hex[:6]}", steps=1, step_ms=1)
+    cursor = read_until_progress(a, 1)[-1].id
+    a.close()
+    c.version, c.session = "2026-07-28", None
+    before = stat(env, "refused.not_resumable_version")
+    r = c.get_stream(last_event_id=cursor)
+    r.resp.read()
+    r.close()
+    assert r.header(GUARD_HEADER) == "restarted; reason=not_resumable_version"
+    assert r.status == 405, "rmcp's own answer to a 2026 GET comes through"
+    label = f"S26-{uuid.uuid4().hex[:6]}"
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "0"}}
+    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "progress", "arguments": {"steps": 1, "step_ms": 1, "label": label}, "_meta": meta}}
+    # SEP-2243 (2026-07-28): rmcp requires the standard request headers.
+    s = c.open("POST", body, headers={"last-event-id": cursor, "mcp-method": "tools/call", "mcp-name": "progress"})
+    assert s.status == 200, (s.status, s.resp.read())
+    assert s.header(GUARD_HEADER) == "stripped; reason=not_resumable_version"
+    got = drain(s)
+    s.close()
+    assert got[0].event == "mcp-resume" and got[0].json()["reason"] == "not_resumable_version"
+    assert [m["id"] for m in results_of(got)] == [7] and f"label={label}" in result_text(results_of(got)[0])
+    assert stat(env, "refused.not_resumable_version") == before + 2
+    assert len(rstack.ledger(label)) == 1
+
+
+def test_rmcp_bad_version_the_servers_400_comes_through(rstack):
+    env = rstack.use(guard=True)
+    c = client()
+    _, a = start_call(c, f"B-{uuid.uuid4().hex[:6]}", steps=1, step_ms=1)
+    cursor = read_until_progress(a, 1)[-1].id
+    a.close()
+    c.version = "not-a-version"
+    before = stat(env, "refused.not_resumable_version")
+    r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
+    r.close()
+    assert r.status == 400 and b"Unsupported MCP-Protocol-Version" in body
+    assert r.header(GUARD_HEADER) == "restarted; reason=not_resumable_version"
+    p = c.request("POST", {"jsonrpc": "2.0", "id": c.next_id(), "method": "tools/list"},
+                  headers={"last-event-id": cursor})
+    assert p.status == 400 and b"Unsupported MCP-Protocol-Version" in p.body
+    assert p.header(GUARD_HEADER) == "stripped; reason=not_resumable_version"
+    assert stat(env, "refused.not_resumable_version") == before + 2
+
+
+def test_rmcp_delete_makes_later_cursors_session_inactive(rstack):
+    """rmcp's DELETE closes the session on the replica that gets it and removes it from the
+    shared store; other replicas that restored it keep it in memory until their idle timeout.
+    The guard records the termination, so no cursor of that session is honoured any more."""
+    env = rstack.use(guard=True)
+    c = client()
+    _, a = start_call(c, f"T-{uuid.uuid4().hex[:6]}", steps=5, step_ms=200)
+    tool_cursor = read_until_progress(a, 1)[-1].id
+    a.close()
+    g = c.get_stream()
+    get_cursor = g.read(1)[0].id
+    g.close()
+    d = c.request("DELETE")
+    assert d.status in (200, 202, 204), d.status
+    time.sleep(0.1)  # records are asynchronous
+    before = stat(env, "refused.session_inactive")
+    r = c.get_stream(last_event_id=get_cursor)
+    assert r.header(GUARD_HEADER) == "restarted; reason=session_inactive"
+    r.close()
+    r = c.get_stream(last_event_id=tool_cursor)
+    body = r.resp.read()
+    r.close()
+    assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=session_inactive", body
+    assert stat(env, "refused.session_inactive") == before + 2

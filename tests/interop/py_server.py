@@ -1,0 +1,120 @@
+"""An MCP replica built from the real Python SDK (PyPI `mcp`, pinned in requirements.txt).
+
+    .venv/bin/python tests/interop/py_server.py --port 9101 --name py1 [--retry-ms 200] [--idle-s 600]
+
+* The SDK's stateful Streamable HTTP leg (sessions live in this process) with a small `EventStore`
+  (the SDK ships none) and `retry_interval`: priming events and `retry:` on 2025-11-25, and
+  `Context.close_sse_stream()` for server-side polling. Revision 2026-07-28 goes to the SDK's
+  sessionless leg.
+* The store is shared by every session of the process and, like the TypeScript example, never checks
+  which session a cursor belongs to; it replays in insertion order.
+* Tool `progress_steps {steps, step_ms, close_every?, tag?}`: one progress notification per step, then
+  a text result.
+* `--idle-s`: the SDK's session idle timeout; an expired session answers 404.
+* Test hooks (not on /mcp): GET /_interop/state, POST /_interop/reset. Every response carries
+  `x-replica: <name>`. Listens on 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import anyio
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int, default=9101)
+ap.add_argument("--name", default="py")
+ap.add_argument("--retry-ms", type=int, default=200)
+ap.add_argument("--idle-s", type=float, default=600.0)
+args = ap.parse_args()
+NAME = args.name
+
+STATE: dict = {"name": NAME, "tool_calls": [], "requests": []}
+
+
+class OrderedEventStore(EventStore):
+    """Ids `<stream>_<replica>_<n>`, replayed in insertion order within the cursor's stream."""
+
+    def __init__(self) -> None:
+        self.seq = itertools.count(1)
+        self.events: dict[str, tuple[str, object]] = {}
+        self.by_stream: dict[str, list[str]] = {}
+
+    async def store_event(self, stream_id, message):
+        eid = f"{stream_id}_{NAME}_{next(self.seq)}"
+        self.events[eid] = (stream_id, message)
+        self.by_stream.setdefault(stream_id, []).append(eid)
+        return eid
+
+    async def replay_events_after(self, last_event_id, send_callback: EventCallback):
+        if last_event_id not in self.events:
+            return None
+        stream_id, _ = self.events[last_event_id]
+        ids = self.by_stream[stream_id]
+        for eid in ids[ids.index(last_event_id) + 1:]:
+            message = self.events[eid][1]
+            if message is not None:
+                await send_callback(EventMessage(message, eid))
+        return stream_id
+
+
+mcp = MCPServer(f"interop-py-{NAME}")
+
+
+@mcp.tool()
+async def progress_steps(steps: int, step_ms: int, ctx: Context, close_every: int | None = None,
+                         tag: str | None = None) -> str:
+    """Streams one progress notification per step, then returns a result."""
+    call = {"tag": tag, "steps": steps, "done": False}
+    STATE["tool_calls"].append(call)
+    for i in range(1, steps + 1):
+        await anyio.sleep(step_ms / 1000)
+        await ctx.report_progress(i, steps, f"step {i}")
+        if close_every and i % close_every == 0 and i < steps:
+            await ctx.close_sse_stream()
+    call["done"] = True
+    return f"done {tag or ''} {steps} steps on {NAME}"
+
+
+@mcp.custom_route("/_interop/state", methods=["GET"])
+async def state(_: Request) -> JSONResponse:
+    return JSONResponse(STATE)
+
+
+@mcp.custom_route("/_interop/reset", methods=["POST"])
+async def reset(_: Request) -> JSONResponse:
+    STATE["tool_calls"].clear()
+    STATE["requests"].clear()
+    return JSONResponse({})
+
+
+app = mcp.streamable_http_app(event_store=OrderedEventStore(), retry_interval=args.retry_ms,
+                              session_idle_timeout=args.idle_s)
+
+
+async def with_replica_header(scope, receive, send):
+    """Adds x-replica to every response and records each /mcp request's cursor and version."""
+    if scope["type"] == "http" and scope["path"] == "/mcp":
+        hdrs = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        STATE["requests"].append({"method": scope["method"], "session": hdrs.get("mcp-session-id"),
+                                  "last_event_id": hdrs.get("last-event-id"),
+                                  "mcp_protocol_version": hdrs.get("mcp-protocol-version")})
+        del STATE["requests"][:-2000]
+
+    async def send_with_header(message):
+        if message["type"] == "http.response.start":
+            message.setdefault("headers", [])
+            message["headers"] = list(message["headers"]) + [(b"x-replica", NAME.encode())]
+        await send(message)
+
+    await app(scope, receive, send_with_header)
+
+
+if __name__ == "__main__":
+    uvicorn.run(with_replica_header, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on")

@@ -1,0 +1,350 @@
+//! `rmcp-replica`: an MCP server built on the official Rust SDK (`rmcp`, pinned to 3.11.0)
+//! and deployed the way the seed describes: several replicas share their *sessions* through
+//! a store (here a directory of JSON files, rmcp's `SessionStore` trait), while each replica's
+//! *events* stay in its own process (rmcp's `LocalSessionManager` cache).
+//!
+//! rmcp mints event ids `<index>/<http_request_id>` per session worker and per process, so two
+//! replicas that serve the same session hand out the same ids for different streams. That is
+//! the deployment the guard exists for. A test fixture, not a product.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use axum::{extract::Request, http::HeaderValue, middleware::Next, response::Response};
+use rmcp::{
+    handler::server::wrapper::Parameters,
+    model::{
+        CallToolResult, ContentBlock, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    },
+    schemars,
+    service::RequestContext,
+    tool, tool_handler, tool_router,
+    transport::streamable_http_server::{
+        session::{
+            local::{LocalSessionManager, SessionConfig},
+            SessionState, SessionStore, SessionStoreError,
+        },
+        StreamableHttpServerConfig, StreamableHttpService,
+    },
+    ErrorData, RoleServer, ServerHandler,
+};
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+pub const USAGE: &str = "\
+usage: rmcp-replica --listen 127.0.0.1:PORT --name NAME --state-dir DIR [--sse-retry-ms MS]
+
+  --listen        address to serve MCP on (loopback only), path /mcp
+  --name          replica name, sent back in the `x-replica` response header
+  --state-dir     directory shared by all replicas: sessions/ (the shared session store)
+                  and ledger.jsonl (one line per finished `progress` call)
+  --sse-retry-ms  `retry:` of rmcp's priming events (default 500)
+";
+
+/// Command line.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub name: String,
+    pub state_dir: PathBuf,
+    pub sse_retry_ms: u64,
+}
+
+#[derive(Debug)]
+pub enum Cli {
+    Run(Config),
+    Help,
+}
+
+/// Parses the arguments after the program name.
+pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
+    let mut listen = None;
+    let mut name = None;
+    let mut state_dir = None;
+    let mut sse_retry_ms = 500u64;
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(Cli::Help);
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--listen" => {
+                let addr: SocketAddr = value
+                    .parse()
+                    .map_err(|e| format!("--listen {value}: {e}"))?;
+                if !addr.ip().is_loopback() {
+                    return Err(format!(
+                        "--listen {value}: only loopback addresses are allowed"
+                    ));
+                }
+                listen = Some(addr);
+            }
+            "--name" => {
+                if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(format!("--name {value:?}: visible ASCII only"));
+                }
+                name = Some(value);
+            }
+            "--state-dir" => state_dir = Some(PathBuf::from(value)),
+            "--sse-retry-ms" => {
+                sse_retry_ms = value
+                    .parse()
+                    .map_err(|e| format!("--sse-retry-ms {value}: {e}"))?;
+            }
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    Ok(Cli::Run(Config {
+        listen: listen.ok_or("--listen is required")?,
+        name: name.ok_or("--name is required")?,
+        state_dir: state_dir.ok_or("--state-dir is required")?,
+        sse_retry_ms,
+    }))
+}
+
+// ---- the shared session store ------------------------------------------------------------
+
+/// rmcp's `SessionStore` on a directory shared by all replicas: one JSON file per session,
+/// written atomically (temp file + rename). Any replica can then restore any session.
+#[derive(Debug, Clone)]
+pub struct FileSessionStore {
+    dir: PathBuf,
+}
+
+impl FileSessionStore {
+    pub fn new(dir: PathBuf) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(FileSessionStore { dir })
+    }
+
+    /// Session ids are visible ASCII; anything but `[A-Za-z0-9_-]` is hex-escaped.
+    fn path(&self, session_id: &str) -> PathBuf {
+        let mut name = String::with_capacity(session_id.len() + 5);
+        for b in session_id.bytes() {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                name.push(char::from(b));
+            } else {
+                name.push_str(&format!("%{b:02x}"));
+            }
+        }
+        name.push_str(".json");
+        self.dir.join(name)
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for FileSessionStore {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        match tokio::fs::read(self.path(session_id)).await {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Box::new(e)),
+        }
+    }
+
+    async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let path = self.path(session_id);
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        tokio::fs::write(&tmp, serde_json::to_vec(state)?).await?;
+        tokio::fs::rename(&tmp, &path).await?;
+        Ok(())
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        match tokio::fs::remove_file(self.path(session_id)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Box::new(e)),
+        }
+    }
+}
+
+// ---- the MCP server ----------------------------------------------------------------------
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ProgressArgs {
+    /// Progress notifications to send before the result (default 5).
+    #[serde(default)]
+    pub steps: Option<u32>,
+    /// Delay before each notification, in milliseconds (default 200).
+    #[serde(default)]
+    pub step_ms: Option<u64>,
+    /// Free text echoed in the result, to tell calls apart.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// One MCP server per session; all of them on one replica share `name` and the ledger path.
+#[derive(Clone)]
+pub struct ProgressServer {
+    name: Arc<str>,
+    ledger: Arc<PathBuf>,
+}
+
+impl ProgressServer {
+    pub fn new(name: Arc<str>, ledger: Arc<PathBuf>) -> Self {
+        ProgressServer { name, ledger }
+    }
+}
+
+#[tool_router]
+impl ProgressServer {
+    /// Sends `steps` progress notifications (when the request has a progress token), then
+    /// returns which replica ran the call. The call is appended to the shared ledger, so a
+    /// test can tell how often it ran.
+    #[tool(
+        description = "Streams `steps` progress notifications, `step_ms` apart, then returns the label and the replica that ran it"
+    )]
+    async fn progress(
+        &self,
+        Parameters(args): Parameters<ProgressArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let steps = args.steps.unwrap_or(5).min(1000);
+        let step_ms = args.step_ms.unwrap_or(200).min(60_000);
+        let label = args.label.unwrap_or_default();
+        let token = ctx.meta.get_progress_token();
+        for step in 1..=steps {
+            tokio::time::sleep(Duration::from_millis(step_ms)).await;
+            if let Some(token) = &token {
+                let note = ProgressNotificationParam::new(token.clone(), f64::from(step))
+                    .with_total(f64::from(steps))
+                    .with_message(format!("{label} step {step}/{steps} on {}", self.name));
+                // A closed client stream is not a cancellation: keep working (the 2025 rule).
+                let _ = ctx.peer.notify_progress(note).await;
+            }
+        }
+        let line = serde_json::json!({ "label": label, "replica": &*self.name, "steps": steps });
+        if let Err(e) = append_line(&self.ledger, &line.to_string()).await {
+            eprintln!("rmcp-replica {}: ledger: {e}", self.name);
+        }
+        let text = format!("done: label={label} replica={} steps={steps}", self.name);
+        Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for ProgressServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_instructions("rmcp-replica: interop fixture for mcp-resume-guard")
+    }
+}
+
+async fn append_line(path: &Path, line: &str) -> std::io::Result<()> {
+    let mut f = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await?;
+    f.write_all(format!("{line}\n").as_bytes()).await?;
+    f.flush().await
+}
+
+/// The axum app: rmcp's Streamable HTTP service on `/mcp`, plus `x-replica` on every response.
+pub fn app(cfg: &Config, ct: CancellationToken) -> std::io::Result<axum::Router> {
+    let store = FileSessionStore::new(cfg.state_dir.join("sessions"))?;
+    let retry = Duration::from_millis(cfg.sse_retry_ms);
+
+    let mut session_config = SessionConfig::default();
+    session_config.sse_retry = Some(retry);
+    let mut manager = LocalSessionManager::default();
+    manager.session_config = session_config;
+
+    let mut server_config = StreamableHttpServerConfig::default()
+        .with_sse_retry(Some(retry))
+        .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        .with_cancellation_token(ct);
+    server_config.session_store = Some(Arc::new(store));
+
+    let name: Arc<str> = Arc::from(cfg.name.as_str());
+    let ledger = Arc::new(cfg.state_dir.join("ledger.jsonl"));
+    let factory_name = name.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(ProgressServer::new(factory_name.clone(), ledger.clone())),
+        Arc::new(manager),
+        server_config,
+    );
+    let header = HeaderValue::from_str(&cfg.name).map_err(std::io::Error::other)?;
+    Ok(axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| {
+                let header = header.clone();
+                async move {
+                    let mut resp: Response = next.run(req).await;
+                    resp.headers_mut().insert("x-replica", header);
+                    resp
+                }
+            },
+        )))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_the_command_line() {
+        let cli = parse_args(args(&[
+            "--listen",
+            "127.0.0.1:9101",
+            "--name",
+            "r1",
+            "--state-dir",
+            "/tmp/x",
+        ]));
+        match cli {
+            Ok(Cli::Run(c)) => {
+                assert_eq!(c.listen.port(), 9101);
+                assert_eq!(c.name, "r1");
+                assert_eq!(c.sse_retry_ms, 500);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_args(args(&[
+            "--listen",
+            "0.0.0.0:1",
+            "--name",
+            "a",
+            "--state-dir",
+            "d"
+        ]))
+        .is_err());
+        assert!(parse_args(args(&["--name", "a", "--state-dir", "d"])).is_err());
+        assert!(matches!(parse_args(args(&["--help"])), Ok(Cli::Help)));
+    }
+
+    #[tokio::test]
+    async fn file_store_round_trips_and_escapes_names() {
+        let dir = std::env::temp_dir().join(format!("rmcp-replica-test-{}", std::process::id()));
+        let store = FileSessionStore::new(dir.clone()).unwrap();
+        assert!(store.path("../etc/passwd").starts_with(&dir));
+        assert!(store.load("nope").await.unwrap().is_none());
+        let state: SessionState = serde_json::from_value(serde_json::json!({
+            "initialize_params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"}
+            }
+        }))
+        .unwrap();
+        store.store("a/b", &state).await.unwrap();
+        assert!(store.load("a/b").await.unwrap().is_some());
+        store.delete("a/b").await.unwrap();
+        assert!(store.load("a/b").await.unwrap().is_none());
+        store.delete("a/b").await.unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
