@@ -115,6 +115,9 @@ def rss(pid):
 
 # ---- Envoy configurations -----------------------------------------------------------------
 
+EXTRA_WASM: dict[str, Path] = {}
+
+
 def envoy_cfg(kind, guard_wasm, floor_wasm):
     with open(ROOT / "envoy" / "envoy.yaml") as f:
         cfg = yaml.safe_load(f)
@@ -127,15 +130,15 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
     g = next(f for f in filters if f["name"] == "mcp_resume_guard")
     if kind == "bare":
         hcm["http_filters"] = [f for f in filters if f is not g]
-    elif kind == "floor":
+    elif kind == "floor" or (kind in EXTRA_WASM and not kind.startswith("guard")):
         c = g["typed_config"]["config"]
         g["name"] = "bench_floor"
         c.update({"name": "bench_floor", "root_id": "bench_floor"})
         c["vm_config"].update({"vm_id": "bench_floor"})
-        c["vm_config"]["code"]["local"]["filename"] = str(floor_wasm)
+        c["vm_config"]["code"]["local"]["filename"] = str(EXTRA_WASM.get(kind, floor_wasm))
         c.pop("configuration", None)
     else:
-        g["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(guard_wasm)
+        g["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(EXTRA_WASM.get(kind, guard_wasm))
     # B2 streams go to the SSE upstream, selected by a request header.
     vh = hcm["route_config"]["virtual_hosts"][0]
     default = vh["routes"][0]
@@ -747,10 +750,19 @@ def main():
     ap.add_argument("--report", required=True, type=Path)
     ap.add_argument("--plots", required=True, type=Path)
     ap.add_argument("--only", default="", help="comma list of b1,b2,b3,b4,b5 (debugging)")
+    ap.add_argument("--extra", action="append", default=[],
+                    help="NAME=floor-like.wasm: an extra configuration (experiments, with --only)")
+    ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--sizes", default="")
     a = ap.parse_args()
+    for i, x in enumerate(a.extra):
+        name, _, path = x.partition("=")
+        EXTRA_WASM[name] = Path(path).resolve()
+        PORTS[name] = (14040 + 10 * i, 14041 + 10 * i)
+        CONFIGS.append(name)
     quick = a.quick
-    rounds = 1 if quick else 5
-    secs = 0.5 if quick else 2.0
+    rounds = a.rounds or (1 if quick else 7)
+    secs = 0.5 if quick else 1.5
     run_dir = a.out / "runs"
     run_dir.mkdir(parents=True, exist_ok=True)
     bin_dir = a.bin_dir.resolve()
@@ -774,11 +786,13 @@ def main():
             envoys[c] = Envoy(c, run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve()).start()
             procs.append(envoys[c])
         if want("b1"):
-            res["b1"] = b1(envoys, rounds, 1 if quick else 3, run_dir)
-        if want("b2"):
-            sizes = [100, 1024, 16384]
+            res["b1"] = b1(envoys, rounds, 1 if quick else 2, run_dir)
+        sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else [100, 1024, 16384]
+        if want("b2") or want("b2p"):
             res["b2_paced"] = b2(envoys, bin_dir, rounds, secs, sizes, "paced", 20)
+        if want("b2") or want("b2b"):
             res["b2_bulk"] = b2(envoys, bin_dir, rounds, secs, sizes, "bulk", 2)
+        if want("b2"):
             res["b2_flat"] = b2_flat(envoys, bin_dir, 3 if quick else 9)
         if want("b3"):
             res["b3"] = b3(envoys, bin_dir, rounds, secs if quick else 3.0)

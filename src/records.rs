@@ -9,6 +9,8 @@ use std::time::Duration;
 
 /// Ids one merged `Events` record may reach: keeps a record (and a queue of them) bounded.
 const MERGE_MAX_IDS: usize = 256;
+/// How many queued records a new `Events` record looks back through for its incarnation.
+const MERGE_LOOKBACK: usize = 64;
 /// Ids one batch may carry, whatever `max_batch` says: at most 4096 × ~130 bytes of JSON, well
 /// under the ownership service's 1 MiB body limit.
 const BATCH_MAX_IDS: usize = 4096;
@@ -36,31 +38,48 @@ impl RecordQueue {
     }
 
     pub fn push(&mut self, r: Record, m: &Metrics) {
-        // Events that continue the last queued record of the same incarnation join it: one
-        // record (and one session and incarnation key on the wire) per flush, not per chunk.
-        let r = match (self.pending.back_mut(), r) {
-            (
-                Some(Record::Events {
-                    session,
-                    incarnation,
-                    first_seq,
-                    ids,
-                }),
-                Record::Events {
-                    session: s2,
-                    incarnation: i2,
-                    first_seq: f2,
-                    ids: more,
-                },
-            ) if ids.len() < MERGE_MAX_IDS
-                && *incarnation == i2
-                && *session == s2
-                && first_seq.checked_add(ids.len() as u64) == Some(f2) =>
-            {
-                ids.extend(more);
-                return;
+        // Events that continue a recently queued record of the same incarnation join it: one
+        // record (and one session and incarnation key on the wire) per stream and flush, not per
+        // chunk. Streams interleave, so look back a little; only records of the same incarnation
+        // are ordered with respect to each other.
+        let r = match r {
+            Record::Events {
+                session: s2,
+                incarnation: i2,
+                first_seq: f2,
+                ids: more,
+            } => {
+                let open =
+                    self.pending
+                        .iter_mut()
+                        .rev()
+                        .take(MERGE_LOOKBACK)
+                        .find_map(|p| match p {
+                            Record::Events {
+                                session,
+                                incarnation,
+                                first_seq,
+                                ids,
+                            } if *incarnation == i2 && *session == s2 => Some((first_seq, ids)),
+                            _ => None,
+                        });
+                match open {
+                    Some((first_seq, ids))
+                        if ids.len() < MERGE_MAX_IDS
+                            && first_seq.checked_add(ids.len() as u64) == Some(f2) =>
+                    {
+                        ids.extend(more);
+                        return;
+                    }
+                    _ => Record::Events {
+                        session: s2,
+                        incarnation: i2,
+                        first_seq: f2,
+                        ids: more,
+                    },
+                }
             }
-            (_, r) => r,
+            r => r,
         };
         if self.pending.len() >= self.max_queue {
             self.pending.pop_front();

@@ -53,7 +53,8 @@ pub async fn read_request(r: &mut BufReader<OwnedReadHalf>) -> io::Result<Option
             break;
         }
         if let Some((k, v)) = l.split_once(':') {
-            req.headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            req.headers
+                .push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
     let len: usize = req

@@ -727,12 +727,17 @@ mod tests {
         let short = "s".repeat(ONE_BLOCK - 22);
         let long = "l".repeat(ONE_BLOCK - 21);
         let b = raw(&r.encode(&sample(Some(&short))));
-        assert_eq!((b[0], b.len()), (CURSOR_VERSION_ONE_BLOCK, ONE_BLOCK + MAC_BYTES));
+        assert_eq!(
+            (b[0], b.len()),
+            (CURSOR_VERSION_ONE_BLOCK, ONE_BLOCK + MAC_BYTES)
+        );
         let b = raw(&r.encode(&sample(Some(&long))));
         assert_eq!((b[0], b.len()), (CURSOR_VERSION, ONE_BLOCK + 1 + MAC_BYTES));
         assert_eq!(raw(&r.encode(&sample(None)))[0], CURSOR_VERSION_ONE_BLOCK);
         for id in [short.as_str(), long.as_str()] {
-            assert!(matches!(r.decode(&r.encode(&sample(Some(id)))), Ok(d) if same(&sample(Some(id)), &d)));
+            assert!(
+                matches!(r.decode(&r.encode(&sample(Some(id)))), Ok(d) if same(&sample(Some(id)), &d))
+            );
         }
     }
 
@@ -751,7 +756,11 @@ mod tests {
             let mut whole = k2.to_vec();
             whole.extend_from_slice(&body);
             let want = Sha256::digest(&whole);
-            assert_eq!(one_block_tag(&st, &body).map(|t| t.to_vec()), Some(want[..MAC_BYTES].to_vec()), "{len}");
+            assert_eq!(
+                one_block_tag(&st, &body).map(|t| t.to_vec()),
+                Some(want[..MAC_BYTES].to_vec()),
+                "{len}"
+            );
         }
         assert_eq!(one_block_tag(&st, &[0; ONE_BLOCK + 1]), None);
         // The two halves of K₂ differ from each other and from the secret's HMAC use.
@@ -767,16 +776,25 @@ mod tests {
         let v2 = raw(&r.encode(&sample(Some("ev-1"))));
         let mut as_v1 = v2.clone();
         as_v1[0] = CURSOR_VERSION;
-        assert_eq!(r.decode(&URL_SAFE_NO_PAD.encode(&as_v1)), Err(CursorError::BadMac));
+        assert_eq!(
+            r.decode(&URL_SAFE_NO_PAD.encode(&as_v1)),
+            Err(CursorError::BadMac)
+        );
         let v1 = raw(&signed(9, 3, &{
             let mut b = vec![0u8; 16];
             b.extend_from_slice(&[0, 1, NOT_EMBEDDED]);
             b
         }));
-        assert!(r.decode(&URL_SAFE_NO_PAD.encode(&v1)).is_ok(), "version 1 still verifies");
+        assert!(
+            r.decode(&URL_SAFE_NO_PAD.encode(&v1)).is_ok(),
+            "version 1 still verifies"
+        );
         let mut as_v2 = v1.clone();
         as_v2[0] = CURSOR_VERSION_ONE_BLOCK;
-        assert_eq!(r.decode(&URL_SAFE_NO_PAD.encode(&as_v2)), Err(CursorError::BadMac));
+        assert_eq!(
+            r.decode(&URL_SAFE_NO_PAD.encode(&as_v2)),
+            Err(CursorError::BadMac)
+        );
         // A version-2 cursor with a body longer than one block is malformed, whatever its tag.
         let mut body = vec![CURSOR_VERSION_ONE_BLOCK, 3];
         body.extend_from_slice(&[0u8; 17]);
@@ -785,7 +803,10 @@ mod tests {
         assert!(body.len() > ONE_BLOCK);
         let mut long = body.clone();
         long.extend_from_slice(&[0u8; MAC_BYTES]);
-        assert_eq!(r.decode(&URL_SAFE_NO_PAD.encode(&long)), Err(CursorError::Malformed));
+        assert_eq!(
+            r.decode(&URL_SAFE_NO_PAD.encode(&long)),
+            Err(CursorError::Malformed)
+        );
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

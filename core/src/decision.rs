@@ -78,11 +78,13 @@ pub const DEFAULT_VERSION: &str = "2025-03-26";
 pub fn version_resumable(version: Option<&str>) -> bool {
     let v = version.map(str::trim).unwrap_or(DEFAULT_VERSION);
     let b = v.as_bytes();
-    let is_date = b.len() == 10
+    let shaped = b.len() == 10
         && b.iter().enumerate().all(|(i, c)| match i {
             4 | 7 => *c == b'-',
             _ => c.is_ascii_digit(),
         });
+    let num = |r: std::ops::Range<usize>| v.get(r).and_then(|x| x.parse::<u32>().ok()).unwrap_or(0);
+    let is_date = shaped && (1..=12).contains(&num(5..7)) && (1..=31).contains(&num(8..10));
     is_date && v < FIRST_UNRESUMABLE_VERSION
 }
 
@@ -231,6 +233,8 @@ mod tests {
         assert!(!version_resumable(Some("2027-01-01")));
         assert!(!version_resumable(Some("banana")));
         assert!(!version_resumable(Some("2025-1-1")));
+        assert!(!version_resumable(Some("2025-13-45")));
+        assert!(!version_resumable(Some("2025-00-10")));
     }
 
     fn ring() -> Keyring {

@@ -238,7 +238,9 @@ impl RedisStore {
     }
 
     /// Run a pipeline that contains EVALSHAs; on NOSCRIPT (a restarted or flushed Redis),
-    /// load the scripts and run it once more. Every script is an idempotent upsert or a read.
+    /// load the scripts and run it once more. Running a batch twice is harmless: records are
+    /// idempotent upserts, the index ZADD is `GT`, and an `owner_gone` bumped twice still only
+    /// makes its epoch differ from the one its incarnations opened in.
     async fn pipeline(&self, what: &str, p: &Pipeline) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conn.clone();
         match p.query_async::<Vec<Value>>(&mut conn).await {

@@ -36,9 +36,9 @@ def start_ts_replica(port: int, name: str, retry_ms: int = 200) -> h.Proc:
                                  "--retry-ms", retry_ms], port=port).start()
 
 
-def start_py_replica(port: int, name: str, retry_ms: int = 200) -> h.Proc:
+def start_py_replica(port: int, name: str, retry_ms: int = 200, idle_s: float = 600.0) -> h.Proc:
     return h.Proc(f"py-{name}", [PYTHON, INTEROP / "py_server.py", "--port", port, "--name", name,
-                                 "--retry-ms", retry_ms], port=port).start()
+                                 "--retry-ms", retry_ms, "--idle-s", idle_s], port=port).start()
 
 
 def affinity_envoy(name: str, guard: bool = True, plugin_overrides: dict | None = None,
@@ -125,7 +125,7 @@ class SdkStack:
         self.envoy: h.Envoy | None = None
         self._key = None
 
-    def start(self) -> "SdkStack":
+    def start(self, **replica_args) -> "SdkStack":
         if self.stack.envoy is not None:
             self.stack.envoy.stop()
         for p in self.stack.replicas.values():
@@ -133,8 +133,9 @@ class SdkStack:
         self.stack.ensure_ownership()
         start = start_ts_replica if self.kind == "ts" else start_py_replica
         prefix = "r" if self.kind == "ts" else "py"
-        for n, port in enumerate(h.REPLICA_PORTS):
-            self.replicas.append(start(port, f"{prefix}{n + 1}"))
+        for p in self.replicas:
+            p.stop()
+        self.replicas = [start(port, f"{prefix}{n + 1}", **replica_args) for n, port in enumerate(h.REPLICA_PORTS)]
         return self
 
     def use(self, guard: bool = True, **overrides) -> h.Envoy:

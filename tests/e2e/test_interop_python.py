@@ -4,6 +4,7 @@ Three replicas built from the SDK's stateful Streamable HTTP leg with a small Ev
 (tests/interop/py_server.py) behind `envoy/envoy-ts-affinity.yaml` (sessions live in one process, as with
 TypeScript). The real ClientSession over streamable_http_client drives them (tests/interop/py_client.py).
 """
+import time
 import uuid
 
 import pytest
@@ -135,3 +136,23 @@ def test_refused_automatic_reconnect_fails_the_call_cleanly(pyf, policy, answer,
     assert "reconnection attempts were exhausted" in out["call"]["error"]
     assert out["call"]["elapsed_ms"] < 3000
     assert out["progress"] == [1, 2]
+
+
+def test_idle_expiry_404_makes_later_cursors_session_inactive(py):
+    """The SDK's own idle timeout ends the session; its 404 through the guard marks the session expired."""
+    py.start(idle_s=1.0)  # the last test of the module: the replicas restart with a short idle timeout
+    env = py.use(guard=True)
+    before = env.stats().get("mcp_resume_guard.refused.session_inactive", 0)
+    c = h.Client()
+    c.initialize()
+    s = c.call_tool("progress_steps", {"steps": 1, "step_ms": 1})
+    cursor = [e.id for e in s.read_all() if e.id][-1]
+    s.close()
+    time.sleep(2.5)  # idle: any request would reset the SDK's timer
+    status = c.request("POST", {"jsonrpc": "2.0", "id": c.next_id(), "method": "tools/list"}).status
+    assert status == 404, "the SDK expired the idle session"
+    time.sleep(0.1)  # the guard's record of the 404 is asynchronous
+    r = c.get_stream(last_event_id=cursor)
+    r.close()
+    assert r.status == 409 and r.header("mcp-resume") == "rejected; reason=session_inactive"
+    assert env.stats()["mcp_resume_guard.refused.session_inactive"] == before + 1

@@ -39,7 +39,7 @@ class RmcpStack:
         self.replicas: dict[int, h.Proc] = {}
         self.ownership: h.Proc | None = None
         self.envoy: h.Envoy | None = None
-        self.guard: bool | None = None
+        self.guard: str | None = None
 
     def name(self, port: int) -> str:
         return f"r{PORTS.index(port) + 1}"
@@ -54,16 +54,17 @@ class RmcpStack:
         if self.ownership is None or not self.ownership.alive:
             self.ownership = h.start_ownership(OWNERSHIP_PORT)
 
-    def use(self, guard: bool) -> h.Envoy:
-        if self.envoy is not None and self.envoy.alive and self.guard == guard:
+    def use(self, guard: bool, **overrides) -> h.Envoy:
+        key = json.dumps([guard, overrides], sort_keys=True)
+        if self.envoy is not None and self.envoy.alive and self.guard == key:
             return self.envoy
         if self.envoy is not None:
             self.envoy.stop()
-        cfg = h.envoy_config(guard=guard, replica_ports=PORTS, listener_port=ENVOY_PORT,
-                             admin_port=ADMIN_PORT, ownership_ports=[OWNERSHIP_PORT])
+        cfg = h.envoy_config(guard=guard, plugin_overrides=overrides if guard else None, replica_ports=PORTS,
+                             listener_port=ENVOY_PORT, admin_port=ADMIN_PORT, ownership_ports=[OWNERSHIP_PORT])
         self.envoy = h.Envoy("envoy-rmcp-guard" if guard else "envoy-rmcp-noguard", cfg,
                              admin_port=ADMIN_PORT, listener_port=ENVOY_PORT).start()
-        self.guard = guard
+        self.guard = key
         return self.envoy
 
     def stop(self) -> None:
@@ -313,6 +314,28 @@ def test_rmcp_with_guard_resume_continues_at_the_owner_exactly_once(rstack):
     assert len(rstack.ledger(a_label)) == 1 and len(rstack.ledger(b_label)) == 1
 
 
+def test_rmcp_with_guard_resume_after_the_call_finished_is_empty_even_at_the_owner(rstack):
+    """rmcp's limit, not the guard's: LocalSessionManager drops a request stream's cache as
+    soon as the response is sent, so a resume that comes after the call finished gets rmcp's
+    empty 200 even at the owner. The guard routes it correctly; the result is gone."""
+    env = rstack.use(guard=True)
+    c = client()
+    label = f"F-{uuid.uuid4().hex[:6]}"
+    _, a = start_call(c, label, steps=3, step_ms=150)
+    owner = a.header("x-replica")
+    cursor = read_until_progress(a, 1)[-1].id
+    a.close()
+    time.sleep(1.0)  # the call finishes while the client is away
+    assert len(rstack.ledger(label)) == 1
+    before = stat(env, "continued")
+    r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
+    r.close()
+    assert r.status == 200 and r.header("x-replica") == owner and r.header(GUARD_HEADER) is None
+    assert body == b""
+    assert stat(env, "continued") == before + 1
+
+
 def test_rmcp_with_guard_owner_gone_is_signalled(rstack):
     env = rstack.use(guard=True)
     c = client()
@@ -407,6 +430,17 @@ def test_rmcp_client_with_guard_per_revision(rstack, protocol):
     assert stat(env, "continued") == before + 1
 
 
+def test_rmcp_client_asking_for_2026_negotiates_2025_11_25_and_resumes(rstack):
+    """rmcp's client configured for 2026-07-28 meets a server in session mode: `initialize`
+    settles on 2025-11-25, so the call is resumable and the guard continues it."""
+    env = rstack.use(guard=True)
+    before = stat(env, "continued")
+    rep = rmcp_client("--protocol", "2026-07-28", "--label", f"N-{uuid.uuid4().hex[:6]}", "--cut-after", "3")
+    assert rep["negotiated"] == "2025-11-25", rep
+    assert rep["progress"] == [1, 2, 3, 4, 5] and rep["result"], rep
+    assert stat(env, "continued") == before + 1
+
+
 def test_rmcp_2026_cursor_is_stripped_and_the_call_still_runs(rstack):
     """2026-07-28 has no resumption: rmcp serves it statelessly; the guard strips any cursor,
     says so, and the POST's body still reaches the server."""
@@ -484,3 +518,67 @@ def test_rmcp_delete_makes_later_cursors_session_inactive(rstack):
     r.close()
     assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=session_inactive", body
     assert stat(env, "refused.session_inactive") == before + 2
+
+
+# ---- what rmcp's client does when the guard refuses its resume --------------------------------
+
+def rmcp_client_refused(stack: RmcpStack, label: str, timeout_ms: int = 5000) -> dict:
+    """rmcp's client loses its tool call's stream; before it resumes, the ownership service
+    goes away, so the guard refuses the cursor (`ownership_unavailable`, fail closed)."""
+    args = [str(h.BIN / "rmcp-client"), "--url", f"http://{h.HOST}:{ENVOY_PORT}{h.PATH}", "--label", label,
+            "--steps", "5", "--step-ms", "300", "--cut-after", "3", "--resume-delay-ms", "1000",
+            "--timeout-ms", str(timeout_ms)]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            line = p.stderr.readline()
+            if not line or "rmcp-client: cut" in line:
+                break
+        assert "rmcp-client: cut" in line, line
+        stack.ownership.kill()  # at once: a graceful stop keeps serving Envoy's pooled connections
+        out, err = p.communicate(timeout=timeout_ms / 1000 + 10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=5)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_rmcp_client_on_reject_retries_until_its_timeout(rstack):
+    env = rstack.use(guard=True)
+    before = stat(env, "rejected")
+    t0 = time.monotonic()
+    rep = rmcp_client_refused(rstack, f"J-{uuid.uuid4().hex[:6]}")
+    _, resumes = tool_streams(rep)
+    assert rep["result"] is None and rep["error"].startswith("timeout"), rep
+    assert resumes and all("409" in (s["error"] or "") for s in resumes), resumes
+    assert stat(env, "rejected") == before + len(resumes)
+    assert time.monotonic() - t0 >= 5
+
+
+def test_rmcp_client_on_restart_waits_silently_on_a_fresh_stream(rstack):
+    env = rstack.use(guard=True, policy={"get_stream": "restart", "request_stream": "restart"})
+    before = stat(env, "restarted")
+    rep = rmcp_client_refused(rstack, f"K-{uuid.uuid4().hex[:6]}")
+    _, resumes = tool_streams(rep)
+    assert rep["result"] is None and rep["error"].startswith("timeout"), rep
+    assert resumes and all(s["error"] is None for s in resumes), resumes
+    assert stat(env, "restarted") >= before + 1
+
+
+def test_rmcp_client_resuming_after_the_call_finished_loops_on_empty_200s(rstack):
+    """Continued at the owner, but rmcp has dropped the finished call's stream: empty 200s,
+    and rmcp's client reconnects with the same cursor about once a second until its timeout."""
+    env = rstack.use(guard=True)
+    before = stat(env, "continued")
+    label = f"Z-{uuid.uuid4().hex[:6]}"
+    rep = rmcp_client("--label", label, "--steps", "3", "--step-ms", "200", "--cut-after", "2",
+                      "--resume-delay-ms", "1500", "--timeout-ms", "5000")
+    post, resumes = tool_streams(rep)
+    assert rep["result"] is None and rep["error"].startswith("timeout"), rep
+    assert len(resumes) >= 2 and all(s["ids"] == [] and s["error"] is None for s in resumes), resumes
+    assert all(s["last_event_id"] == post["ids"][-1] for s in resumes)
+    assert stat(env, "continued") == before + len(resumes)
+    assert len(rstack.ledger(label)) == 1

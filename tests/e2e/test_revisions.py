@@ -1,10 +1,10 @@
 """Every MCP protocol revision end to end, through the guard, with real SDK servers and clients.
 
 | revision | SDK parts | what is checked |
-| 2025-03-26 | TS client + TS servers, no MCP-Protocol-Version header | the guard assumes 2025-03-26: a resume continues at the owner |
+| 2025-03-26 | TS and Python clients + servers, no MCP-Protocol-Version header | the guard assumes 2025-03-26: a resume continues at the owner |
 | 2025-06-18 | Python client + Python servers; TS client + TS servers | the client's own reconnect / an explicit token continue at the owner |
 | 2025-11-25 | Python client + Python servers (TS in test_interop_ts.py) | priming event, retry:, server-closed polling: every poll reaches the owner |
-| 2026-07-28 | Python servers (the SDK's sessionless leg) | a cursor is stripped and signalled, never reaches the replica |
+| 2026-07-28 | Python client + Python servers (the SDK's sessionless leg) | a cursor is stripped and signalled, never reaches the replica; the real client works untouched |
 | invalid | TS servers | the server's own 400 comes through, with the guard's signal |
 """
 import pytest
@@ -109,6 +109,20 @@ def test_invalid_version_the_servers_own_400_comes_through(sdks):
 
 # ---- Python ----------------------------------------------------------------------------------------------
 
+def test_2025_03_26_python_client_without_version_header_reconnects_to_the_owner(sdks):
+    py = sdks.get("py")
+    py.use(guard=True)
+    out = i.py_client("drop", "--version", "2025-03-26", "--omit-version-header", "--steps", "5", "--step-ms", "100",
+                      "--drop-after", "2")
+    assert out["_rc"] == 0, out
+    assert out["negotiated"] == "2025-03-26"
+    assert all(x["version_header"] is None for x in out["http"]), "no MCP-Protocol-Version on the wire"
+    assert out["call"]["outcome"] == "result" and out["progress"] == [1, 2, 3, 4, 5]
+    [r] = resumes(out)
+    assert r["status"] == 200 and r["mcp_resume"] is None and r["replica"] == call_replica(out)
+    assert r["progress"] == [3, 4, 5] and r["results"] == 1
+
+
 def test_2025_06_18_python_client_reconnects_to_the_owner(sdks):
     py = sdks.get("py")
     py.use(guard=True)
@@ -165,3 +179,21 @@ def test_2026_07_28_cursor_is_stripped_and_signalled(sdks):
     seen = i.replica_state(h.REPLICA_PORTS[0])["requests"] + i.replica_state(h.REPLICA_PORTS[1])["requests"] \
         + i.replica_state(h.REPLICA_PORTS[2])["requests"]
     assert any(x["mcp_protocol_version"] == "2026-07-28" for x in seen)
+
+
+@pytest.mark.parametrize("legacy_cursor", [False, True])
+def test_2026_07_28_real_python_client_and_server(sdks, legacy_cursor):
+    """The SDK's 2026-07-28 client (no session, one POST per request) through the guard, untouched; a
+    cursor it carries from older state is stripped and signalled, and the call still runs."""
+    py = sdks.get("py")
+    py.use(guard=True)
+    py.reset()
+    extra = ["--inject-cursor", "AQFiKW_gns19gtZYlGWcSErnAQIHMl9weTFfM9BJS9l5CvzjbYj5Xy2x_jI"] if legacy_cursor else []
+    out = i.py_client("modern", "--version", "2026-07-28", "--steps", "2", "--step-ms", "10", *extra)
+    assert out["_rc"] == 0, out
+    assert out["call"]["outcome"] == "result", out["call"]
+    posts = [x for x in out["http"] if x["method"] == "POST"]
+    assert posts and all(x["version_header"] == "2026-07-28" and x["status"] == 200 for x in posts)
+    want = "stripped; reason=not_resumable_version" if legacy_cursor else None
+    assert all(x["mcp_resume"] == want for x in posts), posts
+    assert i.cursors_at_replicas(h.REPLICA_PORTS) == []

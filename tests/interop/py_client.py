@@ -12,6 +12,8 @@ Scenarios
   token    an explicit resume with --token T: what the client does (result, error, exception or hang)
   poll     a tool call whose server closes the stream every --close-every steps (2025-11-25)
   call     one tool call (revisions)
+  modern   one tool call with the high-level `Client` pinned to revision --version (2026-07-28: no
+           session, no resumption)
 Every HTTP exchange is logged (method, Last-Event-ID sent, status, x-replica, mcp-resume).
 """
 from __future__ import annotations
@@ -44,6 +46,8 @@ ap.add_argument("--drop-after", type=int, default=2)
 ap.add_argument("--from", dest="from_", type=int, default=2)
 ap.add_argument("--close-every", type=int, default=0)
 ap.add_argument("--token", default=None)
+ap.add_argument("--inject-cursor", default=None,
+                help="send this Last-Event-ID on every POST (a cursor persisted from older state)")
 ap.add_argument("--spoil-reconnect", default=None,
                 help="replace Last-Event-ID on the client's own reconnects (a refused cursor on the automatic path)")
 ap.add_argument("--timeout", type=float, default=6.0)
@@ -138,6 +142,8 @@ class Wire(httpx2.AsyncBaseTransport):
                         (k, v) for k, v in request.headers.raw if k.lower() != b"content-length"], content=body)
             except ValueError:
                 pass
+        if args.inject_cursor and request.method == "POST":
+            request.headers["last-event-id"] = args.inject_cursor
         if args.spoil_reconnect and request.method == "GET" and "last-event-id" in request.headers:
             request.headers["last-event-id"] = args.spoil_reconnect
         if args.omit_version_header and "mcp-protocol-version" in request.headers:
@@ -204,6 +210,14 @@ async def settle(coro) -> dict:
 async def main() -> None:
     cut = args.drop_after if args.scenario == "drop" else None
     http = httpx2.AsyncClient(transport=Wire(cut), timeout=httpx2.Timeout(10.0, read=30.0))
+    if args.scenario == "modern":
+        from mcp.client.client import Client
+
+        async with http, Client(streamable_http_client(args.url, http_client=http), mode=args.version) as client:
+            OUT["negotiated"] = args.version
+            OUT["call"] = await settle(client.call_tool(
+                "progress_steps", {"steps": args.steps, "step_ms": args.step_ms, "tag": "modern"}))
+        return
     async with http, streamable_http_client(args.url, http_client=http) as (read, write):
         async with ClientSession(read, write) as session:
             init = await session.initialize()

@@ -3,8 +3,17 @@
 //! Envoy still enters the VM for every header and body callback, so the difference between
 //! this filter and bare Envoy is the proxy-wasm tax, and the difference between the guard and
 //! this filter is the guard's own cost.
+//!
+//! For experiments only, `FLOOR_MODE` at build time makes it touch response bodies the way a
+//! rewriting filter must: `get` (copy each chunk into the VM) or `getset` (and write it back).
+//! The default build, the floor, does neither.
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
+
+const MODE: &str = match option_env!("FLOOR_MODE") {
+    Some(m) => m,
+    None => "",
+};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
@@ -29,4 +38,26 @@ struct Pass;
 
 impl Context for Pass {}
 
-impl HttpContext for Pass {}
+impl HttpContext for Pass {
+    fn on_http_response_body(&mut self, size: usize, _end_of_stream: bool) -> Action {
+        if MODE.is_empty() {
+            return Action::Continue;
+        }
+        let body = proxy_wasm::hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::HttpResponseBody,
+            0,
+            size,
+        );
+        if MODE == "getset" {
+            if let Ok(Some(b)) = body {
+                let _ = proxy_wasm::hostcalls::set_buffer(
+                    proxy_wasm::types::BufferType::HttpResponseBody,
+                    0,
+                    size,
+                    &b,
+                );
+            }
+        }
+        Action::Continue
+    }
+}

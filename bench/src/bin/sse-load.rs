@@ -94,12 +94,16 @@ fn main() {
 }
 
 /// Reads a response head; returns (status, content-length, chunked, leftover body bytes).
-async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u16, Option<usize>, bool, Vec<u8>), String> {
+async fn read_head(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<(u16, Option<usize>, bool, Vec<u8>), String> {
     buf.clear();
     let mut tmp = [0u8; 16384];
     loop {
         if let Some(p) = memchr::memmem::find(buf, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(buf.get(..p).unwrap_or_default()).to_ascii_lowercase();
+            let head =
+                String::from_utf8_lossy(buf.get(..p).unwrap_or_default()).to_ascii_lowercase();
             let status = head
                 .split_whitespace()
                 .nth(1)
@@ -139,7 +143,8 @@ async fn streams(a: &Args) -> Result<String, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for i in 0..conns {
-        let (events, bytes, open, stop) = (events.clone(), bytes.clone(), open.clone(), stop.clone());
+        let (events, bytes, open, stop) =
+            (events.clone(), bytes.clone(), open.clone(), stop.clone());
         let mut req = a.request("GET", &path);
         // Every stream its own session, as MCP clients are.
         let sid = format!("mcp-session-id: bench-stream-{i}\r\n\r\n");
@@ -331,7 +336,12 @@ async fn rate(a: &Args) -> Result<String, String> {
     .to_string())
 }
 
-async fn post(s: &mut TcpStream, buf: &mut Vec<u8>, path: &str, body: &[u8]) -> Result<u16, String> {
+async fn post(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    path: &str,
+    body: &[u8],
+) -> Result<u16, String> {
     let head = format!(
         "POST {path} HTTP/1.1\r\nhost: mcp-ownership\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()

@@ -61,7 +61,11 @@ impl Events {
     }
 }
 
-async fn write_chunk(w: &mut OwnedWriteHalf, body: &[u8], frame: &mut Vec<u8>) -> std::io::Result<()> {
+async fn write_chunk(
+    w: &mut OwnedWriteHalf,
+    body: &[u8],
+    frame: &mut Vec<u8>,
+) -> std::io::Result<()> {
     frame.clear();
     frame.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
     frame.extend_from_slice(body);
@@ -77,7 +81,9 @@ async fn stream(w: &mut OwnedWriteHalf, size: usize, rate: u64, count: u64) -> s
     let mut frame = Vec::with_capacity(BULK_CHUNK + size + 64);
     let limit = if count == 0 { u64::MAX } else { count };
     let mut sent = 0u64;
-    if rate == 0 {
+    if let Some(us) = 1_000_000u64.checked_div(rate) {
+        paced(w, &mut ev, &mut body, &mut frame, rate, us.max(1), limit).await?;
+    } else {
         while sent < limit {
             body.clear();
             while sent < limit && (body.is_empty() || body.len() + size <= BULK_CHUNK) {
@@ -86,24 +92,35 @@ async fn stream(w: &mut OwnedWriteHalf, size: usize, rate: u64, count: u64) -> s
             }
             write_chunk(w, &body, &mut frame).await?;
         }
-    } else {
-        let start = Instant::now();
-        let period = Duration::from_micros((1_000_000 / rate).max(1));
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        while sent < limit {
-            tick.tick().await;
-            let due = (start.elapsed().as_micros() as u64 * rate / 1_000_000 + 1).min(limit);
-            if due <= sent {
-                continue;
-            }
-            body.clear();
-            while sent < due {
-                ev.push(&mut body);
-                sent += 1;
-            }
-            write_chunk(w, &body, &mut frame).await?;
-        }
     }
     w.write_all(b"0\r\n\r\n").await
+}
+
+async fn paced(
+    w: &mut OwnedWriteHalf,
+    ev: &mut Events,
+    body: &mut Vec<u8>,
+    frame: &mut Vec<u8>,
+    rate: u64,
+    period_us: u64,
+    limit: u64,
+) -> std::io::Result<()> {
+    let mut sent = 0u64;
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_micros(period_us));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while sent < limit {
+        tick.tick().await;
+        let due = (start.elapsed().as_micros() as u64 * rate / 1_000_000 + 1).min(limit);
+        if due <= sent {
+            continue;
+        }
+        body.clear();
+        while sent < due {
+            ev.push(body);
+            sent += 1;
+        }
+        write_chunk(w, body, frame).await?;
+    }
+    Ok(())
 }

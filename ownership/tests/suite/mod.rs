@@ -714,8 +714,8 @@ pub async fn health_and_stats<S: Store>(make: impl Fn(Limits) -> S) {
     assert!(rx.has_changed().unwrap());
 }
 
-/// Linearizability: supersedes (new GET streams), trims (events sliding a small window) and
-/// resumes run concurrently; every resume's verdict must be one that the store's state at
+/// Linearizability: supersedes (new GET streams), trims (events sliding a small window), a
+/// terminate (of a second session) and resumes run concurrently; every resume's verdict must be one that the store's state at
 /// SOME instant inside the resume's own [start, end] interval produces. A snapshot torn
 /// between two records, or a record applied in two visible steps, fails this.
 pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Limits) -> S) {
@@ -736,6 +736,9 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
             open(S1),
             get_stream(S1, &inc(0), 100),
             events(S1, &inc(0), 1, 3),
+            open(S2),
+            get_stream(S2, &inc(0), 100),
+            events(S2, &inc(0), 1, 3),
         ],
     )
     .await;
@@ -744,6 +747,7 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
     // (start, end, value after) per writer; writers are sequential, so each log is ordered.
     let sup_log: Arc<Mutex<Vec<(u64, u64, u64)>>> = Arc::new(Mutex::new(vec![(0, 0, 0)]));
     let head_log: Arc<Mutex<Vec<(u64, u64, u64)>>> = Arc::new(Mutex::new(vec![(0, 0, 3)]));
+    let end_log: Arc<Mutex<Vec<(u64, u64, u64)>>> = Arc::new(Mutex::new(vec![(0, 0, 0)]));
     let known_head = Arc::new(AtomicU64::new(3));
     let done = Arc::new(AtomicU64::new(0));
     let mut rng_seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -788,6 +792,17 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
             done.fetch_add(1, Ordering::SeqCst);
         })
     };
+    let terminate = {
+        let (s, log, done) = (s.clone(), end_log.clone(), done.clone());
+        let delay = 10 + next_rand() % 30;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let start = at();
+            apply(s.as_ref(), &[end(S2, SessionEnd::Terminated)]).await;
+            log.lock().unwrap().push((start, at(), 1));
+            done.fetch_add(1, Ordering::SeqCst);
+        })
+    };
     let mut readers = Vec::new();
     for r in 0..6u64 {
         let (s, known, done) = (s.clone(), known_head.clone(), done.clone());
@@ -800,7 +815,14 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
                 seed
             };
             let mut out = Vec::new();
-            while done.load(Ordering::SeqCst) < 2 || out.len() < 20 {
+            while done.load(Ordering::SeqCst) < 3 || out.len() < 20 {
+                if rand() % 4 == 0 {
+                    // The other session: a fixed stream, terminated at some point.
+                    let start = at();
+                    let v = verdict(s.as_ref(), S2, &inc(0), StreamKind::Get, 2).await;
+                    out.push((start, at(), u64::MAX, 2, v));
+                    continue;
+                }
                 let k = rand() % INCS;
                 let q = if k == 0 {
                     let h = known.load(Ordering::SeqCst);
@@ -818,6 +840,8 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
     }
     supersede.await.unwrap();
     trim.await.unwrap();
+    terminate.await.unwrap();
+    let end_log = end_log.lock().unwrap().clone();
     let sup_log = sup_log.lock().unwrap().clone();
     let head_log = head_log.lock().unwrap().clone();
 
@@ -857,16 +881,28 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
     for reader in readers {
         for (start, end, k, q, got) in reader.await.unwrap() {
             let mut instants = vec![start, end];
-            for &(a, b, _) in sup_log.iter().chain(head_log.iter()) {
+            for &(a, b, _) in sup_log.iter().chain(head_log.iter()).chain(end_log.iter()) {
                 instants.extend([a, b].into_iter().filter(|t| (start..=end).contains(t)));
             }
-            let ok = instants.iter().any(|&t| {
-                possible(&sup_log, t).into_iter().any(|sup| {
-                    possible(&head_log, t)
-                        .into_iter()
-                        .any(|head| model(k, q, sup, head) == got)
+            let ok = if k == u64::MAX {
+                instants.iter().any(|&t| {
+                    possible(&end_log, t).into_iter().any(|ended| {
+                        got == if ended == 1 {
+                            new_stream(Reason::SessionInactive)
+                        } else {
+                            cont(OWNER_X, ids(3, 3), 3)
+                        }
+                    })
                 })
-            });
+            } else {
+                instants.iter().any(|&t| {
+                    possible(&sup_log, t).into_iter().any(|sup| {
+                        possible(&head_log, t)
+                            .into_iter()
+                            .any(|head| model(k, q, sup, head) == got)
+                    })
+                })
+            };
             assert!(
                 ok,
                 "resume (inc {k}, seq {q}) in [{start}, {end}] µs got {got:?}: no instant in \
@@ -882,7 +918,7 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
     }
     assert!(checked >= 120, "{checked}");
     // The run really mixed the outcomes it is about.
-    for name in ["continue", "superseded", "gap"] {
+    for name in ["continue", "superseded", "gap", "session_inactive"] {
         assert!(
             seen.get(name).copied().unwrap_or(0) > 0,
             "no {name} in {seen:?}"

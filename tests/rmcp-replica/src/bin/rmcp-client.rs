@@ -38,6 +38,10 @@ use sse_stream::Sse;
 const USAGE: &str = "\
 usage: rmcp-client --url URL [--steps N] [--step-ms MS] [--label TEXT] [--cut-after N]
                    [--protocol VERSION] [--timeout-ms MS] [--header NAME:VALUE]...
+                   [--resume-delay-ms MS]
+
+--resume-delay-ms holds the first resume (GET with Last-Event-ID) back; the cut is announced on
+stderr as a line `rmcp-client: cut`, so a test can change the world in between.
 ";
 
 struct Args {
@@ -49,6 +53,7 @@ struct Args {
     protocol: String,
     timeout_ms: u64,
     headers: HashMap<HeaderName, HeaderValue>,
+    resume_delay_ms: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -61,6 +66,7 @@ fn parse_args() -> Result<Args, String> {
         protocol: "2025-11-25".into(),
         timeout_ms: 15_000,
         headers: HashMap::new(),
+        resume_delay_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -74,6 +80,7 @@ fn parse_args() -> Result<Args, String> {
             "--cut-after" => a.cut_after = Some(num(&v)? as usize),
             "--protocol" => a.protocol = v,
             "--timeout-ms" => a.timeout_ms = num(&v)?,
+            "--resume-delay-ms" => a.resume_delay_ms = num(&v)?,
             "--header" => {
                 let (name, value) = v
                     .split_once(':')
@@ -98,6 +105,7 @@ struct Conn {
     last_event_id: Option<String>,
     ids: Vec<String>,
     cut: bool,
+    error: Option<String>,
 }
 
 #[derive(Clone, Default)]
@@ -125,7 +133,7 @@ impl Log {
             v.iter()
                 .map(|c| {
                     json!({"method": c.method, "last_event_id": c.last_event_id,
-                           "ids": c.ids, "cut": c.cut})
+                           "ids": c.ids, "cut": c.cut, "error": c.error})
                 })
                 .collect(),
         )
@@ -139,6 +147,7 @@ struct CuttingClient {
     inner: reqwest::Client,
     log: Log,
     cut_after: Arc<Mutex<Option<usize>>>,
+    resume_delay: Arc<Mutex<Option<Duration>>>,
 }
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
@@ -155,6 +164,7 @@ impl CuttingClient {
                 if cut_after.is_some_and(|n| seen >= n) {
                     drop(inner);
                     log.with(conn, |c| c.cut = true);
+                    eprintln!("rmcp-client: cut");
                     let err = SseError::Body("rmcp-client: simulated connection drop".into());
                     return Some((Err(err), (None, seen)));
                 }
@@ -233,12 +243,29 @@ impl StreamableHttpClient for CuttingClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        if last_event_id.is_some() {
+            let delay = self
+                .resume_delay
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+        }
         let conn = self.log.open("GET", last_event_id.clone());
-        let stream = self
+        match self
             .inner
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
-            .await?;
-        Ok(self.logged(conn, stream, None))
+            .await
+        {
+            Ok(stream) => Ok(self.logged(conn, stream, None)),
+            Err(e) => {
+                let text = e.to_string();
+                self.log.with(conn, |c| c.error = Some(text));
+                Err(e)
+            }
+        }
     }
 }
 
@@ -276,6 +303,9 @@ async fn run(
         inner: reqwest::Client::new(),
         log,
         cut_after: Arc::new(Mutex::new(a.cut_after)),
+        resume_delay: Arc::new(Mutex::new(
+            (a.resume_delay_ms > 0).then(|| Duration::from_millis(a.resume_delay_ms)),
+        )),
     };
     let transport = StreamableHttpClientTransport::with_client(
         client,
