@@ -115,8 +115,11 @@ bench-tools: venv $(VENV)/.bench-stamp rust-targets
 
 bench: bench-tools wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_CARGO) -p mcp-bench -p mcp-ownership
+	mkdir -p $(BENCH_OUT)
+	CARGO_TARGET_DIR=$(BENCH_TARGET) FLOOR_MODE=getset cargo build --release --target wasm32-wasip1 -p bench-floor-filter
+	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-copy.wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
-	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) \
+	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
 	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
 	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS)

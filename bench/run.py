@@ -313,7 +313,7 @@ def summarize(runs, key, extra=()):
         for e in extra:
             out[c][e] = med([r.get(e) for r in rs])
     # Ratios round by round, then the median (the pairs ran back to back).
-    for a, b in (("guard", "floor"), ("floor", "bare"), ("guard", "bare")):
+    for a, b in (("guard", "floor"), ("floor", "bare"), ("guard", "bare"), ("copy", "floor"), ("guard", "copy")):
         if a in runs and b in runs:
             ratios = [x[key] / y[key] for x, y in zip(runs[a], runs[b]) if x[key] and y[key]]
             out[f"{a}/{b}"] = med(ratios)
@@ -323,10 +323,11 @@ def summarize(runs, key, extra=()):
 def b2(envoys, bin_dir, rounds, secs, sizes, mode, conns):
     res = {}
     rate = 1000 if mode == "paced" else 0
+    configs = [c for c in CONFIGS + ["copy"] if c in envoys]
     for size in sizes:
-        runs = {c: [] for c in CONFIGS}
+        runs = {c: [] for c in configs}
         for _ in range(rounds):
-            for c in CONFIGS:
+            for c in configs:
                 e = envoys[c]
                 r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}",
                                             "--path", f"/mcp?size={size}&rate={rate}",
@@ -343,7 +344,7 @@ def b2(envoys, bin_dir, rounds, secs, sizes, mode, conns):
                         .replace(str(e.port), "<port>"))
         res[str(size)] = summarize(runs, "cpu_us_per_event", extra=("events_per_s", "mb_per_s"))
         res[str(size)]["runs"] = runs
-        log("B2", mode, size, {c: round(res[str(size)][c]["cpu_us_per_event"], 3) for c in CONFIGS},
+        log("B2", mode, size, {c: round(res[str(size)][c]["cpu_us_per_event"], 3) for c in configs},
             "guard/floor", round(res[str(size)]["guard/floor"] or 0, 3))
     return res
 
@@ -469,6 +470,13 @@ def b5(bin_dir, run_dir, envoy_bin, guard_wasm, floor_wasm, sizes, secs, streams
     out["vm_bytes"] = {c: out["rss_idle"][c] - bare_idle for c in ("floor", "guard")}
     out["per_stream_bytes"] = {s: {**v, "guard_minus_floor": v["guard"] - v["floor"]} for s, v in per.items()}
     out["streams"] = streams
+    # The core's own state per stream (native build of the same code), events in 16 KiB chunks.
+    out["core_state"] = {}
+    for size in (100, 16384, 262144):
+        t = subprocess.run([str(bin_dir / "hotpath"), str(size), "200", "16384"], capture_output=True,
+                           text=True, timeout=60)
+        if t.returncode == 0:
+            out["core_state"][str(size)] = json.loads(t.stdout)
     COMMANDS.append("B5 streams: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.port), "<port>"))
     log("B5", out)
     return out
@@ -565,11 +573,16 @@ def write_report(res, path, plots_rel):
         a("| event size | config | CPU µs/event | events/s | MB/s | ratio |")
         a("| --- | --- | --- | --- | --- | --- |")
         for size, r in res[mode].items():
-            for c in CONFIGS:
+            for c in [x for x in ("bare", "floor", "copy", "guard") if x in r]:
                 ratio = {"bare": "", "floor": f"floor/bare {fmt(r['floor/bare'])}",
+                         "copy": f"copy/floor {fmt(r.get('copy/floor'), 3)}",
                          "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**"}[c]
                 a(f"| {size} B | {c} | {fmt(r[c]['cpu_us_per_event'], 3)} | {fmt(r[c]['events_per_s'], 0)} | "
                   f"{fmt(r[c]['mb_per_s'], 1)} | {ratio} |")
+        if "copy" in next(iter(res[mode].values()), {}):
+            a("")
+            a("*copy* is the floor filter built with `FLOOR_MODE=getset`: it only reads every body chunk into the VM and "
+              "writes it back unchanged, the least any filter that edits SSE ids must do.")
         a("")
     fl = res.get("b2_flat")
     if fl:
@@ -632,6 +645,9 @@ def write_report(res, path, plots_rel):
     for size, v in b5["per_stream_bytes"].items():
         a(f"| Envoy memory per open stream, {size} B events ({b5['streams']} streams) | floor {v['floor'] / 1024:.1f} KiB, "
           f"guard {v['guard'] / 1024:.1f} KiB, guard − floor **{v['guard_minus_floor'] / 1024:.1f} KiB** |")
+    for size, v in b5.get("core_state", {}).items():
+        a(f"| core stream state, {size} B events in 16 KiB chunks (native build) | {v['state_bytes']} bytes + at most "
+          f"{v['max_held_bytes']} bytes held |")
     a(f"| store: bytes per session (RSS growth over {last['loaded']} sessions) | {fmt(last['bytes_per_session'], 0)} |")
     a(f"| store: bytes per incarnation with one event | {fmt(last['bytes_per_incarnation'], 0)} |")
     a("")
@@ -659,14 +675,17 @@ def plots(res, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     out_dir.mkdir(parents=True, exist_ok=True)
-    colors = {"bare": "#999999", "floor": "#4c72b0", "guard": "#dd8452"}
+    colors = {"bare": "#999999", "floor": "#4c72b0", "copy": "#8da0cb", "guard": "#dd8452"}
 
     def bars(ax, groups, key, ylabel, title):
         labels = list(groups)
-        w = 0.26
-        for i, c in enumerate(CONFIGS):
-            ax.bar([x + (i - 1) * w for x in range(len(labels))], [groups[g][c][key] or 0 for g in labels], w,
-                   label=c, color=colors[c])
+        cs = [c for c in ("bare", "floor", "copy", "guard") if c in groups[labels[0]]]
+        w = 0.8 / len(cs)
+        for i, c in enumerate(cs):
+            ax.bar([x + (i - (len(cs) - 1) / 2) * w for x in range(len(labels))],
+                   [groups[g][c][key] or 0 for g in labels], w, label=c, color=colors[c])
+        if key.startswith("cpu") or key == "events_per_s":
+            ax.set_yscale("log")
         ax.set_xticks(range(len(labels)), labels)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -712,12 +731,14 @@ def targets(res):
         t.append((f"B1 {label}: p99 within 10% of floor", f"{fmt(p, 3)}× ({fmt(r['guard']['p99_us'], 0)} vs "
                   f"{fmt(r['floor']['p99_us'], 0)} µs)", p <= 1.10))
     for size, r in res["b2_paced"].items():
-        t.append((f"B2 paced {size} B: guard ≤ 1.10× floor CPU/event", f"{fmt(r['guard/floor'], 3)}×",
+        copy = f" (copy-only fixture: {fmt(r.get('copy/floor'), 3)}×)" if r.get("copy/floor") else ""
+        t.append((f"B2 paced {size} B: guard ≤ 1.10× floor CPU/event", f"{fmt(r['guard/floor'], 3)}×{copy}",
                   r["guard/floor"] is not None and r["guard/floor"] <= 1.10))
     for size, r in res["b2_bulk"].items():
         lim = {"1024": 1.5, "16384": 1.1}.get(size)
+        copy = f" (copy-only fixture: {fmt(r.get('copy/floor'), 3)}×)" if r.get("copy/floor") else ""
         t.append((f"B2 bulk {size} B: " + (f"guard ≤ {lim}× floor" if lim else "report"),
-                  f"{fmt(r['guard/floor'], 3)}×", None if lim is None else (r["guard/floor"] or 99) <= lim))
+                  f"{fmt(r['guard/floor'], 3)}×{copy}", None if lim is None else (r["guard/floor"] or 99) <= lim))
     fl = res.get("b2_flat", {}).get("guard_last_third_over_first_third")
     t.append(("B2 cost per event flat in stream length (last/first third ≤ 1.10)", fmt(fl, 3),
               None if fl is None else fl <= 1.10))
@@ -753,6 +774,8 @@ def main():
     ap.add_argument("--extra", action="append", default=[],
                     help="NAME=floor-like.wasm: an extra configuration (experiments, with --only)")
     ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--copy-wasm", type=Path, default=None,
+                    help="the floor filter built with FLOOR_MODE=getset: B2's 'copy' configuration")
     ap.add_argument("--sizes", default="")
     a = ap.parse_args()
     for i, x in enumerate(a.extra):
@@ -782,7 +805,10 @@ def main():
                           port=SSE_UP, run_dir=run_dir).start())
         procs.append(Proc("ownership", [a.ownership, "--listen", f"{HOST}:{OWN}"], port=OWN, run_dir=run_dir).start())
         envoys = {}
-        for c in CONFIGS:
+        if a.copy_wasm:
+            EXTRA_WASM["copy"] = a.copy_wasm.resolve()
+            PORTS["copy"] = (14090, 14091)
+        for c in CONFIGS + (["copy"] if a.copy_wasm else []):
             envoys[c] = Envoy(c, run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve()).start()
             procs.append(envoys[c])
         if want("b1"):

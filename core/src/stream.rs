@@ -112,9 +112,20 @@ impl StreamState {
     }
 
     /// End of stream: flush a held, unterminated block (clients discard it; no id to map).
+    ///
+    /// A continuation that ends before relaying a single event while the records hold events
+    /// after the cursor did not replay the recorded next event either: it is cut like any other
+    /// mismatch, so it is not a silent, empty "resumption". (rmcp answers a stream it no longer
+    /// holds, e.g. a finished call's, with an empty 200.) A replay that stops after some of the
+    /// recorded events is an ordinary early close and stays open for the next resume.
     pub fn finish(&mut self, out: &mut Vec<u8>) -> Flow {
         if !self.cut {
             self.rewriter.finish(out);
+            if !self.rewriter.is_cut() && self.ids.rewritten == 0 && !self.ids.expected.is_empty() {
+                self.cut = true;
+                out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
+                return Flow::CutReplayMismatch;
+            }
         }
         self.after(out)
     }
@@ -301,6 +312,39 @@ mod tests {
         assert!(out.ends_with(&control_event(Reason::ReplayMismatch)));
         let (more, flow) = run(&mut s, &k, "id: e14\ndata: y\n\n");
         assert_eq!((more.as_str(), flow), ("", Flow::CutReplayMismatch));
+    }
+
+    fn finish(s: &mut StreamState) -> (String, Flow) {
+        let mut out = Vec::new();
+        let flow = s.finish(&mut out);
+        (String::from_utf8_lossy(&out).into_owned(), flow)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn an_empty_replay_of_recorded_events_is_cut_at_the_end() {
+        let k = keys();
+        let expected = || vec!["e8".to_string(), "e9".to_string()];
+        // Nothing at all (rmcp's empty 200 for a stream it no longer holds).
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
+        let (out, flow) = finish(&mut s);
+        assert_eq!(flow, Flow::CutReplayMismatch);
+        assert_eq!(out, control_event(Reason::ReplayMismatch));
+        // Only the suppressed echo and a comment.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
+        let (out, flow) = run(&mut s, &k, "id: e7\ndata: echo\n\n: ping\n\n");
+        assert_eq!((flow, out.contains("echo")), (Flow::Open, false));
+        assert_eq!(finish(&mut s).1, Flow::CutReplayMismatch);
+        // Part of the recorded events, then the end: an early close, not a mismatch.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
+        run(&mut s, &k, "id: e8\ndata: 8\n\n");
+        assert_eq!(finish(&mut s), (String::new(), Flow::Open));
+        // Nothing recorded after the cursor: an empty replay is all there is.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), vec![], true, 4096);
+        assert_eq!(finish(&mut s), (String::new(), Flow::Open));
+        // A fresh stream may be empty.
+        let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
+        assert_eq!(finish(&mut s), (String::new(), Flow::Open));
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

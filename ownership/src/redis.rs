@@ -73,7 +73,11 @@ pub struct RedisStore {
     opts: RedisOptions,
     /// `host:port` for messages (never the password of a URL).
     addr: String,
-    conn: ConnectionManager,
+    /// Replaced (re-resolving the host) when Redis says READONLY: after a failover the
+    /// endpoint's name points at the new primary, the old connection at a replica.
+    conn: std::sync::Mutex<ConnectionManager>,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
     apply: LoadedScript,
     snapshot: LoadedScript,
     sweep: LoadedScript,
@@ -167,19 +171,48 @@ impl RedisStore {
             .set_number_of_retries(0)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| format!("{url:?}: {e}"))?;
         let (changes, _) = watch::channel(0);
         Ok(RedisStore {
             limits,
             opts,
             addr,
-            conn,
+            conn: std::sync::Mutex::new(conn),
+            client,
+            config,
             apply: LoadedScript::new(redis_lua::apply_script()),
             snapshot: LoadedScript::new(redis_lua::snapshot_script()),
             sweep: LoadedScript::new(redis_lua::sweep_script()),
             changes,
         })
+    }
+
+    /// The shared multiplexed connection (cheap clone).
+    fn conn(&self) -> ConnectionManager {
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// A Redis error as a store error. READONLY (this connection reaches a replica, e.g. after
+    /// a failover) also replaces the connection, so the next operation resolves the host anew.
+    fn fail(&self, what: &str, e: redis::RedisError) -> StoreError {
+        let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            || e.to_string().contains("READONLY")
+            || e.to_string().contains("ReadOnly");
+        if readonly {
+            if let Ok(fresh) =
+                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+            {
+                *self
+                    .conn
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
+            }
+        }
+        unavailable(what, e)
     }
 
     /// `host:port` of the Redis server.
@@ -231,10 +264,10 @@ impl RedisStore {
         for s in [&self.apply, &self.snapshot, &self.sweep] {
             p.cmd("SCRIPT").arg("LOAD").arg(&s.code).ignore();
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         p.query_async::<()>(&mut conn)
             .await
-            .map_err(|e| unavailable("script load", e))
+            .map_err(|e| self.fail("script load", e))
     }
 
     /// Run a pipeline that contains EVALSHAs; on NOSCRIPT (a restarted or flushed Redis),
@@ -242,16 +275,16 @@ impl RedisStore {
     /// idempotent upserts, the index ZADD is `GT`, and an `owner_gone` bumped twice still only
     /// makes its epoch differ from the one its incarnations opened in.
     async fn pipeline(&self, what: &str, p: &Pipeline) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         match p.query_async::<Vec<Value>>(&mut conn).await {
             Ok(v) => Ok(v),
             Err(e) if is_noscript(&e) => {
                 self.load_scripts().await?;
                 p.query_async::<Vec<Value>>(&mut conn)
                     .await
-                    .map_err(|e| unavailable(what, e))
+                    .map_err(|e| self.fail(what, e))
             }
-            Err(e) => Err(unavailable(what, e)),
+            Err(e) => Err(self.fail(what, e)),
         }
     }
 
@@ -356,13 +389,13 @@ impl RedisStore {
         owners.dedup();
         let mut epochs = std::collections::HashMap::new();
         if !owners.is_empty() {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn();
             let got: Vec<Option<u64>> = redis::cmd("HMGET")
                 .arg(self.owners_key())
                 .arg(&owners)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| unavailable("apply", e))?;
+                .map_err(|e| self.fail("apply", e))?;
             for (o, e) in owners.iter().zip(got) {
                 epochs.insert((*o).to_owned(), e.unwrap_or(0));
             }
@@ -463,13 +496,13 @@ impl RedisStore {
         let owner_lost = if lost {
             true
         } else {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn();
             let now_epoch: Option<u64> = redis::cmd("HGET")
                 .arg(self.owners_key())
                 .arg(&owner)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| unavailable("snapshot", e))?;
+                .map_err(|e| self.fail("snapshot", e))?;
             now_epoch.unwrap_or(0) != opened_epoch
         };
         Ok(Facts {
@@ -490,12 +523,12 @@ impl RedisStore {
     }
 
     async fn stats_inner(&self) -> Result<StoreStats, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let sessions: u64 = redis::cmd("ZCARD")
             .arg(self.index_key())
             .query_async(&mut conn)
             .await
-            .map_err(|e| unavailable("stats", e))?;
+            .map_err(|e| self.fail("stats", e))?;
         if sessions == 0 {
             return Ok(StoreStats::default());
         }
@@ -505,7 +538,7 @@ impl RedisStore {
             .arg(STATS_SAMPLE.saturating_sub(1))
             .query_async(&mut conn)
             .await
-            .map_err(|e| unavailable("stats", e))?;
+            .map_err(|e| self.fail("stats", e))?;
         let mut p = redis::pipe();
         for s in &sample {
             p.cmd("ZCARD").arg(format!("{}:n", self.session_base(s)));
@@ -513,7 +546,7 @@ impl RedisStore {
         let counts: Vec<u64> = p
             .query_async(&mut conn)
             .await
-            .map_err(|e| unavailable("stats", e))?;
+            .map_err(|e| self.fail("stats", e))?;
         let counted: u64 = counts.iter().sum();
         let incarnations = if sample.is_empty() {
             0
@@ -533,7 +566,7 @@ impl RedisStore {
             return Ok(0);
         };
         let mut freed = 0;
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         // A bounded number of pages per call: the next sweep goes on.
         for _ in 0..20 {
             let idle: Vec<String> = redis::cmd("ZRANGEBYSCORE")
@@ -545,7 +578,7 @@ impl RedisStore {
                 .arg(SWEEP_PAGE)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| unavailable("sweep", e))?;
+                .map_err(|e| self.fail("sweep", e))?;
             if idle.is_empty() {
                 break;
             }
@@ -597,7 +630,7 @@ impl RedisStore {
             if n_gone + n_alive > 0 {
                 p.query_async::<()>(&mut conn)
                     .await
-                    .map_err(|e| unavailable("sweep", e))?;
+                    .map_err(|e| self.fail("sweep", e))?;
             }
             if idle.len() < SWEEP_PAGE {
                 break;
@@ -649,12 +682,12 @@ impl Store for RedisStore {
 
     async fn health(&self) -> Result<(), StoreError> {
         self.bounded("ping", self.opts.op_timeout, async {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn();
             redis::cmd("PING")
                 .query_async::<String>(&mut conn)
                 .await
                 .map(|_| ())
-                .map_err(|e| unavailable("ping", e))
+                .map_err(|e| self.fail("ping", e))
         })
         .await
     }

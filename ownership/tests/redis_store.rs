@@ -261,3 +261,82 @@ async fn http_503_and_metrics_when_redis_is_unreachable() {
         assert!(metrics.contains(want), "{want} missing in\n{metrics}");
     }
 }
+
+/// A failover turns the primary this connection reaches into a replica: writes answer
+/// READONLY. That is a 503 (never a panic, never a wrong verdict), the connection is
+/// replaced, and once a primary answers at the address again, writes go through.
+#[tokio::test]
+async fn readonly_after_failover_is_unavailable_then_recovers() {
+    use mcp_ownership::Store;
+    struct Server(Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let port = server() + 2;
+    let _server = Server(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args([
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("redis://127.0.0.1:{port}");
+    let s = RedisStore::new(&url, Limits::default(), RedisOptions::default()).unwrap();
+    s.apply(&[suite::open(suite::S1)], suite::T0).await.unwrap();
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let mut a = admin.get_multiplexed_async_connection().await.unwrap();
+    // A replica of a primary that does not exist: read-only at once.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(1)
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    let e = s
+        .apply(&[suite::open(suite::S2)], suite::T0)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("read only replica"), "{e}");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    s.apply(&[suite::open(suite::S2)], suite::T0).await.unwrap();
+    let v = suite::verdict(
+        &s,
+        suite::S2,
+        suite::A,
+        mcp_resume_core::ownership::StreamKind::Get,
+        0,
+    )
+    .await;
+    assert_eq!(
+        v,
+        suite::new_stream(mcp_resume_core::ownership::Reason::UnknownStream)
+    );
+}

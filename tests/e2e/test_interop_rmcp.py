@@ -314,6 +314,57 @@ def test_rmcp_with_guard_resume_continues_at_the_owner_exactly_once(rstack):
     assert len(rstack.ledger(a_label)) == 1 and len(rstack.ledger(b_label)) == 1
 
 
+def test_rmcp_with_guard_lagging_cursor_and_a_second_drop(rstack):
+    """The client stops reading after progress 2 while the guard relays 3 and 4 (they sit in
+    the socket), then drops: the guard expects 3, 4 first, rmcp sends the echo of 2 first.
+    The echo is dropped and 3, 4 match the records: no mismatch. A second drop during the
+    continuation and a resume from a cursor the continuation minted work the same way."""
+    env = rstack.use(guard=True)
+    before = env.stats()
+    c = client()
+    label = f"W-{uuid.uuid4().hex[:6]}"
+    a_id, a = start_call(c, label, steps=8, step_ms=400)
+    owner = a.header("x-replica")
+    first = read_until_progress(a, 2)
+    time.sleep(1.0)  # progress 3 and 4 pass the guard; the client does not read them
+    a.close()
+    r = c.get_stream(last_event_id=first[-1].id)
+    assert r.status == 200 and r.header("x-replica") == owner and r.header(GUARD_HEADER) is None
+    second = read_until_progress(r, 3)  # progress 3, 4, 5
+    r.close()
+    assert [p for _, p in progress_of(second)] == [3, 4, 5]
+    r = c.get_stream(last_event_id=second[-1].id)
+    assert r.status == 200 and r.header("x-replica") == owner and r.header(GUARD_HEADER) is None
+    third = drain(r)
+    r.close()
+    assert [p for _, p in progress_of(third)] == [6, 7, 8]
+    assert [m["id"] for m in results_of(third)] == [a_id]
+    ids = [e.id for e in first + second + third if e.id]
+    assert len(ids) == len(set(ids)), "no id twice"
+    after = env.stats()
+    assert after["mcp_resume_guard.continued"] == before["mcp_resume_guard.continued"] + 2
+    assert after["mcp_resume_guard.replay_mismatch"] == before["mcp_resume_guard.replay_mismatch"]
+    assert len(rstack.ledger(label)) == 1
+
+
+def test_rmcp_with_echo_suppression_off_the_echo_is_a_replay_mismatch(rstack):
+    """Why `suppress_cursor_echo` defaults to true: when the guard relayed events after the
+    client's cursor, rmcp's echo of the cursor's event is not the recorded next event, and
+    the continuation is cut with `replay_mismatch`."""
+    env = rstack.use(guard=True, suppress_cursor_echo=False)
+    before = stat(env, "replay_mismatch")
+    c = client()
+    _, a = start_call(c, f"O-{uuid.uuid4().hex[:6]}", steps=8, step_ms=400)
+    first = read_until_progress(a, 2)
+    time.sleep(1.0)  # progress 3 and 4 pass the guard unread
+    a.close()
+    r = c.get_stream(last_event_id=first[-1].id)
+    got = drain(r, 3)
+    r.close()
+    assert [(e.event, e.json()) for e in got] == [("mcp-resume", {"resumed": False, "reason": "replay_mismatch"})]
+    assert stat(env, "replay_mismatch") == before + 1
+
+
 def test_rmcp_with_guard_resume_after_the_call_finished_is_empty_even_at_the_owner(rstack):
     """rmcp's limit, not the guard's: LocalSessionManager drops a request stream's cache as
     soon as the response is sent, so a resume that comes after the call finished gets rmcp's

@@ -8,6 +8,8 @@ Topology (ports shift with E2E_PORT_OFFSET):
 The replicas are the session-wide ones of conftest's `stack`; the memory-store ownership
 service of the other tests (OWNERSHIP_PORT) is left alone.
 """
+import os
+import signal
 import statistics
 import subprocess
 import threading
@@ -337,6 +339,47 @@ def test_redis_stopped_under_load_fails_closed_fast(shared):
     lat = sorted(r[1] for r in after)
     print(f"fail-closed latency over {len(lat)} resumes: p50 {statistics.median(lat) * 1000:.1f} ms, "
           f"max {lat[-1] * 1000:.1f} ms")
+
+
+def test_redis_hung_fails_closed_within_the_store_timeout(shared):
+    """A Redis that accepts nothing and answers nothing (SIGSTOP, a black-holed network): the
+    service's --store-timeout-ms (150 ms) decides, under the guard's 250 ms callout timeout."""
+    (sess, cursor, tool_cursor, owner), = prepare_cursors(1)
+    os.kill(shared.redis.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.1)
+        for p in h.REPLICA_PORTS:
+            h.replica_reset(p)
+        took = []
+        for i in range(10):
+            c = client((E1, E2)[i % 2], sess)
+            t0 = time.monotonic()
+            r = c.get_stream(last_event_id=cursor)
+            took.append(time.monotonic() - t0)
+            assert r.status == 200 and r.header(GUARD_HEADER) == "restarted; reason=ownership_unavailable", \
+                r.header(GUARD_HEADER)
+            r.close()
+        r = client(E2, sess).get_stream(last_event_id=tool_cursor)
+        r.resp.read()
+        r.close()
+        assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=ownership_unavailable"
+        assert_no_cursor_reached_a_replica()
+        assert max(took) < CALLOUT_TIMEOUT_MS / 1000 + 0.5, took
+        assert statistics.median(took) > 0.1, "the store timeout, not a refused connection, decided"
+    finally:
+        os.kill(shared.redis.proc.pid, signal.SIGCONT)
+    # Redis answers again: the same cursors are decided by the shared truth again. The GET
+    # cursor was superseded by the new streams the restarts opened (their records land now).
+    deadline = time.monotonic() + 5
+    while True:
+        r = client(E1, sess).get_stream(last_event_id=cursor)
+        header = r.header(GUARD_HEADER)
+        r.close()
+        if header != "restarted; reason=ownership_unavailable":
+            break
+        assert time.monotonic() < deadline, "not recovered within 5 s of SIGCONT"
+        time.sleep(0.2)
+    assert header in (None, "restarted; reason=superseded"), header
 
 
 def test_redis_restarted_recovers_without_restarting_anything(shared):

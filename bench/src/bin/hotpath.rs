@@ -52,6 +52,7 @@ fn main() {
     let mut s = StreamState::fresh([7; 8], 0x1234_5678, StreamKind::Get, 65536);
     let mut out = Vec::with_capacity(size * 2 + 256);
     let mut ids = 0usize;
+    let mut max_held = 0usize;
     let t = Instant::now();
     for c in &chunks {
         out.clear();
@@ -59,10 +60,12 @@ fn main() {
         if let Some((_, r)) = s.take_relayed() {
             ids += r.len();
         }
+        max_held = max_held.max(s.held_bytes());
     }
     let ns = t.elapsed().as_nanos() as f64 / events as f64;
     println!(
-        "{{\"event_bytes\":{size},\"events\":{events},\"chunks\":{},\"ids\":{ids},\"ns_per_event\":{ns:.1}}}",
-        chunks.len()
+        "{{\"event_bytes\":{size},\"events\":{events},\"chunks\":{},\"ids\":{ids},\"ns_per_event\":{ns:.1},\"state_bytes\":{},\"max_held_bytes\":{max_held}}}",
+        chunks.len(),
+        std::mem::size_of::<StreamState>()
     );
 }

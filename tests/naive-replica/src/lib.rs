@@ -337,7 +337,13 @@ impl AppState {
     /// The naive resumption: what to replay for `last_event_id` on `session`.
     fn naive_replay(&self, session: &str, last_event_id: &str) -> Vec<String> {
         let mut log = lock(&self.inner.log);
-        if let Some(pos) = log.ring.iter().position(|e| e.id == last_event_id) {
+        // Ids are per-process, so another session may own the same id here: look it up in
+        // this session's events only (what the seed's replica 2 does: it finds nothing).
+        if let Some(pos) = log
+            .ring
+            .iter()
+            .position(|e| e.id == last_event_id && e.session == session)
+        {
             // Found: replay everything after it for the session, whatever stream it came from.
             return log
                 .ring
