@@ -113,6 +113,7 @@ def test_delete_through_a_python_server_makes_cursors_session_inactive(pyf):
     cursor = [e.id for e in evs if e.id][-1]
     assert i.is_guard_cursor(cursor)
     assert c.request("DELETE").status == 200
+    time.sleep(0.1)  # the guard's record of the DELETE is asynchronous
     r = c.get_stream(last_event_id=cursor)
     r.close()
     assert r.status == 409 and r.header("mcp-resume") == "rejected; reason=session_inactive"

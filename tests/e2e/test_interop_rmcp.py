@@ -387,6 +387,36 @@ def test_rmcp_with_guard_resume_after_the_call_finished_is_empty_even_at_the_own
     assert stat(env, "continued") == before + 1
 
 
+def test_rmcp_with_guard_empty_replay_of_recorded_events_is_signalled(rstack):
+    """The guard relayed progress 2-4 and the result, but the client read only progress 1
+    before it dropped; the call finished meanwhile and rmcp dropped its stream. The owner
+    answers the resume with an empty 200. The guard knows events followed the cursor, so this
+    is no resumption: control event `replay_mismatch`, and the stream is recorded as lost, so
+    the next resume of that cursor is refused at once (409, `owner_unavailable`)."""
+    env = rstack.use(guard=True)
+    before = stat(env, "replay_mismatch")
+    c = client()
+    label = f"M-{uuid.uuid4().hex[:6]}"
+    _, a = start_call(c, label, steps=4, step_ms=250)
+    owner = a.header("x-replica")
+    cursor = read_until_progress(a, 1)[-1].id
+    time.sleep(1.5)  # the rest passes the guard unread; the call finishes
+    a.close()
+    assert len(rstack.ledger(label)) == 1
+    r = c.get_stream(last_event_id=cursor)
+    got = drain(r, 3)
+    r.close()
+    assert r.status == 200 and r.header("x-replica") == owner
+    assert [(e.event, e.id, e.json()) for e in got] == \
+        [("mcp-resume", None, {"resumed": False, "reason": "replay_mismatch"})]
+    assert stat(env, "replay_mismatch") == before + 1
+    time.sleep(0.1)  # the lost-stream record is asynchronous
+    r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
+    r.close()
+    assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=owner_unavailable", body
+
+
 def test_rmcp_with_guard_owner_gone_is_signalled(rstack):
     env = rstack.use(guard=True)
     c = client()
@@ -625,7 +655,7 @@ def test_rmcp_client_resuming_after_the_call_finished_loops_on_empty_200s(rstack
     env = rstack.use(guard=True)
     before = stat(env, "continued")
     label = f"Z-{uuid.uuid4().hex[:6]}"
-    rep = rmcp_client("--label", label, "--steps", "3", "--step-ms", "200", "--cut-after", "2",
+    rep = rmcp_client("--label", label, "--steps", "3", "--step-ms", "300", "--cut-after", "2",
                       "--resume-delay-ms", "1500", "--timeout-ms", "5000")
     post, resumes = tool_streams(rep)
     assert rep["result"] is None and rep["error"].startswith("timeout"), rep

@@ -194,6 +194,9 @@ async function main() {
     out.token = last;
     await a.transport.terminateSession();
     await a.transport.close();
+    // The guard records the DELETE asynchronously (batched); a resume sent in the same
+    // millisecond could overtake it and reach the replica, which answers its own 404.
+    await new Promise(r => setTimeout(r, 100));
     out.resume = await resumeWith('r', out.session, last, `del-${T0}`);
   } else if (scenario === 'call') {
     const a = await connect('a');

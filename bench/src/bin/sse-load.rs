@@ -8,7 +8,8 @@
 //! * `streams`: N concurrent SSE GETs read for T seconds; counts events ("\n\n" after chunked
 //!   decoding). With `--pid`, the process's CPU ticks are read once every stream is open and
 //!   at the end, and every `--window-ms` (events and ticks per window: cost vs stream length).
-//! * `rate`: GETs at a fixed rate over K keep-alive connections; latency of each full response.
+//! * `rate`: requests (`--method`, default GET; `--body` for a JSON body) at a fixed rate over K
+//!   keep-alive connections; latency of each full response.
 //! * `ownership`: loads sessions I..J into the ownership service (session, one GET incarnation
 //!   with one event each), then asks `/v1/resume` for random loaded sessions from C connections
 //!   in a closed loop for T seconds: decisions per second and latency.
@@ -57,7 +58,15 @@ impl Args {
                 r.push_str(&format!("{k}: {v}\r\n"));
             }
         }
+        let body = self.s("body", "");
+        if !body.is_empty() {
+            r.push_str(&format!(
+                "content-type: application/json\r\ncontent-length: {}\r\n",
+                body.len()
+            ));
+        }
         r.push_str("\r\n");
+        r.push_str(&body);
         r.into_bytes()
     }
 }
@@ -266,7 +275,7 @@ async fn rate(a: &Args) -> Result<String, String> {
     let secs = a.f("secs", 3.0);
     let conns = a.n("conns", 4).max(1);
     let pid = a.n("pid", 0) as u32;
-    let req = Arc::new(a.request("GET", &path));
+    let req = Arc::new(a.request(&a.s("method", "GET"), &path));
     let total = (rps * secs) as u64;
     let start = Instant::now() + Duration::from_millis(20);
     let c0 = cpu_ticks(pid).unwrap_or(0);
