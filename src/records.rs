@@ -14,6 +14,17 @@ const MERGE_LOOKBACK: usize = 64;
 /// Ids one batch may carry, whatever `max_batch` says: at most 4096 × ~130 bytes of JSON, well
 /// under the ownership service's 1 MiB body limit.
 const BATCH_MAX_IDS: usize = 4096;
+/// Event ids queued per worker at most (besides `max_queue` records): a relay faster than the
+/// ownership service takes records must not grow the VM's memory without bound. Past it the
+/// oldest records are dropped and counted in `records_dropped`.
+const MAX_QUEUED_IDS: usize = 65_536;
+
+fn ids_of(r: &Record) -> usize {
+    match r {
+        Record::Events { ids, .. } => ids.len(),
+        _ => 0,
+    }
+}
 
 #[derive(Default)]
 pub struct RecordQueue {
@@ -25,6 +36,10 @@ pub struct RecordQueue {
     timeout: Duration,
     max_batch: usize,
     max_queue: usize,
+    /// Event ids in `pending`.
+    queued_ids: usize,
+    /// Events rewritten since the last tick, for the `events_rewritten` stat.
+    pub rewritten: u64,
 }
 
 impl RecordQueue {
@@ -68,7 +83,9 @@ impl RecordQueue {
                         if ids.len() < MERGE_MAX_IDS
                             && first_seq.checked_add(ids.len() as u64) == Some(f2) =>
                     {
+                        self.queued_ids += more.len();
                         ids.extend(more);
+                        self.enforce_bounds(m);
                         return;
                     }
                     _ => Record::Events {
@@ -81,11 +98,22 @@ impl RecordQueue {
             }
             r => r,
         };
-        if self.pending.len() >= self.max_queue {
-            self.pending.pop_front();
+        self.queued_ids += ids_of(&r);
+        self.pending.push_back(r);
+        self.enforce_bounds(m);
+    }
+
+    /// Drops the oldest records while the queue holds more than `max_queue` records or more
+    /// than [`MAX_QUEUED_IDS`] event ids.
+    fn enforce_bounds(&mut self, m: &Metrics) {
+        while self.pending.len() > self.max_queue || self.queued_ids > MAX_QUEUED_IDS {
+            let Some(r) = self.pending.pop_front() else {
+                self.queued_ids = 0;
+                break;
+            };
+            self.queued_ids = self.queued_ids.saturating_sub(ids_of(&r));
             m.records_dropped.inc();
         }
-        self.pending.push_back(r);
     }
 
     pub fn flush(&mut self, m: &Metrics) {
@@ -104,6 +132,7 @@ impl RecordQueue {
             n += 1;
         }
         let records: Vec<Record> = self.pending.drain(..n).collect();
+        self.queued_ids = self.queued_ids.saturating_sub(ids);
         let batch = RecordBatch { records };
         let body = match serde_json::to_vec(&batch) {
             Ok(b) => b,
@@ -143,11 +172,9 @@ impl RecordQueue {
     /// Put a failed batch back at the head; records are idempotent, so a resend is safe.
     fn requeue(&mut self, records: Vec<Record>, m: &Metrics) {
         for r in records.into_iter().rev() {
+            self.queued_ids += ids_of(&r);
             self.pending.push_front(r);
         }
-        while self.pending.len() > self.max_queue {
-            self.pending.pop_front();
-            m.records_dropped.inc();
-        }
+        self.enforce_bounds(m);
     }
 }

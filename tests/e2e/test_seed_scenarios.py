@@ -73,7 +73,7 @@ def test_lost_owner_without_guard_duplicates_ids(fresh):
     seen = {e.id: e.data for e in evs}
     cursor = evs[6].id  # the client acknowledged e1..e7; e8, e9 arrived before the drop
     r = resume_elsewhere(c, cursor, owner)
-    got = r.read(4)
+    got = r.read(8)
     r.close()
     clashes = [e for e in got if e.id in seen and seen[e.id] != e.data]
     assert clashes, f"expected duplicate ids with different payloads, got {[e.id for e in got]}"
