@@ -438,7 +438,8 @@ impl Context for Guard {
         self.metrics
             .callout_latency(host::now_ms().saturating_sub(started_ms));
         let action = if headers == 0 {
-            // Envoy reports a reset, a timeout or no healthy host as a response without headers.
+            // A reset after the callout's headers, or a failure before any response, arrives without
+            // headers; Envoy reports timeouts and refused connections as its own 503/504.
             self.callout_failed(cursor.kind, "no_response")
         } else if host::call_status() != Some(200) {
             self.callout_failed(cursor.kind, "status")
