@@ -44,10 +44,6 @@ pub fn random_u64() -> u64 {
     }
 }
 
-fn header(map: MapType, name: &str) -> Option<String> {
-    hc::get_map_value(map, name).ok().flatten()
-}
-
 /// All headers of a map in one host call (one allocation in the VM instead of one per value).
 /// Values stay bytes: a header value that is not UTF-8 must not panic the VM.
 pub struct Headers(Vec<(String, Vec<u8>)>);
@@ -80,18 +76,6 @@ pub fn response_headers() -> Headers {
             .ok()
             .unwrap_or_default(),
     )
-}
-
-/// A single read; the filter reads whole maps with `request_headers()` instead.
-#[allow(dead_code)]
-pub fn request_header(name: &str) -> Option<String> {
-    header(MapType::HttpRequestHeaders, name)
-}
-
-/// A single read; the filter reads whole maps with `response_headers()` instead.
-#[allow(dead_code)]
-pub fn response_header(name: &str) -> Option<String> {
-    header(MapType::HttpResponseHeaders, name)
 }
 
 pub fn set_request_header(name: &str, value: &str) {
@@ -166,7 +150,10 @@ pub fn dispatch(
 
 /// `:status` of the callout response being handled.
 pub fn call_status() -> Option<u32> {
-    header(MapType::HttpCallResponseHeaders, ":status").and_then(|s| s.parse().ok())
+    hc::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|s| s.parse().ok())
 }
 
 pub fn call_body(size: usize) -> Option<Vec<u8>> {

@@ -325,13 +325,20 @@ impl Guard {
         }
     }
 
+    /// The session this response belongs to: the request's, or the one an `initialize`
+    /// response just created.
+    fn session_id(&self) -> Option<&str> {
+        self.req
+            .session_id
+            .as_deref()
+            .or(self.req.response_session_id.as_deref())
+    }
+
     /// A 2xx SSE response: open (or continue) an incarnation and start rewriting.
     fn open_stream(&mut self) {
-        let sid = self
-            .req
-            .session_id
-            .clone()
-            .or_else(|| self.req.response_session_id.clone());
+        // One SHA-256 of the session id gives both the cursor binding and the store key.
+        let sid = self.session_id().map(str::to_owned);
+        let (binding, skey) = session_binding_and_key(sid.as_deref().unwrap_or("").as_bytes());
         let max_hold = self.config.max_event_hold_bytes;
         let stream = match &self.phase {
             Phase::Continuing {
@@ -348,18 +355,11 @@ impl Guard {
                 } else {
                     StreamKind::Request
                 };
-                // One SHA-256 of the session id gives both the cursor binding and the store key.
-                let (binding, skey) =
-                    session_binding_and_key(sid.as_deref().unwrap_or("").as_bytes());
                 let inc = host::random_u64();
-                let inc_hex = incarnation_hex(inc);
-                if sid.is_some() {
-                    self.record_keys = Some((skey.clone(), inc_hex.clone()));
-                }
-                if let (Some(_), Some(owner)) = (sid.as_deref(), host::upstream_address()) {
+                if let (Some(_), Some(owner)) = (&sid, host::upstream_address()) {
                     self.push_record(Record::StreamOpen {
-                        session: skey,
-                        incarnation: inc_hex,
+                        session: skey.clone(),
+                        incarnation: incarnation_hex(inc),
                         kind,
                         owner,
                         retention: self.config.retention,
@@ -371,6 +371,10 @@ impl Guard {
                 StreamState::fresh(binding, inc, kind, max_hold)
             }
         };
+        // Without a session nothing is recorded: such a stream cannot be resumed anyway.
+        if sid.is_some() {
+            self.record_keys = Some((skey, incarnation_hex(stream.incarnation())));
+        }
         host::remove_response_header("content-length");
         self.stream = Some(stream);
     }
@@ -383,20 +387,6 @@ impl Guard {
             return;
         };
         self.queue.borrow_mut().rewritten += ids.len() as u64;
-        if self.record_keys.is_none() {
-            let Some(sid) = self
-                .req
-                .session_id
-                .as_deref()
-                .or(self.req.response_session_id.as_deref())
-            else {
-                return;
-            };
-            self.record_keys = Some((
-                session_key(sid.as_bytes()),
-                incarnation_hex(stream.incarnation()),
-            ));
-        }
         let Some((session, incarnation)) = self.record_keys.clone() else {
             return;
         };
@@ -408,14 +398,19 @@ impl Guard {
         });
     }
 
-    /// The owner failed the continuation: its log is lost. Tell the client explicitly.
-    fn owner_failed(&mut self, cursor: &DecodedCursor) {
+    /// The continued incarnation's log is lost: later cursors for it restart at once.
+    fn record_stream_lost(&self, cursor: &DecodedCursor) {
         if let Some(sid) = self.req.session_id.as_deref() {
             self.push_record(Record::StreamLost {
                 session: session_key(sid.as_bytes()),
                 incarnation: incarnation_hex(cursor.incarnation),
             });
         }
+    }
+
+    /// The owner failed the continuation: its log is lost. Tell the client explicitly.
+    fn owner_failed(&mut self, cursor: &DecodedCursor) {
+        self.record_stream_lost(cursor);
         self.metrics.refused(Reason::OwnerUnavailable);
         self.reject(Reason::OwnerUnavailable);
     }
@@ -567,12 +562,7 @@ impl HttpContext for Guard {
                 std::mem::replace(&mut self.phase, Phase::Replied)
             {
                 self.metrics.replay_mismatch.inc();
-                if let Some(sid) = self.req.session_id.as_deref() {
-                    self.push_record(Record::StreamLost {
-                        session: session_key(sid.as_bytes()),
-                        incarnation: incarnation_hex(cursor.incarnation),
-                    });
-                }
+                self.record_stream_lost(&cursor);
             }
         }
         host::set_response_body(size, &out);

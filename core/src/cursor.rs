@@ -493,11 +493,12 @@ fn sha256(data: &[u8]) -> [u8; 32] {
 
 /// First 8 bytes of SHA-256(session id): binds a cursor to its session without revealing it.
 pub fn session_binding(session_id: &[u8]) -> [u8; 8] {
-    let mut out = [0u8; 8];
-    if let Some(h) = sha256(session_id).get(..8) {
-        out.copy_from_slice(h);
-    }
-    out
+    session_binding_and_key(session_id).0
+}
+
+/// Lowercase hex of the first 16 bytes of SHA-256(session id): the store key of a session.
+pub fn session_key(session_id: &[u8]) -> String {
+    session_binding_and_key(session_id).1
 }
 
 /// [`session_binding`] and [`session_key`] from one SHA-256 of the session id.
@@ -510,14 +511,6 @@ pub fn session_binding_and_key(session_id: &[u8]) -> ([u8; 8], String) {
     let mut s = String::with_capacity(32);
     push_hex(h.get(..16).unwrap_or_default(), &mut s);
     (binding, s)
-}
-
-/// Lowercase hex of the first 16 bytes of SHA-256(session id): the store key of a session.
-pub fn session_key(session_id: &[u8]) -> String {
-    let h = sha256(session_id);
-    let mut s = String::with_capacity(32);
-    push_hex(h.get(..16).unwrap_or_default(), &mut s);
-    s
 }
 
 /// 16 lowercase hex chars.

@@ -38,9 +38,9 @@ struct IdMap {
     expected: VecDeque<String>,
     /// The cursor's own event, which some servers (rmcp) send again first.
     echo: Option<String>,
-    /// (seq, replica id) relayed since the last `take_relayed`; seqs are consecutive.
+    /// Replica ids relayed since the last `take_relayed`; their seqs end just before
+    /// `next_seq`, so the first one is derived, not stored.
     relayed: Vec<String>,
-    relayed_first: u64,
     rewritten: u64,
 }
 
@@ -62,7 +62,6 @@ impl StreamState {
                 expected: VecDeque::new(),
                 echo: None,
                 relayed: Vec::new(),
-                relayed_first: 1,
                 rewritten: 0,
             },
             cut: false,
@@ -83,9 +82,7 @@ impl StreamState {
             cursor.incarnation,
             cursor.kind,
         );
-        let next = cursor.seq.saturating_add(1);
-        s.ids.next_seq = next;
-        s.ids.relayed_first = next;
+        s.ids.next_seq = cursor.seq.saturating_add(1);
         s.ids.expected = expected.into();
         if suppress_echo {
             s.ids.echo = cursor.replica_event_id.clone();
@@ -95,9 +92,6 @@ impl StreamState {
 
     pub fn incarnation(&self) -> u64 {
         self.ids.incarnation
-    }
-    pub fn kind(&self) -> StreamKind {
-        self.ids.kind
     }
 
     /// Rewrite one body chunk into `out`. On a replay mismatch the control event is
@@ -121,10 +115,9 @@ impl StreamState {
     pub fn finish(&mut self, out: &mut Vec<u8>) -> Flow {
         if !self.cut {
             self.rewriter.finish(out);
-            if !self.rewriter.is_cut() && self.ids.rewritten == 0 && !self.ids.expected.is_empty() {
-                self.cut = true;
-                out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
-                return Flow::CutReplayMismatch;
+            let empty_replay = self.ids.rewritten == 0 && !self.ids.expected.is_empty();
+            if empty_replay && !self.rewriter.is_cut() {
+                return self.cut_with_signal(out);
             }
         }
         self.after(out)
@@ -135,15 +128,21 @@ impl StreamState {
             return Flow::CutReplayMismatch;
         }
         if self.rewriter.is_cut() {
-            self.cut = true;
             // A cut inside an oversized block leaves it unterminated: anything appended would
             // join it. The caller ends the stream instead, and the client drops the partial block.
-            if !self.rewriter.cut_mid_block() {
-                out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
+            if self.rewriter.cut_mid_block() {
+                self.cut = true;
+                return Flow::CutReplayMismatch;
             }
-            return Flow::CutReplayMismatch;
+            return self.cut_with_signal(out);
         }
         Flow::Open
+    }
+
+    fn cut_with_signal(&mut self, out: &mut Vec<u8>) -> Flow {
+        self.cut = true;
+        out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
+        Flow::CutReplayMismatch
     }
 
     /// Events relayed since the last call, for the records: (first seq, replica ids).
@@ -151,9 +150,8 @@ impl StreamState {
         if self.ids.relayed.is_empty() {
             return None;
         }
-        let first = self.ids.relayed_first;
         let ids = std::mem::take(&mut self.ids.relayed);
-        self.ids.relayed_first = self.ids.next_seq;
+        let first = self.ids.next_seq.saturating_sub(ids.len() as u64);
         Some((first, ids))
     }
 
@@ -193,9 +191,6 @@ impl IdMap {
             seq,
             replica_event_id: Some(id),
         });
-        if self.relayed.is_empty() {
-            self.relayed_first = seq;
-        }
         self.relayed.push(id.to_string());
         self.rewritten += 1;
         IdAction::Replace(text)
