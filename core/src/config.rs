@@ -118,6 +118,10 @@ pub struct RawConfig {
     /// Drop a replayed event equal to the cursor's own event (rmcp re-sends it).
     #[serde(default = "default_true")]
     pub suppress_cursor_echo: bool,
+    /// Still verify cursors of MAC versions 1 and 2 (minted by earlier releases); turn off one
+    /// rotation window after upgrading.
+    #[serde(default = "default_true")]
+    pub legacy_cursor_macs: bool,
 }
 
 fn default_paths() -> Vec<String> {
@@ -248,7 +252,7 @@ impl Config {
         if raw.max_event_hold_bytes < 1024 {
             return Err(err("max_event_hold_bytes", "must be at least 1024"));
         }
-        let keyring = keyring(&raw.keys)?;
+        let keyring = keyring(&raw.keys)?.with_legacy_macs(raw.legacy_cursor_macs);
         Ok(Config {
             paths,
             ownership: raw.ownership,
