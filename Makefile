@@ -15,12 +15,13 @@ WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
 BINDIR    := target/debug
 UPSTREAMS ?=
 
-.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke
+.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours)"
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
 	@echo "make wasm    build $(WASM)"
+	@echo "make chaos   soak the whole system under seeded faults (CHAOS_S=600 CHAOS_CLIENTS=50 CHAOS_SEED=1)"
 
 # ---- tools -----------------------------------------------------------------
 rust-targets:
@@ -90,7 +91,7 @@ validate: venv wasm
 e2e: venv interop-deps build
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: tools lint unit wasm-test validate e2e bench-smoke
+test: tools lint unit wasm-test validate e2e chaos-smoke bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------
@@ -126,6 +127,23 @@ bench: bench-tools wasm
 
 bench-smoke:
 	$(MAKE) bench BENCH_QUICK=1
+
+# ---- chaos -----------------------------------------------------------------
+# `make chaos`: a bounded soak (CHAOS_S seconds) of 2 Envoys x 2 ownership instances x the store x 3 replicas
+# under seeded faults, checked from the clients' side; writes CHAOS.md. `make test` runs a short one
+# (chaos-smoke, CHAOS_S=120) into target/chaos-smoke/.
+CHAOS_S       ?= 600
+CHAOS_CLIENTS ?= 50
+CHAOS_SEED    ?= 1
+CHAOS_STORE   ?= redis
+CHAOS_REPORT  ?= CHAOS.md
+
+chaos: venv interop-deps redis build
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-300} $(PYTHON) tests/chaos/chaos.py --seconds $(CHAOS_S) --clients $(CHAOS_CLIENTS) \
+	  --seed $(CHAOS_SEED) --store $(CHAOS_STORE) --report $(CHAOS_REPORT)
+
+chaos-smoke:
+	$(MAKE) chaos CHAOS_S=120 CHAOS_REPORT=target/chaos-smoke/CHAOS.md
 
 # ---- demo ------------------------------------------------------------------
 demo: venv build

@@ -261,6 +261,7 @@ class SSEStream:
         self.headers = {k.lower(): v for k, v in resp.getheaders()}
         self.events: list[Event] = []
         self.ended = False
+        self.reset = False  # the stream broke (truncated or reset), rather than ending cleanly
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -278,6 +279,7 @@ class SSEStream:
                 line = self.resp.readline()
             except (http.client.IncompleteRead, ConnectionError):
                 line = b""  # the proxy reset the stream: the end, as a client sees it
+                self.reset = True
             if not line:
                 self.ended = True
                 return None

@@ -1,0 +1,883 @@
+"""make chaos: a bounded soak of the whole system while parts of it fail.
+
+Topology (all on 127.0.0.1, started and stopped by pid): 2 Envoys (--concurrency 2) loading the guard,
+2 ownership instances on one shared store (a local Redis Cluster of 3 masters + 3 replicas, or one Redis),
+3 naive replicas sharing sessions. Clients: scenario clients (GET streams that drop and resume, side-effecting
+tool calls that drop and resume, stale and forged cursors) and real TypeScript SDK clients. Faults come on a
+schedule drawn from --seed. The invariants are checked from the clients' side throughout; the summary table
+goes to stdout and to --report.
+
+    python tests/chaos/chaos.py --seconds 600 --clients 50 --seed 1 --store redis-cluster --report CHAOS.md
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "e2e"))
+import cluster as rc  # noqa: E402
+import harness as h  # noqa: E402
+
+ROOT = h.ROOT
+RING = 4096  # events each replica keeps; the guard is told the same
+ENVOY_PORTS = [h.ENVOY_PORT, h.ENVOY_PORT + 10]
+ADMIN_PORTS = [h.ADMIN_PORT, h.ADMIN_PORT + 10]
+OWNERSHIP_PORTS = [h.OWNERSHIP_PORT, h.OWNERSHIP_PORT + 1]
+CLUSTER_BASE = h.REDIS_PORT + 10
+NODE = os.environ.get("NODE", "node")
+
+
+# ---- the record every client writes into ---------------------------------------------------------
+
+@dataclass
+class Tally:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    signals: collections.Counter = field(default_factory=collections.Counter)
+    faults: collections.Counter = field(default_factory=collections.Counter)
+    violations: list = field(default_factory=list)
+    resume_ms: list = field(default_factory=list)
+    accepted_entries: set = field(default_factory=set)
+    completed_entries: set = field(default_factory=set)
+
+    def inc(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[key] += n
+
+    def signal(self, reason: str) -> None:
+        with self.lock:
+            self.signals[reason] += 1
+
+    def violation(self, kind: str, detail: str) -> None:
+        with self.lock:
+            self.violations.append((time.time(), kind, detail[:400]))
+        print(f"VIOLATION {kind}: {detail[:400]}", flush=True)
+
+
+def cursor_fields(cursor: str) -> tuple[int, int] | None:
+    """(incarnation, seq) of a guard cursor; the layout is the guard's own (core/src/cursor.rs)."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (ValueError, TypeError):
+        return None
+    if len(raw) < 19 + 2 + 16:
+        return None
+    inc = int.from_bytes(raw[10:18], "big")
+    seq, shift, i = 0, 0, 19
+    while i < len(raw):
+        b = raw[i]
+        seq |= (b & 0x7F) << shift
+        i += 1
+        if not b & 0x80:
+            return inc, seq
+        shift += 7
+    return None
+
+
+def control_reason(ev: h.Event | None) -> str | None:
+    if ev is not None and ev.event == "mcp-resume":
+        try:
+            return ev.json().get("reason", "?")
+        except ValueError:
+            return "?"
+    return None
+
+
+def header_reason(value: str | None) -> str | None:
+    if not value:
+        return None
+    for part in value.split(";"):
+        k, _, v = part.strip().partition("=")
+        if k == "reason":
+            return v
+    return "?"
+
+
+# ---- scenario clients ------------------------------------------------------------------------------
+
+class Stopped(Exception):
+    pass
+
+
+class Scenario:
+    """Base: one simulated MCP client with its own session, talking to either Envoy."""
+
+    def __init__(self, tally: Tally, rng: random.Random, deadline: float, stop: threading.Event):
+        self.t = tally
+        self.rng = rng
+        self.deadline = deadline
+        self.stop = stop
+        self.client: h.Client | None = None
+        self.seen: dict[str, str] = {}  # cursor -> payload, for the whole session
+
+    def alive(self) -> bool:
+        return not self.stop.is_set() and time.monotonic() < self.deadline
+
+    def pause(self, lo: float, hi: float) -> None:
+        if self.stop.wait(self.rng.uniform(lo, hi)):
+            raise Stopped
+
+    def envoy(self) -> int:
+        return self.rng.choice(ENVOY_PORTS)
+
+    def connect(self) -> h.Client:
+        """A session through some Envoy; retried while faults make that impossible."""
+        while self.alive():
+            c = h.Client(port=self.envoy(), timeout=5.0)
+            try:
+                c.initialize()
+                self.client = c
+                self.seen = {}
+                return c
+            except (OSError, AssertionError, ValueError):
+                self.t.inc("connect_retries")
+                self.pause(0.2, 0.6)
+        raise Stopped
+
+    def note_ids(self, events: list[h.Event]) -> None:
+        for ev in events:
+            if ev.id is None:
+                continue
+            prev = self.seen.get(ev.id)
+            if prev is not None and prev != ev.data:
+                self.t.violation("duplicate_id_other_payload", f"id {ev.id[:24]}…: {prev[:80]} vs {ev.data[:80]}")
+            self.seen[ev.id] = ev.data
+
+    def resume(self, cursor: str) -> tuple[h.SSEStream | None, str | None]:
+        """GET with Last-Event-ID through some Envoy. Returns (stream, explicit reason or None)."""
+        assert self.client is not None
+        self.client.port = self.envoy()
+        t0 = time.monotonic()
+        try:
+            s = self.client.get_stream(last_event_id=cursor)
+        except OSError:
+            self.t.inc("resume_transport_errors")
+            return None, None
+        self.t.inc("resumes")
+        with self.t.lock:
+            self.t.resume_ms.append((time.monotonic() - t0) * 1000)
+        self.check_status(s)
+        reason = header_reason(s.header("mcp-resume"))
+        if s.status == 409 or (reason and s.status < 500):
+            self.t.signal(reason or "409")
+            return s, reason or "409"
+        return s, None
+
+    def check_status(self, s: h.SSEStream) -> None:
+        if s.status >= 500 and s.header("mcp-resume"):
+            self.t.violation("guard_5xx", f"status {s.status} with mcp-resume {s.header('mcp-resume')}")
+
+
+class Streamer(Scenario):
+    """Standalone GET streams: read a few events, drop, resume with the last cursor. Now and then two
+    resumes of the same cursor run at once (a fork): each must end contiguous or explicitly signalled."""
+
+    def run(self) -> None:
+        self.connect()
+        cursor: str | None = None
+        last_payload: dict | None = None
+        while self.alive():
+            assert self.client is not None
+            if cursor is None:
+                self.client.port = self.envoy()
+                try:
+                    s = self.client.get_stream()
+                except OSError:
+                    self.pause(0.2, 0.5)
+                    continue
+                self.check_status(s)
+                if s.status == 404:
+                    s.close()
+                    self.connect()
+                    continue
+                if s.status != 200:
+                    s.close()
+                    self.pause(0.2, 0.5)
+                    continue
+                events, cut = self.read_some(s, self.rng.randint(2, 8))
+                s.close()
+                if cut is not None:
+                    self.t.signal(cut)
+            else:
+                forks = 2 if self.rng.random() < 0.1 else 1
+                if forks == 2:
+                    self.t.inc("forks")
+                opened = [self.resume(cursor) for _ in range(forks)]
+                results = [self.take_resume(s, reason, cursor, last_payload) for s, reason in opened]
+                events = next((e for e in reversed(results) if e), None)
+                if events is None:
+                    cursor, last_payload = None, None
+                    if any(r is None for r in results):
+                        self.pause(0.1, 0.3)
+                    continue
+            if events:
+                cursor = events[-1].id
+                last_payload = payload(events[-1])
+            self.pause(0.05, 0.6)
+
+    def take_resume(self, s: h.SSEStream | None, reason: str | None, cursor: str,
+                    last: dict | None) -> list[h.Event] | None:
+        """Reads one resume's answer and checks it; returns its events when it continued."""
+        if s is None:
+            return None
+        if reason is not None:
+            s.close()
+            return None
+        if s.status == 404:
+            # The owner says the session is gone: explicit, and the client re-initializes.
+            self.t.signal("session_404")
+            s.close()
+            self.connect()
+            return None
+        if s.status != 200:
+            s.close()
+            return None
+        events, cut = self.read_some(s, self.rng.randint(2, 8))
+        s.close()
+        if cut is not None:
+            self.t.signal(cut)
+            return None
+        if not events and s.reset:
+            # The connection broke (a fault): the client sees an error, not a quiet end.
+            self.t.inc("resume_resets")
+            return None
+        if not events:
+            self.t.violation("silent_empty_resume", f"cursor {cursor[:24]}… ended with no event and no signal")
+            return None
+        self.t.inc("continuations")
+        self.check_continuation(cursor, last, events)
+        return events
+
+    def read_some(self, s: h.SSEStream, n: int) -> tuple[list[h.Event], str | None]:
+        """Up to n message events; a control event (explicit signal) ends the read."""
+        out: list[h.Event] = []
+        try:
+            while len(out) < n:
+                ev = s.next_event()
+                if ev is None:
+                    break
+                reason = control_reason(ev)
+                if reason is not None:
+                    return out, reason
+                out.append(ev)
+        except (OSError, ValueError):
+            pass
+        self.note_ids(out)
+        self.check_within(out)
+        return out, None
+
+    def check_within(self, events: list[h.Event]) -> None:
+        """Within one response: seqs consecutive in one incarnation; the producer's counter consecutive."""
+        prev = None
+        for ev in events:
+            f = cursor_fields(ev.id or "")
+            if f is None:
+                self.t.violation("not_a_guard_cursor", f"event id {ev.id!r}")
+                continue
+            if prev is not None and f != (prev[0], prev[1] + 1):
+                self.t.violation("seq_gap", f"{prev} then {f}")
+            prev = f
+
+    def check_continuation(self, cursor: str, last: dict | None, events: list[h.Event]) -> None:
+        c = cursor_fields(cursor)
+        f = cursor_fields(events[0].id or "")
+        if c is None or f is None or f != (c[0], c[1] + 1):
+            self.t.violation("phantom_or_gap", f"cursor {c} then first event {f}")
+            return
+        p = payload(events[0])
+        if last and p and p.get("stream") == last.get("stream") and p.get("replica") == last.get("replica") \
+                and p.get("n") != last.get("n", 0) + 1:
+            self.t.violation("silent_gap", f"after {last} came {p}")
+
+
+def payload(ev: h.Event) -> dict | None:
+    try:
+        m = ev.json()
+    except ValueError:
+        return None
+    return (m.get("params") or {}).get("data") if isinstance(m, dict) else None
+
+
+class Caller(Scenario):
+    """Side-effecting tool calls that drop mid-stream and resume; every accepted call exactly once."""
+
+    def run(self) -> None:
+        self.connect()
+        while self.alive():
+            entry = f"chaos-{uuid.uuid4().hex[:12]}"
+            assert self.client is not None
+            self.client.port = self.envoy()
+            try:
+                s = self.client.call_tool("ledger_append", {"entry": entry, "steps": 5, "step_ms": 60})
+            except OSError:
+                self.pause(0.2, 0.5)
+                continue
+            self.check_status(s)
+            if s.status == 404:
+                s.close()
+                self.connect()
+                continue
+            if s.status != 200 or not s.is_sse:
+                s.close()
+                self.pause(0.2, 0.5)
+                continue
+            with self.t.lock:
+                self.t.accepted_entries.add(entry)
+            self.t.inc("calls")
+            progress: list[int] = []
+            cursor, done = self.follow(s, progress, self.rng.randint(1, 4))
+            tries = 0
+            while not done and cursor is not None and self.alive() and tries < 4:
+                tries += 1
+                # The naive replica replays its ring and then serves a live standalone stream: resume once
+                # the call has run to its end (disconnection is not cancellation), so the replay holds it all.
+                self.pause(0.6, 1.0)
+                r, reason = self.resume(cursor)
+                if r is None:
+                    continue
+                if reason is not None or r.status != 200:
+                    r.close()
+                    if r.status == 404:
+                        self.t.signal("session_404")
+                    break  # explicit: the result will not come; never re-issue a side effect
+                self.t.inc("continuations")
+                before = len(progress)
+                cursor2, done = self.follow(r, progress, 99, resumed_from=cursor)
+                if len(progress) == before and not done and cursor2 == cursor:
+                    break
+                cursor = cursor2
+            if done:
+                with self.t.lock:
+                    self.t.completed_entries.add(entry)
+            self.pause(0.1, 0.8)
+
+    def follow(self, s: h.SSEStream, progress: list[int], drop_after: int,
+               resumed_from: str | None = None) -> tuple[str | None, bool]:
+        cursor = resumed_from
+        got = 0
+        first = True
+        try:
+            while True:
+                ev = s.next_event()
+                if ev is None:
+                    break
+                reason = control_reason(ev)
+                if reason is not None:
+                    self.t.signal(reason)
+                    s.close()
+                    return None, False
+                self.note_ids([ev])
+                if resumed_from is not None and first:
+                    c, f = cursor_fields(resumed_from), cursor_fields(ev.id or "")
+                    if c is None or f is None or f != (c[0], c[1] + 1):
+                        self.t.violation("phantom_or_gap", f"tool call cursor {c} then {f}")
+                first = False
+                cursor = ev.id or cursor
+                m = ev.json()
+                if m.get("method") == "notifications/progress":
+                    k = m["params"]["progress"]
+                    if progress and k != progress[-1] + 1:
+                        self.t.violation("progress_gap_or_dup", f"{progress} then {k}")
+                    progress.append(k)
+                    got += 1
+                    if got >= drop_after and resumed_from is None:
+                        s.close()
+                        return cursor, False
+                elif resumed_from is not None and "method" in m:
+                    # Another stream's live events after the replay (the naive replica's way): stop here.
+                    self.t.inc("call_resume_other_stream")
+                    s.close()
+                    return cursor, False
+                elif "result" in m or "error" in m:
+                    s.close()
+                    if progress != list(range(1, len(progress) + 1)) or len(progress) != 5:
+                        self.t.violation("incomplete_result", f"result after progress {progress}")
+                    return cursor, True
+        except (OSError, ValueError):
+            pass
+        s.close()
+        return cursor, False
+
+
+class Forger(Scenario):
+    """Stale, foreign and forged cursors: every one must be refused explicitly, never continued."""
+
+    def run(self) -> None:
+        a = self.connect()
+        other = h.Client(port=self.envoy(), timeout=5.0)
+        while self.alive():
+            try:
+                if other.session is None:
+                    other.initialize()
+                s = a.get_stream()
+                evs = [e for e in s.read(2) if e.id]
+                s.close()
+            except (OSError, AssertionError, ValueError):
+                self.pause(0.3, 0.8)
+                continue
+            if not evs:
+                self.pause(0.3, 0.8)
+                continue
+            good = evs[-1].id
+            flipped = good[:-3] + ("A" if good[-3] != "A" else "B") + good[-2:]
+            for label, client, cursor in (("foreign_session", other, good), ("forged", a, flipped),
+                                          ("legacy", a, "e7")):
+                client.port = self.envoy()
+                try:
+                    r = client.get_stream(last_event_id=cursor)
+                except OSError:
+                    continue
+                self.t.inc("forged_tries")
+                reason = header_reason(r.header("mcp-resume"))
+                ev = None
+                if r.status == 200 and reason is None:
+                    try:
+                        ev = r.next_event()
+                    except OSError:
+                        ev = None
+                r.close()
+                if reason is None and r.status != 409 and r.status < 500:
+                    self.t.violation("forged_cursor_not_refused", f"{label}: status {r.status}, first {ev}")
+                elif reason:
+                    self.t.signal(reason)
+            self.pause(0.3, 1.0)
+
+
+def run_scenario(cls, tally: Tally, seed: int, deadline: float, stop: threading.Event) -> None:
+    sc = cls(tally, random.Random(seed), deadline, stop)
+    try:
+        sc.run()
+    except Stopped:
+        pass
+    except Exception as e:  # a client bug must not hide the others' results
+        tally.inc("client_crashes")
+        print(f"client {cls.__name__} crashed: {e!r}", flush=True)
+
+
+# ---- the system under test -------------------------------------------------------------------------
+
+class ChaosEnvoy(h.Envoy):
+    """An Envoy with --concurrency 2 and an access log that records response code details."""
+
+    def __init__(self, name: str, cfg: dict, admin_port: int, listener_port: int):
+        super().__init__(name, cfg, admin_port=admin_port, listener_port=listener_port)
+        self.args[self.args.index("--concurrency") + 1] = "2"
+
+
+def envoy_cfg(i: int, store_token: str | None) -> dict:
+    overrides = {"retention": RING}
+    if store_token:
+        overrides["ownership"] = {"cluster": "mcp_ownership", "timeout_ms": 250, "token": store_token}
+    cfg = h.envoy_config(guard=True, plugin_overrides=overrides, listener_port=ENVOY_PORTS[i],
+                         admin_port=ADMIN_PORTS[i], ownership_ports=OWNERSHIP_PORTS)
+    hcm = h._hcm(cfg)
+    hcm["access_log"] = [{
+        "name": "envoy.access_loggers.file",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": str(h.RUNS / f"chaos-envoy{i}-access.log"),
+            "log_format": {"text_format_source": {
+                "inline_string": "%RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %RESP(MCP-RESUME)%\n"}},
+        },
+    }]
+    return cfg
+
+
+def rss_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class System:
+    def __init__(self, store: str, state_dir: Path, tally: Tally):
+        self.store_kind = store
+        self.state_dir = state_dir
+        self.t = tally
+        self.cluster: rc.RedisCluster | None = None
+        self.redis: h.Proc | None = None
+        self.replicas: dict[int, h.Proc] = {}
+        self.ownership: dict[int, h.Proc] = {}
+        self.envoys: list[ChaosEnvoy] = []
+        self.rss: dict[str, list[int]] = collections.defaultdict(list)
+        self.token = None
+        self.admin_token = None
+        self.token_args: list[str] = []
+
+    def store_url(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.url
+        return f"redis://{h.HOST}:{h.REDIS_PORT}"
+
+    def setup_tokens(self) -> None:
+        """Authenticate the control plane when the service supports it (`--token-file`)."""
+        helptext = subprocess.run([str(h.BIN / "mcp-ownership"), "--help"], capture_output=True,
+                                  text=True).stdout
+        if "--token-file" not in helptext:
+            return
+        self.token = uuid.uuid4().hex + uuid.uuid4().hex
+        self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
+        tf = h.RUNS / "chaos-token"
+        af = h.RUNS / "chaos-admin-token"
+        tf.write_text(self.token + "\n")
+        af.write_text(self.admin_token + "\n")
+        self.token_args = ["--token-file", str(tf)]
+        if "--admin-token-file" in helptext:
+            self.token_args += ["--admin-token-file", str(af)]
+
+    def start_ownership(self, port: int) -> None:
+        self.ownership[port] = h.start_ownership(port, ["--store", self.store_url(), *self.token_args])
+
+    def start_replica(self, port: int) -> None:
+        name = f"r{h.REPLICA_PORTS.index(port) + 1}"
+        self.replicas[port] = h.start_replica(port, name, self.state_dir, ring=RING, tick_ms=50)
+
+    def start(self) -> None:
+        h.RUNS.mkdir(parents=True, exist_ok=True)
+        self.setup_tokens()
+        if self.store_kind == "redis-cluster":
+            self.cluster = rc.RedisCluster(CLUSTER_BASE, name="chaos").start()
+        else:
+            self.redis = h.start_redis()
+        for p in h.REPLICA_PORTS:
+            self.start_replica(p)
+        for p in OWNERSHIP_PORTS:
+            self.start_ownership(p)
+        for i in range(2):
+            self.envoys.append(ChaosEnvoy(f"chaos-envoy{i}", envoy_cfg(i, self.token), ADMIN_PORTS[i],
+                                          ENVOY_PORTS[i]).start())
+
+    def processes(self) -> dict[str, h.Proc]:
+        out: dict[str, h.Proc] = {}
+        for p, r in self.replicas.items():
+            out[f"replica:{p}"] = r
+        for p, o in self.ownership.items():
+            out[f"ownership:{p}"] = o
+        for i, e in enumerate(self.envoys):
+            out[f"envoy:{i}"] = e
+        if self.cluster is not None:
+            for p, n in self.cluster.nodes.items():
+                out[f"redis:{p}"] = n
+        if self.redis is not None:
+            out["redis"] = self.redis
+        return out
+
+    def sample_rss(self) -> None:
+        for name, proc in self.processes().items():
+            if proc.alive and proc.proc is not None:
+                v = rss_kib(proc.proc.pid)
+                if v is not None:
+                    self.rss[name].append(v)
+
+    def stop(self) -> None:
+        for e in self.envoys:
+            e.stop()
+        for o in self.ownership.values():
+            o.stop()
+        for r in self.replicas.values():
+            r.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    # -- faults --
+
+    def fault(self, kind: str, rng: random.Random) -> None:
+        self.t.faults[kind] += 1
+        print(f"{time.strftime('%H:%M:%S')} fault {kind}", flush=True)
+        if kind == "replica_kill":
+            p = rng.choice(h.REPLICA_PORTS)
+            self.replicas[p].kill()
+            time.sleep(rng.uniform(0.5, 2.0))
+            self.start_replica(p)
+        elif kind == "owner_gone":
+            # The preStop path: mark the address gone, then the pod terminates and a new one starts there.
+            p = rng.choice(h.REPLICA_PORTS)
+            headers = {"content-type": "application/json"}
+            if self.admin_token:
+                headers["authorization"] = f"Bearer {self.admin_token}"
+            import urllib.request
+            req = urllib.request.Request(f"http://{h.HOST}:{rng.choice(OWNERSHIP_PORTS)}/v1/owners/gone",
+                                         method="POST", headers=headers,
+                                         data=json.dumps({"owner": f"{h.HOST}:{p}"}).encode())
+            try:
+                urllib.request.urlopen(req, timeout=3).read()
+            except OSError as e:
+                print(f"owner_gone call failed: {e}", flush=True)
+            self.replicas[p].stop()
+            self.start_replica(p)
+        elif kind == "ownership_kill":
+            p = rng.choice(OWNERSHIP_PORTS)
+            self.ownership[p].kill()
+            time.sleep(rng.uniform(0.5, 2.0))
+            self.start_ownership(p)
+        elif kind == "redis_master_kill":
+            if self.cluster is not None:
+                masters = self.cluster.masters_now()
+                m = rng.choice(masters)
+                self.cluster.kill(m)
+                time.sleep(rng.uniform(2.0, 4.0))  # failover
+                self.cluster.restart(m)
+                self.cluster.wait_ok(30)
+            elif self.redis is not None:
+                self.redis.kill()
+                time.sleep(rng.uniform(0.5, 2.0))
+                self.redis = h.start_redis()
+        elif kind == "redis_cluster_restart":
+            if self.cluster is not None:
+                self.cluster.restart_all(30)
+            elif self.redis is not None:
+                self.redis.stop()
+                self.redis = h.start_redis()
+        elif kind == "envoy_restart":
+            i = rng.randrange(2)
+            self.envoys[i].stop()
+            self.envoys[i] = ChaosEnvoy(f"chaos-envoy{i}", envoy_cfg(i, self.token), ADMIN_PORTS[i],
+                                        ENVOY_PORTS[i]).start()
+
+
+FAULTS = ["replica_kill", "owner_gone", "ownership_kill", "redis_master_kill", "redis_cluster_restart",
+          "envoy_restart"]
+WEIGHTS = [3, 2, 2, 2, 1, 2]
+
+
+# ---- TypeScript SDK clients ------------------------------------------------------------------------
+
+def start_ts_clients(n: int, seconds: float, seed: int) -> list[tuple[subprocess.Popen, Path]]:
+    out = []
+    for i in range(n):
+        log = h.RUNS / f"chaos-ts-{i}.json"
+        urls = ",".join(f"http://{h.HOST}:{p}{h.PATH}" for p in ENVOY_PORTS)
+        p = subprocess.Popen([NODE, str(ROOT / "tests" / "interop" / "ts_chaos_client.mjs"), "--urls", urls, "--seconds", str(seconds),
+                              "--seed", str(seed * 1000 + i)],
+                             stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT / "tests" / "interop",
+                             start_new_session=True)
+        out.append((p, log))
+    return out
+
+
+def collect_ts(procs: list[tuple[subprocess.Popen, Path]], tally: Tally) -> None:
+    for p, log in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        try:
+            res = json.loads(log.read_text().strip().splitlines()[-1])
+        except (ValueError, IndexError, OSError):
+            tally.violation("ts_client_no_report", f"{log.name}: exit {p.returncode}")
+            continue
+        tally.inc("ts_calls", res.get("calls", 0))
+        tally.inc("ts_results", res.get("results", 0))
+        tally.inc("ts_errors", res.get("errors", 0))
+        for v in res.get("violations", []):
+            tally.violation("ts_" + v.get("kind", "?"), json.dumps(v)[:300])
+        with tally.lock:
+            tally.accepted_entries.update(res.get("accepted", []))
+            tally.completed_entries.update(res.get("completed", []))
+
+
+# ---- checks after the run ----------------------------------------------------------------------------
+
+def check_ledger(state_dir: Path, tally: Tally) -> None:
+    counts = collections.Counter(e["entry"] for e in h.ledger(state_dir) if str(e.get("entry", "")).startswith("chaos-"))
+    for entry, n in counts.items():
+        if n > 1:
+            tally.violation("side_effect_twice", f"{entry} in the ledger {n} times")
+    for entry in tally.accepted_entries:
+        if counts.get(entry, 0) != 1:
+            tally.violation("accepted_call_not_once", f"{entry}: {counts.get(entry, 0)} ledger lines")
+    tally.inc("ledger_entries", sum(counts.values()))
+
+
+def check_access_logs(tally: Tally) -> None:
+    for i in range(2):
+        path = h.RUNS / f"chaos-envoy{i}-access.log"
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) < 2 or not parts[0].isdigit():
+                continue
+            code, details = int(parts[0]), parts[1]
+            # Envoy's own 503s (a replica or the owner down) are expected under faults; a 5xx the guard made
+            # (a local reply, or a VM failure) is not.
+            header = parts[2] if len(parts) > 2 else "-"
+            if code >= 500 and ("wasm" in details or header.startswith("rejected")):
+                tally.violation("guard_5xx", line)
+            if code >= 500:
+                tally.inc(f"envoy_5xx:{details}")
+
+
+def check_memory(system: System, tally: Tally) -> dict[str, tuple[int, int]]:
+    """Bounded: the last third of the samples stays within 1.5x (+32 MiB) of the first third's peak."""
+    out = {}
+    for name, samples in system.rss.items():
+        if len(samples) < 6:
+            continue
+        third = len(samples) // 3
+        early, late = max(samples[:third]), max(samples[-third:])
+        out[name] = (early, max(samples))
+        if late > early * 1.5 + 32 * 1024:
+            tally.violation("memory_growth", f"{name}: {early} KiB early, {late} KiB late")
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def report(args, tally: Tally, mem: dict, started: float, elapsed: float) -> str:
+    c = tally.counts
+    lines = [
+        "# Chaos soak",
+        "",
+        f"Command: `make chaos CHAOS_S={args.seconds} CHAOS_CLIENTS={args.clients} CHAOS_SEED={args.seed}"
+        f" CHAOS_STORE={args.store}`",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {elapsed:.0f} s; seed {args.seed};"
+        f" machine: {os.cpu_count()} cores, {platform.machine()}, {platform.platform()}",
+        f"Topology: 2 Envoys (--concurrency 2) with the guard, 2 ownership instances, store {args.store}, "
+        f"3 naive replicas; {args.clients} scenario clients + {args.ts_clients} TypeScript SDK clients.",
+        "",
+        "| what | count |",
+        "| --- | --- |",
+        f"| resumes (GET with a cursor) | {c['resumes']} |",
+        f"| continuations | {c['continuations']} |",
+        f"| forks (two resumes of one cursor at once) | {c['forks']} |",
+        f"| side-effecting calls accepted / completed | {len(tally.accepted_entries)} / {len(tally.completed_entries)} |",
+        f"| ledger lines | {c['ledger_entries']} |",
+        f"| forged, foreign and legacy cursors tried | {c['forged_tries']} |",
+        f"| TypeScript SDK calls / results / errors | {c['ts_calls']} / {c['ts_results']} / {c['ts_errors']} |",
+        f"| resume latency p50 / p99 (ms) | {pct(tally.resume_ms, 0.5):.1f} / {pct(tally.resume_ms, 0.99):.1f} |",
+        f"| **violations** | **{len(tally.violations)}** |",
+        "",
+        "| signal (reason) | count |",
+        "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in sorted(tally.signals.items())],
+        "",
+        "| fault | injected |",
+        "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in sorted(tally.faults.items())],
+        "",
+        "| process | RSS early peak / max (MiB) |",
+        "| --- | --- |",
+        *[f"| {k} | {a / 1024:.1f} / {b / 1024:.1f} |" for k, (a, b) in sorted(mem.items())],
+    ]
+    other = {k: v for k, v in c.items() if k.startswith("envoy_5xx:") or k in ("connect_retries",
+             "resume_transport_errors", "client_crashes")}
+    if other:
+        lines += ["", "| other | count |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in sorted(other.items())]]
+    if tally.violations:
+        lines += ["", "Violations:", ""] + [f"- {kind}: {d}" for _, kind, d in tally.violations[:50]]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--ts-clients", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--store", choices=["redis-cluster", "redis"], default="redis-cluster")
+    ap.add_argument("--fault-every", type=float, default=None, help="seconds between faults (default: 8)")
+    ap.add_argument("--report", type=Path, default=None)
+    args = ap.parse_args()
+    if args.ts_clients is None:
+        args.ts_clients = max(2, args.clients // 10)
+    rng = random.Random(args.seed)
+    tally = Tally()
+    state_dir = h.RUNS / "chaos-state"
+    import shutil
+    shutil.rmtree(state_dir, ignore_errors=True)
+    (state_dir / "sessions").mkdir(parents=True)
+    for i in range(2):
+        (h.RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
+    system = System(args.store, state_dir, tally)
+    stop = threading.Event()
+    started = time.time()
+    t0 = time.monotonic()
+    ok = False
+    def phase(what: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} +{time.monotonic() - t0:.1f}s {what}", flush=True)
+
+    try:
+        system.start()
+        phase("system up")
+        deadline = time.monotonic() + args.seconds
+        kinds = [Streamer] * 4 + [Caller] * 4 + [Forger]
+        threads = []
+        for i in range(args.clients):
+            cls = kinds[i % len(kinds)]
+            th = threading.Thread(target=run_scenario, args=(cls, tally, args.seed * 7919 + i, deadline, stop),
+                                  daemon=True)
+            th.start()
+            threads.append(th)
+        ts = start_ts_clients(args.ts_clients, max(5.0, args.seconds - 5), args.seed)
+        every = args.fault_every or 8.0
+        next_fault = time.monotonic() + min(every, 5.0)
+        last_sample = 0.0
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if now - last_sample > 2.0:
+                system.sample_rss()
+                last_sample = now
+            if now >= next_fault and deadline - now > 8:
+                system.fault(rng.choices(FAULTS, WEIGHTS)[0], rng)
+                next_fault = time.monotonic() + every * rng.uniform(0.6, 1.4)
+            time.sleep(0.2)
+        stop.set()
+        phase("clients stopping")
+        for th in threads:
+            th.join(timeout=15)
+        phase("scenario clients done")
+        collect_ts(ts, tally)
+        phase("TypeScript clients done")
+        time.sleep(0.5)  # calls still finishing write their ledger line at the start, so nothing is pending
+        check_ledger(state_dir, tally)
+        check_access_logs(tally)
+        ok = True
+    finally:
+        stop.set()
+        system.stop()
+    mem = check_memory(system, tally)
+    text = report(args, tally, mem, started, time.monotonic() - t0)
+    print(text)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(text)
+    if not ok:
+        return 2
+    if tally.counts["resumes"] == 0 or sum(tally.faults.values()) == 0:
+        print("chaos: nothing was exercised", flush=True)
+        return 1
+    return 1 if tally.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
