@@ -65,6 +65,9 @@ def wait_port_free(port: int, timeout: float = 10.0) -> None:
 class Proc:
     """A child process with its log file; stopped by pid."""
 
+    # Run in the child before exec (make demo sets PR_SET_PDEATHSIG so children die with it).
+    preexec_fn = None
+
     def __init__(self, name: str, args: list[str], port: int | None = None):
         RUNS.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -78,7 +81,7 @@ class Proc:
             wait_port_free(self.port)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=type(self).preexec_fn)
         log.close()
         if self.port is not None:
             wait_port(self.port, proc=self.proc)
