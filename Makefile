@@ -14,11 +14,15 @@ TOOLS     := .tools
 WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
 BINDIR    := target/debug
 UPSTREAMS ?=
+CONFIG    ?=
+STORE     ?= memory
+RULES     := observability/prometheus
 
-.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke
+.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm build cli lint unit wasm-test validate rules e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke
 
 help:
-	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours)"
+	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
+	@echo "             CONFIG=plugin.json to run your plugin config, STORE=memory|redis://HOST:PORT|redis-cluster://...)"
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
 	@echo "make wasm    build $(WASM)"
 	@echo "make chaos   soak the whole system under seeded faults (CHAOS_S=600 CHAOS_CLIENTS=50 CHAOS_SEED=1)"
@@ -62,7 +66,14 @@ redis:
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server \
 	  && (service redis-server stop >/dev/null 2>&1 || true))
 
-tools: rust-targets venv wasm-bindgen interop-deps redis
+# Prometheus (Debian): promtool checks and unit-tests the alert rules; the e2e suite runs a real
+# prometheus on 127.0.0.1:9090 (+E2E_PORT_OFFSET) by pid. The packaged service is stopped at once.
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || (apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+	  && (service prometheus stop >/dev/null 2>&1 || true))
+
+tools: rust-targets venv wasm-bindgen interop-deps redis prometheus
 
 # ---- build -----------------------------------------------------------------
 wasm: rust-targets
@@ -70,7 +81,11 @@ wasm: rust-targets
 	@ls -l $(WASM)
 
 build: wasm
-	cargo build -p mcp-ownership -p naive-replica -p rmcp-replica
+	cargo build -p mcp-ownership -p naive-replica -p rmcp-replica -p mcp-guard
+
+# The operator CLI, target/debug/mcp-guard (`mcp-guard --help`).
+cli:
+	cargo build -p mcp-guard
 
 # ---- checks ----------------------------------------------------------------
 lint: rust-targets
@@ -85,13 +100,19 @@ wasm-test: wasm-bindgen
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
 	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib
 
-validate: venv wasm
-	@for f in envoy/*.yaml; do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+validate: venv wasm cli
+	@for f in envoy/*.yaml; do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; \
+	  $(BINDIR)/mcp-guard check-config $$f || exit 1; done
+
+# Alert rules: syntax and unit tests (observability/prometheus/*.test.yaml).
+rules: prometheus
+	promtool check rules $(RULES)/mcp-resume-guard.rules.yaml
+	cd $(RULES) && promtool test rules mcp-resume-guard.rules.test.yaml
 
 e2e: venv interop-deps build
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: tools lint unit wasm-test validate e2e chaos-smoke bench-smoke
+test: tools lint unit wasm-test validate rules e2e chaos-smoke bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------
@@ -147,7 +168,7 @@ chaos-smoke:
 
 # ---- demo ------------------------------------------------------------------
 demo: venv build
-	$(PYTHON) scripts/demo.py --upstreams "$(UPSTREAMS)"
+	$(PYTHON) scripts/demo.py --upstreams "$(UPSTREAMS)" --config "$(CONFIG)" --store "$(STORE)"
 
 clean:
 	cargo clean

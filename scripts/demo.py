@@ -1,22 +1,53 @@
 #!/usr/bin/env python3
 """`make demo`: Envoy + mcp-resume-guard + ownership service + three demo replicas.
 
-With --upstreams ip:port,... Envoy fronts your own MCP replicas instead of the demo ones.
-Prints a walk-through (one continuation, one restart) and the curl lines to repeat it,
-then keeps everything running until Ctrl-C, and stops what it started by pid.
+  --upstreams ip:port,...   Envoy fronts your MCP replicas instead of the demo ones
+  --config FILE.json        the plugin configuration to run (checked first with mcp-guard)
+  --store memory|redis://HOST:PORT|redis-cluster://...   the ownership service's store
+
+Prints a walk-through (continuation, restart, stripped POST cursor) and the guard's labelled
+stats, then keeps running until Ctrl-C. The walk-through never ends the demo: a step the
+upstream cannot show is reported and skipped. Whatever happens, every process the demo started
+is stopped: on exit and on SIGINT/SIGTERM/SIGHUP by pid, and, if the demo itself is killed, by the
+kernel (each child has PR_SET_PDEATHSIG).
 """
+from __future__ import annotations
+
 import argparse
+import ctypes
+import json
+import os
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 import harness as h  # noqa: E402
 
 URL = f"http://{h.HOST}:{h.ENVOY_PORT}{h.PATH}"
+CLI = h.BIN / "mcp-guard"
+STEP_TIMEOUT = 3.0  # seconds any one walk-through read may wait
+
+
+def set_pdeathsig() -> None:
+    """In the child, before exec: die with SIGTERM when the demo dies, however it dies."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
+h.Proc.preexec_fn = staticmethod(set_pdeathsig)
+
+
+class DemoError(Exception):
+    """A reason to stop before the walk-through, said in one line."""
 
 
 def parse_upstreams(text: str) -> list[tuple[str, int]]:
@@ -24,53 +55,264 @@ def parse_upstreams(text: str) -> list[tuple[str, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         host, _, port = part.rpartition(":")
         if not host or not port.isdigit():
-            sys.exit(f"make demo: UPSTREAMS: '{part}' is not ip:port")
+            raise DemoError(f"UPSTREAMS: '{part}' is not ip:port")
         out.append((host, int(port)))
     return out
 
 
-def envoy_config(upstreams: list[tuple[str, int]]) -> dict:
-    return h.envoy_config(guard=True, upstreams=upstreams or None)
-
-
-def walkthrough(own_replicas: bool) -> None:
-    print("\n== walk-through ==")
-    c = h.Client(version="2025-06-18")
+def listening(host: str, port: int) -> bool:
     try:
-        sid = c.initialize()
-    except Exception as e:  # a user's replica may want other headers; the curl lines still apply
-        print(f"initialize through Envoy failed ({e}); try the curl lines below by hand.")
-        return
-    print(f"1. initialize -> Mcp-Session-Id: {sid}")
-    s = c.get_stream()
-    print(f"2. GET stream served by {s.header('x-replica') or 'a replica'}; ids the client sees are guard cursors:")
-    evs = []
-    try:
-        s.conn.sock.settimeout(5)
-        evs = s.read(3)
+        with socket.create_connection((host, port), timeout=0.3):
+            return True
     except OSError:
-        pass
-    s.close()
+        return False
+
+
+def require_free(port: int, what: str) -> None:
+    if listening(h.HOST, port):
+        raise DemoError(f"port {port} ({what}) is already in use: `ss -ltnp 'sport = :{port}'` shows "
+                        f"by whom; stop it, or run with E2E_PORT_OFFSET=N to shift every port")
+
+
+def check_config(path: Path) -> None:
+    """mcp-guard check-config: the filter's own parser and the chain checks; errors name the field."""
+    if not CLI.exists():
+        raise DemoError(f"{CLI} missing: `cargo build -p mcp-guard` (make demo does)")
+    r = subprocess.run([str(CLI), "check-config", str(path)], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise DemoError(f"{path} is not a valid configuration:\n{r.stdout}{r.stderr}".rstrip())
+
+
+def envoy_config(upstreams: list[tuple[str, int]], config: Path | None) -> dict:
+    cfg = h.envoy_config(guard=True, upstreams=upstreams or None)
+    if config is not None:
+        f = h.guard_filter(cfg)
+        assert f is not None
+        f["typed_config"]["config"]["configuration"]["value"] = config.read_text()
+    return cfg
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+class Demo:
+    def __init__(self) -> None:
+        self.procs: list[h.Proc] = []
+        self.envoy: h.Envoy | None = None
+        self.envoy_cfg: Path | None = None
+        self.state: Path | None = None
+
+    def start(self, p: h.Proc) -> h.Proc:
+        self.procs.append(p)  # before start: a half-started process is stopped too
+        p.start()
+        return p
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            try:
+                p.stop(timeout=5)
+            except Exception as e:  # keep stopping the others
+                print(f"could not stop {p.name}: {e}", file=sys.stderr)
+        self.procs.clear()
+
+    def start_store(self, store: str) -> list[str]:
+        """The ownership service's --store flag; starts a local redis-server when asked for one
+        on 127.0.0.1 where nothing listens yet."""
+        if store in ("", "memory"):
+            return []
+        u = urlsplit(store)
+        if u.scheme == "redis" and u.hostname in ("127.0.0.1", "localhost") and u.port:
+            if not listening("127.0.0.1", u.port):
+                if not shutil.which("redis-server"):
+                    raise DemoError("STORE=redis://127.0.0.1:... needs redis-server: `make redis`")
+                print(f"starting redis-server on 127.0.0.1:{u.port} (stopped with the demo)")
+                p = h.Proc(f"demo-redis-{u.port}", ["redis-server", "--port", u.port, "--bind", "127.0.0.1",
+                                                    "--save", "", "--appendonly", "no",
+                                                    "--loglevel", "warning"], port=u.port)
+                self.start(p)
+        elif u.scheme not in ("redis", "redis-cluster"):
+            raise DemoError(f"STORE: expected memory, redis://HOST:PORT or redis-cluster://..., got {store!r}")
+        # redis-cluster:// is passed through: the service says whether it supports it.
+        return ["--store", store]
+
+    def run(self, args: argparse.Namespace) -> None:
+        upstreams = parse_upstreams(args.upstreams)
+        config = Path(args.config).resolve() if args.config else None
+        if config is not None:
+            if not config.exists():
+                raise DemoError(f"CONFIG={args.config}: no such file")
+            check_config(config)
+        cfg = envoy_config(upstreams, config)
+        for port, what in [(h.ENVOY_PORT, "Envoy listener"), (h.ADMIN_PORT, "Envoy admin"),
+                           (h.OWNERSHIP_PORT, "ownership service")]:
+            require_free(port, what)
+        if not upstreams:
+            for port in h.REPLICA_PORTS:
+                require_free(port, "demo replica")
+        store_flag = self.start_store(args.store)
+        state = self.state = Path(tempfile.mkdtemp(prefix="mcp-demo-"))
+        if not upstreams:
+            for i, port in enumerate(h.REPLICA_PORTS):
+                self.start(h.Proc(f"replica-r{i + 1}", [h.BIN / "naive-replica", "--listen", f"{h.HOST}:{port}",
+                                                        "--name", f"r{i + 1}", "--state-dir", state, "--ring", 64,
+                                                        "--tick-ms", 500], port=port))
+        self.start(h.Proc(f"ownership-{h.OWNERSHIP_PORT}",
+                          [h.BIN / "mcp-ownership", "--listen", f"{h.HOST}:{h.OWNERSHIP_PORT}", *store_flag],
+                          port=h.OWNERSHIP_PORT))
+        self.envoy = h.Envoy("demo-envoy", cfg)
+        self.envoy_cfg = self.envoy.cfg_path
+        check_config(self.envoy_cfg)  # the whole chain, as it will run
+        self.start(self.envoy)
+        where = ",".join(f"{a}:{p}" for a, p in upstreams) or "demo replicas " + ", ".join(
+            f"{h.HOST}:{p}" for p in h.REPLICA_PORTS)
+        print(f"Envoy on {URL} (admin http://{h.HOST}:{h.ADMIN_PORT}), ownership on "
+              f"{h.HOST}:{h.OWNERSHIP_PORT} (store: {args.store or 'memory'}), upstreams: {where}")
+        for p in self.procs:
+            print(f"  {p.name}: pid {p.proc.pid if p.proc else '?'}, log {p.log_path}")
+        walkthrough(self.envoy_cfg)
+        print_stats()
+        print(TRY_IT)
+        if args.once:
+            return
+        print("Running. Ctrl-C stops everything.", flush=True)
+        while True:
+            time.sleep(1)
+            for p in self.procs:
+                if not p.alive:
+                    raise DemoError(f"{p.name} exited; see {p.log_path}")
+
+
+# ---- walk-through --------------------------------------------------------------------------
+
+def step(title: str):
+    """Run one walk-through step; any failure is said in one line and the demo goes on."""
+    def wrap(fn):
+        def run(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except Exception as e:  # an upstream that cannot show this step is not a crash
+                print(f"   ({title}: could not show it: {type(e).__name__}: {e})")
+                return None
+        return run
+    return wrap
+
+
+def read_events(s: h.SSEStream, n: int, timeout: float = STEP_TIMEOUT) -> list[h.Event]:
+    """Up to n events within `timeout` seconds; an idle stream gives fewer, never an exception."""
+    out: list[h.Event] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            s.conn.sock.settimeout(left)
+            ev = s.next_event()
+        except (OSError, ValueError, AttributeError):
+            break
+        if ev is None:
+            break
+        out.append(ev)
+    return out
+
+
+def inspect(cfg: Path, cursor: str, session: str) -> str:
+    r = subprocess.run([str(CLI), "inspect-cursor", "--config", str(cfg), "--session", session, cursor],
+                       capture_output=True, text=True, timeout=10)
+    return (r.stdout or r.stderr).rstrip()
+
+
+@step("initialize")
+def do_initialize(c: h.Client) -> str:
+    sid = c.initialize()
+    print(f"1. initialize -> Mcp-Session-Id: {sid}")
+    return sid
+
+
+@step("GET stream")
+def do_get_stream(c: h.Client, cfg: Path) -> list[h.Event]:
+    s = c.get_stream()
+    try:
+        evs = read_events(s, 3)
+    finally:
+        s.close()
+    print(f"2. GET stream -> {s.status}, served by {s.header('x-replica') or 'a replica'}; "
+          f"{len(evs)} event(s) within {STEP_TIMEOUT:.0f} s")
     for e in evs:
-        print(f"     id: {e.id[:40]}...  data: {e.data[:70]}")
+        print(f"     id: {(e.id or '')[:40]}...  data: {e.data[:70]}")
+    with_ids = [e for e in evs if e.id]
+    if with_ids and c.session:
+        print("   the first id, decoded by `mcp-guard inspect-cursor`:")
+        print("     " + inspect(cfg, with_ids[0].id, c.session).replace("\n", "\n     "))
+    return with_ids
+
+
+@step("continuation")
+def do_continue(c: h.Client, evs: list[h.Event]) -> None:
     if len(evs) < 2:
-        print("   (the upstream sent fewer than 2 events on its GET stream; nothing to resume)")
-    else:
-        r = c.get_stream(last_event_id=evs[0].id)
-        r.conn.sock.settimeout(5)
-        got = r.read(2)
+        print(f"3. continuation: not shown: the upstream's GET stream sent {len(evs)} event(s) with an id "
+              f"within {STEP_TIMEOUT:.0f} s (an idle GET stream is normal); nothing to resume")
+        return
+    r = c.get_stream(last_event_id=evs[0].id)
+    try:
+        got = read_events(r, 1)
+    finally:
         r.close()
-        same = got and got[0].id == evs[1].id
-        print(f"3. resume with the first id -> {r.status}, served by {r.header('x-replica') or 'the owner'}, "
-              f"no Mcp-Resume header: {r.header('mcp-resume') is None}; replay starts at the next event: {bool(same)}")
+    same = bool(got) and got[0].id == evs[1].id
+    print(f"3. resume with the first id -> {r.status}, served by {r.header('x-replica') or 'the owner'}, "
+          f"Mcp-Resume: {r.header('mcp-resume') or '(none: continued)'}; replay starts at the next event: {same}")
+
+
+@step("restart")
+def do_restart(c: h.Client) -> None:
     r = c.get_stream(last_event_id="e7")
-    r.conn.sock.settimeout(5)
-    first = r.read(1)
-    r.close()
+    try:
+        first = read_events(r, 1)
+    finally:
+        r.close()
     print(f"4. resume with a legacy id 'e7' -> {r.status}, Mcp-Resume: {r.header('mcp-resume')}")
     if first:
         print(f"     first event: event: {first[0].event}  data: {first[0].data}")
-    print(f"""
+    else:
+        print(f"     (no event within {STEP_TIMEOUT:.0f} s: the control event goes out with the stream's first bytes)")
+
+
+@step("POST cursor")
+def do_post_cursor(c: h.Client) -> None:
+    r = c.request("POST", {"jsonrpc": "2.0", "id": c.next_id(), "method": "ping"}, {"last-event-id": "e7"})
+    print(f"5. POST ping carrying a cursor -> {r.status}, Mcp-Resume: {r.header('mcp-resume')} "
+          f"(the body is forwarded, never dropped)")
+
+
+def walkthrough(cfg: Path) -> None:
+    print("\n== walk-through ==")
+    c = h.Client(version="2025-06-18", timeout=STEP_TIMEOUT)
+    sid = do_initialize(c)
+    if sid is None:
+        print("   (without a session the remaining steps show only what the guard does locally)")
+    evs = do_get_stream(c, cfg) or []
+    do_continue(c, evs)
+    do_restart(c)
+    do_post_cursor(c)
+
+
+def print_stats() -> None:
+    """The guard's stats as Prometheus sees them (labels from the stats_tags in envoy.yaml)."""
+    print("\n== the guard's stats (http://%s:%d/stats/prometheus) ==" % (h.HOST, h.ADMIN_PORT))
+    time.sleep(0.2)
+    try:
+        with urllib.request.urlopen(f"http://{h.HOST}:{h.ADMIN_PORT}/stats/prometheus", timeout=3) as r:
+            text = r.read().decode()
+    except OSError as e:
+        print(f"   (could not read them: {e})")
+        return
+    lines = [ln for ln in text.splitlines() if ln.startswith("mcp_resume_guard_") and "_bucket" not in ln]
+    nonzero = [ln for ln in lines if not ln.endswith(" 0")]
+    for ln in nonzero:
+        print("   " + ln.replace("{}", ""))
+    print(f"   ({len(lines) - len(nonzero)} other guard series are 0)")
+
+
+TRY_IT = f"""
 == try it yourself ==
 SID=$(curl -si {URL} -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' \\
   -d '{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"curl","version":"0"}}}}}}' \\
@@ -78,48 +320,47 @@ SID=$(curl -si {URL} -H 'content-type: application/json' -H 'accept: application
 curl -sN {URL} -H "mcp-session-id: $SID" -H 'accept: text/event-stream'          # copy an id:, Ctrl-C
 curl -siN {URL} -H "mcp-session-id: $SID" -H 'accept: text/event-stream' -H "last-event-id: <that id>"   # continuation
 curl -siN {URL} -H "mcp-session-id: $SID" -H 'accept: text/event-stream' -H 'last-event-id: e7'          # restart, see Mcp-Resume
-curl -s http://{h.HOST}:{h.ADMIN_PORT}/stats | grep mcp_resume_guard                                      # the guard's stats
-""")
+{CLI.relative_to(ROOT)} inspect-cursor --config {(h.RUNS / 'demo-envoy.yaml').relative_to(ROOT)} --session "$SID" '<that id>'
+curl -s http://{h.HOST}:{h.ADMIN_PORT}/stats/prometheus | grep ^mcp_resume_guard                           # the guard's stats
+"""
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--upstreams", default="", help="ip:port,... of your MCP replicas (default: three demo replicas)")
+    ap.add_argument("--config", default="", help="plugin configuration JSON to run instead of the demo one")
+    ap.add_argument("--store", default="memory", help="memory | redis://HOST:PORT | redis-cluster://...")
+    ap.add_argument("--once", action="store_true", help="stop after the walk-through (for tests and CI)")
     args = ap.parse_args()
-    upstreams = parse_upstreams(args.upstreams)
-    procs: list[h.Proc] = []
+    demo = Demo()
 
-    def stop(*_):
-        for p in reversed(procs):
-            p.stop()
-        print("\nstopped everything the demo started.")
-        sys.exit(0)
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    state = Path(tempfile.mkdtemp(prefix="mcp-demo-"))
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    code = 0
     try:
-        if not upstreams:
-            for i, port in enumerate(h.REPLICA_PORTS):
-                procs.append(h.start_replica(port, f"r{i + 1}", state, ring=64, tick_ms=500))
-        procs.append(h.start_ownership())
-        procs.append(h.Envoy("demo-envoy", envoy_config(upstreams)).start())
-    except Exception as e:
-        print(f"make demo: could not start: {e} (logs in {h.RUNS})")
-        stop()
-    where = ",".join(f"{a}:{p}" for a, p in upstreams) or "demo replicas " + ", ".join(
-        f"{h.HOST}:{p}" for p in h.REPLICA_PORTS)
-    print(f"Envoy on {URL} (admin http://{h.HOST}:{h.ADMIN_PORT}), ownership on {h.HOST}:{h.OWNERSHIP_PORT}, "
-          f"upstreams: {where}")
-    walkthrough(not upstreams)
-    print("Running. Ctrl-C stops everything.")
-    while True:
-        time.sleep(1)
-        for p in procs:
-            if not p.alive:
-                print(f"{p.name} exited; see {p.log_path}")
-                stop()
+        demo.run(args)
+    except DemoError as e:
+        print(f"make demo: {e}", file=sys.stderr)
+        code = 2
+    except SystemExit as e:
+        code = 0 if e.code in (128 + signal.SIGINT, 128 + signal.SIGTERM) else int(e.code or 0)
+    except Exception as e:  # anything unforeseen still stops what was started
+        print(f"make demo: {type(e).__name__}: {e} (logs in {h.RUNS})", file=sys.stderr)
+        code = 1
+    finally:
+        # No signal may interrupt the cleanup itself.
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        if demo.procs:
+            demo.stop()
+            print("stopped everything the demo started.", flush=True)
+        if demo.state is not None:
+            shutil.rmtree(demo.state, ignore_errors=True)
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,7 +27,7 @@ WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
 BIN = ROOT / "target" / "debug"
 
 HOST = "127.0.0.1"
-# DESIGN.md's local topology. E2E_PORT_OFFSET shifts every port, so two suites can run at once.
+# The local topology (README). E2E_PORT_OFFSET shifts every port, so two suites can run at once.
 PORT_OFFSET = int(os.environ.get("E2E_PORT_OFFSET", "0"))
 ENVOY_PORT = 10000 + PORT_OFFSET
 ADMIN_PORT = 9901 + PORT_OFFSET
@@ -65,6 +65,9 @@ def wait_port_free(port: int, timeout: float = 10.0) -> None:
 class Proc:
     """A child process with its log file; stopped by pid."""
 
+    # Run in the child before exec (make demo sets PR_SET_PDEATHSIG so children die with it).
+    preexec_fn = None
+
     def __init__(self, name: str, args: list[str], port: int | None = None):
         RUNS.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -78,7 +81,7 @@ class Proc:
             wait_port_free(self.port)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=type(self).preexec_fn)
         log.close()
         if self.port is not None:
             wait_port(self.port, proc=self.proc)

@@ -1,0 +1,200 @@
+"""Envoy Gateway manifests and the Istio stats bootstrap, checked as far as this machine allows
+(no cluster, no Envoy Gateway controller, no CRD schemas from a registry): YAML and object shape,
+names that must agree, the plugin config against the schema and `mcp-guard check-config`, and the
+Envoy that Envoy Gateway would run (its listener shape with the EnvoyPatchPolicy's patches applied,
+the ownership cluster added, the bootstrap merged) loaded by `envoy --mode validate` with the real
+filter.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+import harness as h
+
+EG = h.ROOT / "deploy" / "envoy-gateway" / "mcp-resume-guard.yaml"
+ISTIO_STATS = h.ROOT / "deploy" / "istio" / "stats-bootstrap.yaml"
+SCHEMA = json.loads((h.ROOT / "schema" / "config.schema.json").read_text())
+CLI = h.BIN / "mcp-guard"
+WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+
+
+def objects() -> dict[str, dict]:
+    docs = [d for d in yaml.safe_load_all(EG.read_text()) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    assert len(by_kind) == len(docs), "one object per kind"
+    return by_kind
+
+
+def test_objects_and_api_versions():
+    o = objects()
+    assert {k: v["apiVersion"] for k, v in o.items()} == {
+        "EnvoyProxy": "gateway.envoyproxy.io/v1alpha1",
+        "Gateway": "gateway.networking.k8s.io/v1",
+        "HTTPRoute": "gateway.networking.k8s.io/v1",
+        "EnvoyExtensionPolicy": "gateway.envoyproxy.io/v1alpha1",
+        "EnvoyPatchPolicy": "gateway.envoyproxy.io/v1alpha1",
+    }
+    assert len({v["metadata"]["namespace"] for v in o.values()}) == 1, "policies attach within one namespace"
+
+
+def test_names_agree():
+    o = objects()
+    gw = o["Gateway"]
+    gname = gw["metadata"]["name"]
+    assert gw["spec"]["infrastructure"]["parametersRef"] == {
+        "group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": o["EnvoyProxy"]["metadata"]["name"]}
+    assert o["HTTPRoute"]["spec"]["parentRefs"] == [{"name": gname}]
+    assert o["EnvoyExtensionPolicy"]["spec"]["targetRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gname}]
+    assert o["EnvoyPatchPolicy"]["spec"]["targetRef"] == {
+        "group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gname}
+    # Envoy Gateway names a listener <namespace>/<gateway>/<listener>.
+    listener = f"{gw['metadata']['namespace']}/{gname}/{gw['spec']['listeners'][0]['name']}"
+    patches = o["EnvoyPatchPolicy"]["spec"]["jsonPatches"]
+    assert {p["name"] for p in patches if p["type"].endswith("Listener")} == {listener}
+    wasm = o["EnvoyExtensionPolicy"]["spec"]["wasm"][0]
+    cluster = [p for p in patches if p["type"].endswith("Cluster")]
+    assert [c["operation"]["value"]["name"] for c in cluster] == [wasm["config"]["ownership"]["cluster"]]
+    ss = [p for p in patches if p["operation"]["op"] == "add" and p["type"].endswith("Listener")]
+    header = ss[0]["operation"]["value"]["typed_config"]["session_state"]["typed_config"]["name"]
+    assert header == wasm["config"]["owner_header"]
+    assert o["HTTPRoute"]["spec"]["rules"][0]["filters"][0]["requestHeaderModifier"]["remove"] == [header]
+
+
+def test_wasm_policy_fails_closed_and_config_matches_schema():
+    w = objects()["EnvoyExtensionPolicy"]["spec"]["wasm"][0]
+    assert w["failOpen"] is False and w["rootID"] == "mcp_resume_guard"
+    assert w["code"]["type"] == "Image" and "image" in w["code"]
+    jsonschema.validate(w["config"], SCHEMA)
+
+
+def test_route_has_no_deadline_and_no_retry():
+    rule = objects()["HTTPRoute"]["spec"]["rules"][0]
+    assert rule["timeouts"]["request"] in ("0s", 0)
+    assert "retry" not in rule
+
+
+def check_config(*paths: Path) -> subprocess.CompletedProcess:
+    if not CLI.exists():
+        pytest.fail(f"{CLI} missing: `make build`")
+    return subprocess.run([str(CLI), "check-config", *map(str, paths)], capture_output=True, text=True, timeout=30)
+
+
+def test_check_config_accepts_it_and_catches_a_loose_session(tmp_path):
+    r = check_config(EG)
+    assert r.returncode == 0, r.stdout + r.stderr
+    loose = tmp_path / "loose.yaml"
+    loose.write_text(EG.read_text().replace("strict: true", "strict: false"))
+    r = check_config(loose)
+    assert r.returncode == 1 and "EnvoyPatchPolicy/mcp-resume-guard.spec.jsonPatches[2]" in r.stdout, r.stdout
+    no_timeout = tmp_path / "timeout.yaml"
+    no_timeout.write_text(EG.read_text().replace("request: 0s", "request: 15s"))
+    r = check_config(no_timeout)
+    assert r.returncode == 1 and "HTTPRoute/mcp-server.spec.rules[0].timeouts.request" in r.stdout, r.stdout
+
+
+# ---- the Envoy that Envoy Gateway would run ----------------------------------------------------
+
+def pointer(doc, path: str):
+    """Parent container and last key of an RFC 6901 pointer."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    cur = doc
+    for p in parts[:-1]:
+        cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+    return cur, parts[-1]
+
+
+def apply_patch(doc: dict, op: dict) -> None:
+    """The two RFC 6902 operations the policy uses."""
+    parent, key = pointer(doc, op["path"])
+    if op["op"] == "test":
+        got = parent[int(key)] if isinstance(parent, list) else parent[key]
+        assert got == op["value"], f"test {op['path']}: {got!r} != {op['value']!r}"
+    elif op["op"] == "add":
+        if isinstance(parent, list):
+            parent.insert(len(parent) if key == "-" else int(key), copy.deepcopy(op["value"]))
+        else:
+            parent[key] = copy.deepcopy(op["value"])
+    else:
+        raise AssertionError(f"unexpected op {op['op']}")
+
+
+def eg_equivalent() -> dict:
+    """envoy/envoy.yaml reshaped as Envoy Gateway generates this Gateway (the HCM in the
+    default filter chain, wasm filter then router), then patched by the EnvoyPatchPolicy."""
+    o = objects()
+    cfg = h.envoy_config(guard=True)
+    listener = cfg["static_resources"]["listeners"][0]
+    hcm = listener.pop("filter_chains")[0]
+    listener["default_filter_chain"] = hcm
+    tc = hcm["filters"][0]["typed_config"]
+    guard = next(f for f in tc["http_filters"] if f["typed_config"]["@type"] == WASM_TYPE)
+    router = next(f for f in tc["http_filters"] if f["name"] == "envoy.filters.http.router")
+    w = o["EnvoyExtensionPolicy"]["spec"]["wasm"][0]
+    guard["name"] = "envoy.filters.http.wasm/envoyextensionpolicy/mcp/mcp-resume-guard/0"
+    guard["typed_config"]["config"]["configuration"]["value"] = json.dumps(w["config"])
+    guard["typed_config"]["config"]["root_id"] = w["rootID"]
+    tc["http_filters"] = [guard, router]
+    cfg["static_resources"]["clusters"] = [c for c in cfg["static_resources"]["clusters"]
+                                           if c["name"] != "mcp_ownership"]
+    for p in o["EnvoyPatchPolicy"]["spec"]["jsonPatches"]:
+        op = p["operation"]
+        if p["type"].endswith("Cluster"):
+            assert op["op"] == "add" and op["path"] == ""
+            cfg["static_resources"]["clusters"].append(copy.deepcopy(op["value"]))
+        else:
+            apply_patch(listener, op)
+    cfg.pop("stats_config", None)
+    cfg.update(yaml.safe_load(o["EnvoyProxy"]["spec"]["bootstrap"]["value"]))
+    return cfg
+
+
+def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
+    cfg = eg_equivalent()
+    names = [f["name"] for f in cfg["static_resources"]["listeners"][0]["default_filter_chain"]
+             ["filters"][0]["typed_config"]["http_filters"]]
+    assert names == ["envoy.filters.http.wasm/envoyextensionpolicy/mcp/mcp-resume-guard/0",
+                     "mcp_resume_guard.stateful_session", "envoy.filters.http.router"]
+    path = tmp_path / "eg-equivalent.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = subprocess.run([str(h.ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = check_config(path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_patch_test_guards_the_insert_position():
+    """With another filter before the router, the policy's `test` refuses instead of misplacing."""
+    o = objects()
+    listener = {"default_filter_chain": {"filters": [{"typed_config": {"http_filters": [
+        {"name": "envoy.filters.http.wasm/x/0"}, {"name": "envoy.filters.http.ext_authz/y"},
+        {"name": "envoy.filters.http.router"}]}}]}}
+    test_op = next(p["operation"] for p in o["EnvoyPatchPolicy"]["spec"]["jsonPatches"]
+                   if p["operation"]["op"] == "test")
+    with pytest.raises(AssertionError):
+        apply_patch(listener, test_op)
+
+
+def test_istio_stats_bootstrap_is_the_envoy_stats_config(tmp_path):
+    cm = yaml.safe_load(ISTIO_STATS.read_text())
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "istio-system"
+    boot = json.loads(cm["data"]["custom_bootstrap.json"])
+    local = yaml.safe_load((h.ROOT / "envoy" / "envoy.yaml").read_text())
+    assert boot == {"stats_config": local["stats_config"]}
+    # Merged into a bootstrap, Envoy accepts it.
+    cfg = h.envoy_config(guard=True)
+    cfg.pop("stats_config")
+    cfg.update(boot)
+    path = tmp_path / "istio-stats.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = subprocess.run([str(h.ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
