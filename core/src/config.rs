@@ -62,6 +62,9 @@ pub struct Ownership {
     /// Records kept while the service is unreachable; older ones are dropped (and counted).
     #[serde(default = "default_max_queue")]
     pub max_queue: usize,
+    /// Sent as `authorization: Bearer <token>` on every callout and record post.
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 fn default_authority() -> String {
@@ -236,6 +239,18 @@ impl Config {
                 "must be at least ownership.max_batch",
             ));
         }
+        if let Some(t) = &o.token {
+            // RFC 6750 b64token: what may follow "Bearer " without quoting.
+            let ok = !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b));
+            if !ok {
+                return Err(err(
+                    "ownership.token",
+                    "must be a non-empty bearer token (letters, digits and -._~+/=)",
+                ));
+            }
+        }
         if !is_header_name(&raw.owner_header) {
             return Err(err("owner_header", "must be a lowercase HTTP header name"));
         }
@@ -269,6 +284,11 @@ impl Config {
             PathMatch::Exact(p) => path == p,
             PathMatch::Prefix(p) => path.starts_with(p.as_str()),
         })
+    }
+
+    /// The `authorization` header value of ownership requests, when a token is configured.
+    pub fn ownership_authorization(&self) -> Option<String> {
+        self.ownership.token.as_ref().map(|t| format!("Bearer {t}"))
     }
 
     /// The policy for a refused cursor of this kind (`None`: the guard could not read it).
@@ -376,6 +396,10 @@ mod tests {
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn errors_name_the_field() {
         assert_eq!(field_of(&json(r#","bogus":1"#)), "bogus");
+        assert_eq!(
+            field_of(r#"{"ownership":{"cluster":"c","token":"a b"},"keys":[]}"#),
+            "ownership.token"
+        );
         assert_eq!(field_of(&json(r#","policy":{"other":1}"#)), "policy.other");
         assert_eq!(field_of(&json(r#","reject_status":404"#)), "reject_status");
         assert_eq!(field_of(&json(r#","reject_status":"x""#)), "reject_status");

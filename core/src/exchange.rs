@@ -13,7 +13,7 @@ use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, Decod
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
 use crate::host::{CalloutFailure, Host, Stat};
 use crate::ownership::{
-    Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
+    check_version, Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
 };
 use crate::records::RecordQueue;
 use crate::stream::{control_event, Flow, StreamState};
@@ -21,6 +21,8 @@ use base64::Engine as _;
 
 /// The response header that says a cursor was not honoured.
 pub const MCP_RESUME_HEADER: &str = "mcp-resume";
+/// Recorded as the version of a session whose `MCP-Protocol-Version` a record cannot carry.
+pub const INVALID_VERSION: &str = "invalid";
 /// The worker's scratch buffer is dropped after a chunk that grew it beyond this.
 const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 
@@ -38,6 +40,8 @@ pub enum Action {
 #[derive(Debug)]
 pub struct Worker {
     pub config: Config,
+    /// `authorization` of callouts, when a token is configured.
+    auth: Option<String>,
     records: RecordQueue,
     scratch: Vec<u8>,
     /// Events rewritten since the last tick, added to the stat once per tick.
@@ -48,6 +52,7 @@ impl Worker {
     pub fn new(config: Config) -> Worker {
         Worker {
             records: RecordQueue::new(&config),
+            auth: config.ownership_authorization(),
             config,
             scratch: Vec::new(),
             rewritten: 0,
@@ -425,12 +430,15 @@ impl Exchange {
             Err(_) => return self.callout_failed(w, host, cursor.kind, CalloutFailure::Encode),
         };
         let o = &w.config.ownership;
-        let headers = [
+        let mut headers = vec![
             (":method", "POST"),
             (":path", RESUME_PATH),
             (":authority", o.authority.as_str()),
             ("content-type", "application/json"),
         ];
+        if let Some(a) = &w.auth {
+            headers.push(("authorization", a.as_str()));
+        }
         match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
             Some(token) => {
                 host.count(Stat::Callouts, 1);
@@ -471,11 +479,17 @@ impl Exchange {
                 self.refuse(w, host, reason, Some(cursor.kind))
             }
             Some(ResumeVerdict::Continue {
-                owner, expected, ..
+                owner,
+                expected,
+                resume_id,
+                ..
             }) => {
-                let Some(replica_id) = cursor.replica_event_id.clone() else {
+                // A long replica id is not in the cursor; the store keeps the newest ones.
+                let Some(replica_id) = cursor.replica_event_id.clone().or(resume_id) else {
                     return self.refuse(w, host, Reason::UnknownStream, Some(cursor.kind));
                 };
+                let mut cursor = cursor;
+                cursor.replica_event_id = Some(replica_id.clone());
                 let pin = base64::engine::general_purpose::STANDARD.encode(owner.as_bytes());
                 host.set_request_header("last-event-id", &replica_id);
                 host.set_request_header(&w.config.owner_header, &pin);
@@ -499,11 +513,13 @@ impl Exchange {
         let req_sid = self.req.session_id.as_deref();
         match (req_sid, self.req.response_session_id.as_deref()) {
             (None, Some(new_sid)) if (200..300).contains(&status) => {
-                let version = self
-                    .req
-                    .protocol_version
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_VERSION.to_string());
+                // A client's header must never make the record invalid: a value the record
+                // cannot carry is recorded as "invalid" (the session still opens).
+                let version = match self.req.protocol_version.as_deref() {
+                    None => DEFAULT_VERSION.to_string(),
+                    Some(v) if check_version("version", v).is_ok() => v.to_string(),
+                    Some(_) => INVALID_VERSION.to_string(),
+                };
                 Self::push_record(
                     w,
                     host,
@@ -599,19 +615,11 @@ impl Exchange {
             return;
         };
         w.rewritten += ids.len() as u64;
-        let Some((session, incarnation)) = self.record_keys.clone() else {
+        let Some((session, incarnation)) = &self.record_keys else {
             return;
         };
-        Self::push_record(
-            w,
-            host,
-            Record::Events {
-                session,
-                incarnation,
-                first_seq,
-                ids,
-            },
-        );
+        w.records
+            .push_events(host, session, incarnation, first_seq, ids);
     }
 
     /// The continued incarnation's log is lost: later cursors for it restart at once.

@@ -248,3 +248,84 @@ fn an_owner_503_becomes_a_rejection_and_a_lost_stream() {
     let records = drain_records(&mut w, &mut host);
     assert!(matches!(records.as_slice(), [Record::StreamLost { .. }]));
 }
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn streams_with_long_ids_continue() {
+    for len in [1_500, 16 * 1024] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        ex.on_request_headers(&mut w, &mut host, &get(&[]));
+        ex.on_response_headers(&mut w, &mut host, &sse_ok());
+        let id = |n: u32| format!("{n}-{}", "x".repeat(len));
+        let chunk = format!("id: {}\ndata: a\n\nid: {}\ndata: b\n\n", id(1), id(2));
+        ex.on_response_body(&mut w, &mut host, chunk.as_bytes(), false);
+        let cursors = ids_in(&host.body());
+        assert_eq!(cursors.len(), 2);
+        let records = drain_records(&mut w, &mut host);
+        assert_eq!(host.stat(Stat::RecordsInvalid), 0);
+        let Some(Record::Events { ids, long, .. }) = records.get(1) else {
+            unreachable!("{records:?}")
+        };
+        assert_eq!(long.len(), 2, "full ids kept for resumption");
+        // The store answers the cursor at seq 1 with the recorded seq 2 and the full id of seq 1.
+        let verdict = serde_json::json!({
+            "verdict": "continue", "owner": OWNER, "expected": [ids[1]], "head": 2,
+            "resume_id": long[0].id,
+        })
+        .to_string();
+        let (mut ex, fx) = resume(&mut w, &mut host, &cursors[0], &verdict);
+        assert_eq!(set_req(&fx, "last-event-id"), Some(id(1)));
+        ex.on_response_headers(&mut w, &mut host, &sse_ok());
+        let replay = format!(
+            "id: {}\ndata: echo\n\nid: {}\ndata: b\n\nid: e3\ndata: c\n\n",
+            id(1),
+            id(2)
+        );
+        ex.on_response_body(&mut w, &mut host, replay.as_bytes(), false);
+        let body = String::from_utf8_lossy(&host.body()).into_owned();
+        assert!(!body.contains("mcp-resume"), "{len}: continues: {body}");
+        let seqs: Vec<u64> = ids_in(body.as_bytes())
+            .iter()
+            .filter_map(|i| w.config.keyring.decode(i).ok())
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(seqs, vec![2, 3]);
+        // Without the full id the store cannot resume it: a named refusal, never a guess.
+        let verdict =
+            format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":1}}"#);
+        let (_, fx) = resume(&mut w, &mut host, &cursors[0], &verdict);
+        assert!(set_req(&fx, "last-event-id").is_none());
+        assert!(host.stat(Stat::Refused(Reason::UnknownStream)) >= 1);
+    }
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn client_and_replica_values_never_make_a_record_invalid() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let h = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        (
+            "mcp-protocol-version",
+            "2025-06-18 \u{7f} and a very long tail that goes on and on and on",
+        ),
+    ]);
+    ex.on_request_headers(&mut w, &mut host, &h);
+    let mut resp = sse_ok();
+    resp.extend(hdrs(&[("mcp-session-id", "new")]));
+    ex.on_response_headers(&mut w, &mut host, &resp);
+    let huge = "z".repeat(200 * 1024);
+    let chunk = format!("id: {huge}\ndata: a\n\nid: \u{1}\"\\\ndata: b\n\n");
+    ex.on_response_body(&mut w, &mut host, chunk.as_bytes(), true);
+    let records = drain_records(&mut w, &mut host);
+    assert_eq!(host.stat(Stat::RecordsInvalid), 0);
+    assert!(
+        matches!(records.first(), Some(Record::SessionOpen { version, .. }) if version == INVALID_VERSION)
+    );
+    assert!(records.iter().all(|r| r.validate().is_ok()));
+}
