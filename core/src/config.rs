@@ -99,7 +99,8 @@ pub struct KeyConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    /// MCP endpoint paths (exact match, query ignored); a trailing `*` makes a prefix.
+    /// MCP endpoint paths, matched after normalization (exact, or with one trailing slash); a
+    /// trailing `*` makes a prefix.
     #[serde(default = "default_paths")]
     pub mcp_paths: Vec<String>,
     pub ownership: Ownership,
@@ -139,12 +140,7 @@ fn default_true() -> bool {
     true
 }
 
-/// A path matcher from `mcp_paths`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathMatch {
-    Exact(String),
-    Prefix(String),
-}
+pub use crate::path::PathMatch;
 
 /// The validated configuration the filter runs with.
 #[derive(Debug)]
@@ -209,10 +205,7 @@ impl Config {
             if !p.starts_with('/') {
                 return Err(err(format!("mcp_paths[{i}]"), "must start with '/'"));
             }
-            paths.push(match p.strip_suffix('*') {
-                Some(prefix) => PathMatch::Prefix(prefix.to_string()),
-                None => PathMatch::Exact(p.clone()),
-            });
+            paths.push(PathMatch::parse(p));
         }
         let o = &raw.ownership;
         if o.cluster.is_empty() {
@@ -277,13 +270,10 @@ impl Config {
         })
     }
 
-    /// Is this request path (query included or not) an MCP endpoint?
+    /// Is this request path an MCP endpoint? Matched after normalization ([`crate::path`]).
     pub fn is_mcp_path(&self, path: &str) -> bool {
-        let path = path.split('?').next().unwrap_or(path);
-        self.paths.iter().any(|m| match m {
-            PathMatch::Exact(p) => path == p,
-            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
-        })
+        let path = crate::path::normalize(path);
+        self.paths.iter().any(|m| m.matches(&path))
     }
 
     /// The `authorization` header value of ownership requests, when a token is configured.

@@ -81,10 +81,16 @@ pub enum Reason {
     PostCursor,
     /// A continuation replayed something other than the recorded next event.
     ReplayMismatch,
+    /// A newer continuation of the same incarnation took the stream over (newest wins).
+    Forked,
+    /// The request repeated `Last-Event-ID`, `Mcp-Session-Id` or `MCP-Protocol-Version`.
+    DuplicateHeader,
+    /// The proxy could not give the guard the request's or response's headers or body.
+    HostError,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 14] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -96,6 +102,9 @@ impl Reason {
         Reason::NotResumableVersion,
         Reason::PostCursor,
         Reason::ReplayMismatch,
+        Reason::Forked,
+        Reason::DuplicateHeader,
+        Reason::HostError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -111,6 +120,9 @@ impl Reason {
             Reason::NotResumableVersion => "not_resumable_version",
             Reason::PostCursor => "post_cursor",
             Reason::ReplayMismatch => "replay_mismatch",
+            Reason::Forked => "forked",
+            Reason::DuplicateHeader => "duplicate_header",
+            Reason::HostError => "host_error",
         }
     }
 }

@@ -155,6 +155,11 @@ impl StreamState {
         Some((first, ids))
     }
 
+    /// True when the output so far ends inside an event, so nothing may be appended to it.
+    pub fn output_mid_block(&self) -> bool {
+        self.rewriter.output_mid_block()
+    }
+
     /// Events rewritten so far.
     pub fn rewritten(&self) -> u64 {
         self.ids.rewritten
