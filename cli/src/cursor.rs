@@ -5,7 +5,7 @@ use base64::Engine as _;
 use mcp_resume_core::config::Config;
 use mcp_resume_core::cursor::{
     incarnation_hex, session_binding_and_key, CursorError, DecodedCursor, CURSOR_VERSION,
-    CURSOR_VERSION_ONE_BLOCK, MAX_CURSOR_CHARS,
+    CURSOR_VERSION_HMAC, CURSOR_VERSION_ONE_BLOCK, MAX_CURSOR_CHARS,
 };
 use mcp_resume_core::ownership::{Reason, StreamKind};
 use serde_json::{json, Value};
@@ -34,7 +34,8 @@ fn explain(e: CursorError, text: &str, config: &Config) -> String {
              follow the cursor layout (a legacy or replica event id, or a truncated cursor)"
             .to_string(),
         CursorError::UnknownVersion => format!(
-            "version byte {} is not one this guard knows ({CURSOR_VERSION}, {CURSOR_VERSION_ONE_BLOCK})",
+            "version byte {} is not one this guard knows ({CURSOR_VERSION}; {CURSOR_VERSION_HMAC} and \
+             {CURSOR_VERSION_ONE_BLOCK} only while legacy_cursor_macs is on)",
             version.map(|v| v.to_string()).unwrap_or("?".into())
         ),
         CursorError::UnknownKey => format!(
@@ -119,10 +120,12 @@ pub fn render(v: &Value) -> String {
             v["why"].as_str().unwrap_or("")
         );
     }
-    let mac = if v["version"] == CURSOR_VERSION_ONE_BLOCK {
-        "one-block keyed SHA-256 tag"
+    let mac = if v["version"] == CURSOR_VERSION {
+        "BLAKE3 keyed_hash tag"
+    } else if v["version"] == CURSOR_VERSION_ONE_BLOCK {
+        "legacy one-block keyed SHA-256 tag"
     } else {
-        "HMAC-SHA256 tag"
+        "legacy HMAC-SHA256 tag"
     };
     let mut out = format!(
         "valid cursor\n  version:          {} ({mac})\n  key id:           {}{}\n  session binding:  {}\n",

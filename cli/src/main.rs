@@ -350,10 +350,16 @@ fn verdict(a: VerdictArgs) -> Res {
             owner,
             expected,
             head,
+            resume_id,
         } => println!(
-            "continue: owner {owner}, head seq {head}, {} recorded event(s) to replay after seq {}",
+            "continue: owner {owner}, head seq {head}, {} recorded event(s) to replay after seq {}{}",
             expected.len(),
-            query.seq
+            query.seq,
+            if resume_id.is_some() {
+                " (the replica's long id comes from the store)"
+            } else {
+                ""
+            }
         ),
         ResumeVerdict::NewStream { reason } => println!(
             "new stream: reason={reason} (the client gets Mcp-Resume: restarted or rejected; \
