@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use mcp_resume_core::ownership::{RECORDS_PATH, RESUME_PATH};
+use mcp_resume_core::ownership::{MAX_RECORDS_BODY_BYTES, RECORDS_PATH, RESUME_PATH};
 
 pub use api::AppState;
 pub use memory::MemoryStore;
@@ -34,7 +34,7 @@ pub fn router<S: Store>(state: AppState<S>) -> Router {
         .route("/metrics", get(api::metrics::<S>))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
-        .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_RECORDS_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             metrics,
             api::count_requests,

@@ -4,10 +4,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
-use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind};
+use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
 use tokio::sync::watch;
 
-use crate::store::{Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats};
+use crate::store::{
+    CursorId, Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats,
+};
 
 pub struct MemoryStore {
     limits: Limits,
@@ -43,6 +45,8 @@ struct Incarnation {
     lost: bool,
     head: u64,
     window: BTreeMap<u64, String>,
+    /// seq -> full replica id, for the newest LONG_IDS_KEPT seqs whose id was long.
+    long: BTreeMap<u64, String>,
     last_tick: u64,
 }
 
@@ -202,6 +206,7 @@ impl Inner {
                 incarnation,
                 first_seq,
                 ids,
+                long,
             } => {
                 let tick = self.next_tick();
                 let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
@@ -216,6 +221,12 @@ impl Inner {
                 // Keep the newest entries: those are the ones a resume can still need.
                 while inc.window.len() > limits.max_window {
                     inc.window.pop_first();
+                }
+                for l in long {
+                    inc.long.insert(l.seq, l.id.clone());
+                }
+                while inc.long.len() > LONG_IDS_KEPT {
+                    inc.long.pop_first();
                 }
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
@@ -259,7 +270,15 @@ impl Inner {
                     .is_some_and(|(ms, id)| (*ms, id.as_str()) > (o.opened_ms, q.incarnation));
             let (retained_from, expected) =
                 contiguity(&inc.window, q.seq, inc.head, q.max_expected);
+            let cursor_id = match inc.long.get(&q.seq) {
+                Some(id) => CursorId::Long(id.clone()),
+                None if inc.window.get(&q.seq).is_some_and(|r| r.starts_with('~')) => {
+                    CursorId::LongMissing
+                }
+                None => CursorId::Plain,
+            };
             Some(IncarnationView {
+                cursor_id,
                 facts: IncarnationFacts {
                     kind: o.kind,
                     owner_lost: inc.lost || o.owner_epoch != epoch,

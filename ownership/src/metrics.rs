@@ -46,6 +46,7 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub verdicts: Family<OutcomeLabels, Counter>,
     pub records: Family<TypeLabels, Counter>,
+    pub records_rejected: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
     pub store_latency: HistogramFamily,
     pub store_errors: Family<OpLabels, Counter>,
@@ -80,6 +81,7 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         let verdicts = Family::<OutcomeLabels, Counter>::default();
         let records = Family::<TypeLabels, Counter>::default();
+        let records_rejected = Counter::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
         let store_latency: HistogramFamily = Family::new_with_constructor(store_latency_histogram);
         let store_errors = Family::<OpLabels, Counter>::default();
@@ -101,6 +103,11 @@ impl Metrics {
             "mcp_ownership_records_applied",
             "Records applied by type",
             records.clone(),
+        );
+        registry.register(
+            "mcp_ownership_records_rejected",
+            "Records of a batch refused one by one (named in the answer's `rejected`)",
+            records_rejected.clone(),
         );
         registry.register(
             "mcp_ownership_resume_waits",
@@ -146,6 +153,7 @@ impl Metrics {
             requests,
             verdicts,
             records,
+            records_rejected,
             resume_waits,
             store_latency,
             store_errors,

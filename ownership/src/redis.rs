@@ -16,13 +16,15 @@
 use std::time::Duration;
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
-use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind};
+use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, Value};
 use tokio::sync::watch;
 
 use crate::redis_lua;
-use crate::store::{Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats};
+use crate::store::{
+    CursorId, Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats,
+};
 
 /// Keys outlive the idle TTL by this much, so the TTL check in the scripts (on the caller's
 /// clock) decides, and Redis's own expiry only frees what nobody swept.
@@ -346,9 +348,17 @@ impl RedisStore {
                 incarnation,
                 first_seq,
                 ids,
+                long,
                 ..
             } => {
-                c.arg("ev").arg(incarnation).arg(first_seq);
+                c.arg("ev")
+                    .arg(incarnation)
+                    .arg(first_seq)
+                    .arg(LONG_IDS_KEPT)
+                    .arg(long.len());
+                for l in long {
+                    c.arg(l.seq).arg(l.id.as_bytes());
+                }
                 for id in ids {
                     c.arg(id.as_bytes());
                 }
@@ -472,7 +482,7 @@ impl RedisStore {
                 incarnation: None,
             });
         }
-        if arr.len() < 9 {
+        if arr.len() < 11 {
             return Err(corrupt("snapshot", format!("{} fields", arr.len())));
         }
         let bad = |f: &str| corrupt("snapshot", format!("field {f}"));
@@ -488,7 +498,13 @@ impl RedisStore {
         let head = as_u64(&arr[6]).ok_or_else(|| bad("head"))?;
         let retention = as_u64(&arr[7]).ok_or_else(|| bad("retention"))?;
         let retained_from = as_u64(&arr[8]).ok_or_else(|| bad("retained_from"))?;
-        let expected = arr[9..]
+        let cursor_id = match as_i64(&arr[9]) {
+            Some(0) => CursorId::Plain,
+            Some(1) => CursorId::Long(as_string(&arr[10]).ok_or_else(|| bad("resume_id"))?),
+            Some(2) => CursorId::LongMissing,
+            _ => return Err(bad("cursor_id")),
+        };
+        let expected = arr[11..]
             .iter()
             .map(|v| as_string(v).ok_or_else(|| bad("expected")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -518,6 +534,7 @@ impl RedisStore {
                 },
                 owner,
                 expected,
+                cursor_id,
             }),
         })
     }

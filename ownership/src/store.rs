@@ -70,6 +70,20 @@ pub struct IncarnationView {
     /// Recorded replica event ids for `seq+1 ..`, contiguous, oldest first, at most
     /// `max_expected`, never past `head`.
     pub expected: Vec<String>,
+    /// What the store knows about the replica id of the cursor's own seq.
+    pub cursor_id: CursorId,
+}
+
+/// The replica id of the cursor's own seq, as far as a resume needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CursorId {
+    /// Short (the cursor carries it), or not recorded: nothing to add to the verdict.
+    #[default]
+    Plain,
+    /// Long, and the store keeps its full form: the verdict carries it as `resume_id`.
+    Long(String),
+    /// Long (recorded by digest), but its full form is no longer kept: nobody can resume it.
+    LongMissing,
 }
 
 /// Gauges for /metrics.
@@ -87,6 +101,16 @@ pub enum StoreError {
     Unavailable(String),
     /// The backend answered something this code does not understand (corrupt or foreign data).
     Corrupt(String),
+}
+
+impl StoreError {
+    /// The failure class, safe to show to callers (no backend text, no address, no secret).
+    pub fn class(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Corrupt(_) => "returned unusable data",
+        }
+    }
 }
 
 impl std::fmt::Display for StoreError {
