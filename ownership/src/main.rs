@@ -3,34 +3,91 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use mcp_ownership::{
     router, spawn_sweeper, AppState, Limits, MemoryStore, RedisOptions, RedisStore, ResumeOptions,
     Store,
 };
 
-const HELP: &str = "\
-mcp-ownership: ownership service for mcp-resume-guard
+/// Every default, written once (the help shows them).
+mod defaults {
+    pub const LISTEN: &str = "127.0.0.1:9200";
+    pub const STORE: &str = "memory";
+    pub const STORE_TIMEOUT_MS: u64 = 150;
+    pub const REDIS_PREFIX: &str = "mrg:";
+    pub const RECORD_WAIT_MS: u64 = 150;
+    pub const SESSION_IDLE_TTL_SECS: u64 = 3600;
+    pub const MAX_INCARNATIONS_PER_SESSION: usize = 64;
+    pub const MAX_WINDOW: usize = 4096;
+    pub const MAX_EXPECTED: usize = 256;
+}
 
-USAGE:
-    mcp-ownership [FLAGS]
+/// mcp-ownership: ownership service for mcp-resume-guard.
+///
+/// Every flag can also be set by the environment variable shown with it (a flag wins).
+#[derive(Debug, Parser)]
+#[command(name = "mcp-ownership", version)]
+struct Cli {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "MCP_OWNERSHIP_LISTEN", value_name = "ADDR", default_value = defaults::LISTEN)]
+    listen: SocketAddr,
 
-FLAGS:
-    --listen ADDR                        address to serve HTTP on [default: 127.0.0.1:9200]
-    --store STORE                        `memory` (embedded, one instance only) or
-                                         `redis://HOST:PORT[/DB]` (shared by every instance)
-                                         [default: memory]
-    --store-timeout-ms MS                upper bound on one Redis operation; keep it well
-                                         below the guard's callout timeout [default: 150]
-    --redis-prefix PREFIX                namespace of every Redis key [default: mrg:]
-    --record-wait-ms MS                  how long a resume waits for records still in flight
-                                         [default: 150]
-    --session-idle-ttl-secs SECS         a session untouched this long reads as expired
-                                         [default: 3600]
-    --max-incarnations-per-session N     stream incarnations kept per session [default: 64]
-    --max-window N                       recorded events kept per incarnation [default: 4096]
-    --max-expected N                     expected event ids returned by a resume [default: 256]
-    -h, --help                           print this help
-";
+    /// `memory` (embedded, one instance only) or `redis://HOST:PORT[/DB]` (shared by every
+    /// instance).
+    #[arg(long, env = "MCP_OWNERSHIP_STORE", value_name = "STORE", default_value = defaults::STORE, hide_env_values = true)]
+    store: String,
+
+    /// Upper bound on one Redis operation; keep it well below the guard's callout timeout.
+    #[arg(long, env = "MCP_OWNERSHIP_STORE_TIMEOUT_MS", value_name = "MS",
+          default_value_t = defaults::STORE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..=60_000), allow_negative_numbers = true)]
+    store_timeout_ms: u64,
+
+    /// Namespace of every Redis key (non-empty, no braces).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_PREFIX", value_name = "PREFIX",
+          default_value = defaults::REDIS_PREFIX, value_parser = redis_prefix)]
+    redis_prefix: String,
+
+    /// How long a resume waits for records still in flight.
+    #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
+          default_value_t = defaults::RECORD_WAIT_MS, value_parser = clap::value_parser!(u64).range(0..=60_000), allow_negative_numbers = true)]
+    record_wait_ms: u64,
+
+    /// A session untouched this long reads as expired.
+    #[arg(long, env = "MCP_OWNERSHIP_SESSION_IDLE_TTL_SECS", value_name = "SECS",
+          default_value_t = defaults::SESSION_IDLE_TTL_SECS, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400), allow_negative_numbers = true)]
+    session_idle_ttl_secs: u64,
+
+    /// Stream incarnations kept per session.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_INCARNATIONS_PER_SESSION", value_name = "N",
+          default_value_t = defaults::MAX_INCARNATIONS_PER_SESSION, value_parser = count(1, 100_000), allow_negative_numbers = true)]
+    max_incarnations_per_session: usize,
+
+    /// Recorded events kept per incarnation.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_WINDOW", value_name = "N",
+          default_value_t = defaults::MAX_WINDOW, value_parser = count(1, 10_000_000), allow_negative_numbers = true)]
+    max_window: usize,
+
+    /// Expected event ids returned by a resume.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_EXPECTED", value_name = "N",
+          default_value_t = defaults::MAX_EXPECTED, value_parser = count(0, 100_000), allow_negative_numbers = true)]
+    max_expected: usize,
+}
+
+/// A `usize` flag within `min..=max`.
+fn count(min: u64, max: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser as _;
+    clap::value_parser!(u64)
+        .range(min..=max)
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+fn redis_prefix(value: &str) -> Result<String, String> {
+    if value.is_empty() || value.contains(['{', '}']) {
+        Err("must be non-empty and without braces".to_owned())
+    } else {
+        Ok(value.to_owned())
+    }
+}
 
 #[derive(Debug)]
 enum StoreSpec {
@@ -38,124 +95,33 @@ enum StoreSpec {
     Redis(String),
 }
 
-#[derive(Debug)]
-struct Cli {
-    listen: SocketAddr,
-    store: StoreSpec,
-    record_wait_ms: u64,
-    session_idle_ttl_secs: u64,
-    max_incarnations_per_session: usize,
-    max_window: usize,
-    max_expected: usize,
-    store_timeout_ms: u64,
-    redis_prefix: String,
-}
-
-enum Parsed {
-    Run(Cli),
-    Help,
-}
-
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
-    let mut cli = Cli {
-        listen: SocketAddr::from(([127, 0, 0, 1], 9200)),
-        store: StoreSpec::Memory,
-        record_wait_ms: 150,
-        session_idle_ttl_secs: 3600,
-        max_incarnations_per_session: 64,
-        max_window: 4096,
-        max_expected: 256,
-        store_timeout_ms: 150,
-        redis_prefix: "mrg:".to_owned(),
-    };
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(Parsed::Help);
-        }
-        // Both `--flag value` and `--flag=value`.
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let known = [
-            "--listen",
-            "--store",
-            "--record-wait-ms",
-            "--session-idle-ttl-secs",
-            "--max-incarnations-per-session",
-            "--max-window",
-            "--max-expected",
-            "--store-timeout-ms",
-            "--redis-prefix",
-        ];
-        if !known.contains(&flag.as_str()) {
-            return Err(format!("unknown flag {flag:?} (see --help)"));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => args
-                .next()
-                .ok_or_else(|| format!("{flag}: missing value"))?,
-        };
-        match flag.as_str() {
-            "--listen" => {
-                cli.listen = value
-                    .parse()
-                    .map_err(|_| format!("--listen: expected ip:port, got {value:?}"))?
-            }
-            "--store" => {
-                cli.store = if value == "memory" {
-                    StoreSpec::Memory
-                } else if value.starts_with("redis://") {
-                    mcp_ownership::redis::parse_url(&value).map_err(|e| format!("--store: {e}"))?;
-                    StoreSpec::Redis(value)
-                } else {
-                    return Err(format!(
-                        "--store: expected `memory` or `redis://HOST:PORT`, got {value:?}"
-                    ));
-                }
-            }
-            "--record-wait-ms" => cli.record_wait_ms = number(&flag, &value, 0, 60_000)?,
-            "--session-idle-ttl-secs" => {
-                cli.session_idle_ttl_secs = number(&flag, &value, 1, 30 * 86_400)?
-            }
-            "--max-incarnations-per-session" => {
-                cli.max_incarnations_per_session = number(&flag, &value, 1, 100_000)? as usize
-            }
-            "--max-window" => cli.max_window = number(&flag, &value, 1, 10_000_000)? as usize,
-            "--max-expected" => cli.max_expected = number(&flag, &value, 0, 100_000)? as usize,
-            "--store-timeout-ms" => cli.store_timeout_ms = number(&flag, &value, 1, 60_000)?,
-            "--redis-prefix" => {
-                if value.contains(['{', '}']) || value.is_empty() {
-                    return Err(format!(
-                        "--redis-prefix: must be non-empty and without braces, got {value:?}"
-                    ));
-                }
-                cli.redis_prefix = value
-            }
-            _ => return Err(format!("unknown flag {flag:?} (see --help)")),
-        }
-    }
-    Ok(Parsed::Run(cli))
-}
-
-fn number(flag: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
-    match value.parse::<u64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{flag}: expected an integer in {min}..={max}, got {value:?}"
-        )),
+/// `--store`, checked without ever echoing the value: a Redis URL may carry a password.
+fn store_spec(value: &str) -> Result<StoreSpec, String> {
+    if value == "memory" {
+        Ok(StoreSpec::Memory)
+    } else if value.starts_with("redis://") {
+        mcp_ownership::redis::parse_url(value).map_err(|e| format!("--store: {e}"))?;
+        Ok(StoreSpec::Redis(value.to_owned()))
+    } else {
+        Err("--store: expected `memory` or `redis://HOST:PORT`".to_owned())
     }
 }
 
 fn main() -> ExitCode {
-    let cli = match parse_args(std::env::args().skip(1)) {
-        Ok(Parsed::Help) => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; usage errors exit 2.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
-        Ok(Parsed::Run(cli)) => cli,
+    };
+    let store = match store_spec(&cli.store) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("mcp-ownership: {e}");
             return ExitCode::from(2);
@@ -171,17 +137,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
+    runtime.block_on(run(cli, store))
 }
 
-async fn run(cli: Cli) -> ExitCode {
+async fn run(cli: Cli, store: StoreSpec) -> ExitCode {
     let limits = Limits {
         max_window: cli.max_window,
         max_incarnations_per_session: cli.max_incarnations_per_session,
         session_idle_ttl_ms: cli.session_idle_ttl_secs.saturating_mul(1000),
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.
-    match &cli.store {
+    match &store {
         StoreSpec::Memory => serve(MemoryStore::new(limits), &cli).await,
         StoreSpec::Redis(url) => {
             let op_timeout = Duration::from_millis(cli.store_timeout_ms);
@@ -305,44 +271,58 @@ async fn shutdown_signal() {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use clap::CommandFactory as _;
 
-    fn parse(args: &[&str]) -> Result<Parsed, String> {
-        parse_args(args.iter().map(|s| s.to_string()))
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("mcp-ownership").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn defaults_and_forms() {
-        let Ok(Parsed::Run(c)) = parse(&[]) else {
-            panic!()
-        };
+        let c = parse(&[]).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9200");
-        assert!(matches!(c.store, StoreSpec::Memory));
+        assert!(matches!(store_spec(&c.store), Ok(StoreSpec::Memory)));
         assert_eq!(
             (c.record_wait_ms, c.max_window, c.max_expected),
             (150, 4096, 256)
         );
-        let Ok(Parsed::Run(c)) = parse(&[
+        let c = parse(&[
             "--listen=0.0.0.0:1",
             "--max-window",
             "7",
             "--store",
             "redis://x:1",
-        ]) else {
-            panic!()
-        };
+        ])
+        .unwrap();
         assert_eq!(c.listen.to_string(), "0.0.0.0:1");
         assert_eq!(c.max_window, 7);
-        assert!(matches!(c.store, StoreSpec::Redis(_)));
-        assert!(matches!(parse(&["--help"]), Ok(Parsed::Help)));
+        assert!(matches!(store_spec(&c.store), Ok(StoreSpec::Redis(_))));
+        let help = Cli::try_parse_from(["mcp-ownership", "--help"]).unwrap_err();
+        assert!(!help.use_stderr());
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_names_every_flag_its_variable_and_default() {
+        let help = Cli::command().render_long_help().to_string();
+        for arg in Cli::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" || long == "version" {
+                continue;
+            }
+            assert!(help.contains(&format!("--{long}")), "--{long} missing");
+            let env = arg.get_env().unwrap().to_string_lossy().into_owned();
+            assert!(env.starts_with("MCP_OWNERSHIP_"), "--{long}: {env}");
+            assert!(help.contains(&env), "{env} missing in help");
+        }
+        assert!(help.contains("[default: 127.0.0.1:9200]"), "{help}");
     }
 
     #[test]
     fn bad_values_name_the_flag() {
         for (args, flag) in [
             (&["--listen", "nope"][..], "--listen"),
-            (&["--store", "postgres://x"][..], "--store"),
-            (&["--store", "redis://"][..], "--store"),
-            (&["--store", "redis://h:x"][..], "--store"),
             (&["--store-timeout-ms", "0"][..], "--store-timeout-ms"),
             (&["--redis-prefix", "a{b}"][..], "--redis-prefix"),
             (&["--max-window", "0"][..], "--max-window"),
@@ -352,6 +332,28 @@ mod tests {
         ] {
             let err = parse(args).err().unwrap();
             assert!(err.contains(flag), "{err}");
+        }
+        for (store, words) in [
+            ("postgres://x", "expected `memory`"),
+            ("redis://", "no host"),
+            ("redis://h:x", "bad port"),
+        ] {
+            let err = store_spec(store).err().unwrap();
+            assert!(err.contains("--store") && err.contains(words), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_store_url_never_shows_its_password() {
+        for url in [
+            "redis://user:s3cr3t-pw@host:notaport",
+            "redis://user:s3cr3t-pw",
+            "redis://:s3cr3t-pw@:1",
+            "rediss:/user:s3cr3t-pw@h",
+            "http://user:s3cr3t-pw@h:1",
+        ] {
+            let err = store_spec(url).err().unwrap();
+            assert!(!err.contains("s3cr3t"), "{err}");
         }
     }
 }

@@ -86,24 +86,38 @@ pub struct RedisStore {
     changes: watch::Sender<u64>,
 }
 
-/// Check a `--store redis://…` URL without connecting. The error says what is wrong.
+/// A Redis URL safe to print: any user and password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Check a `--store redis://…` URL without connecting. The error says what is wrong and
+/// never shows a password.
 pub fn parse_url(url: &str) -> Result<redis::Client, String> {
+    let shown = redacted(url);
     let rest = url
         .strip_prefix("redis://")
-        .ok_or_else(|| format!("expected redis://HOST:PORT, got {url:?}"))?;
+        .ok_or_else(|| format!("expected redis://HOST:PORT, got {shown:?}"))?;
     let hostport = rest.rsplit('@').next().unwrap_or(rest);
     let hostport = hostport.split('/').next().unwrap_or(hostport);
     if hostport.is_empty() || hostport.starts_with(':') {
-        return Err(format!("expected redis://HOST:PORT, got {url:?} (no host)"));
+        return Err(format!(
+            "expected redis://HOST:PORT, got {shown:?} (no host)"
+        ));
     }
     if let Some((_, port)) = hostport.rsplit_once(':') {
         if !hostport.ends_with(']') && port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!(
-                "expected redis://HOST:PORT, got {url:?} (bad port {port:?})"
-            ));
+            // Not the port's text: without an '@', a mistyped `user:password` lands here.
+            return Err("expected redis://HOST:PORT (bad port)".to_owned());
         }
     }
-    redis::Client::open(url).map_err(|e| format!("{url:?}: {e}"))
+    redis::Client::open(url)
+        .map_err(|e| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind()))
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
