@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::auth::Auth;
 use crate::metrics::{record_type, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
 use crate::resume::{resolve, timed, ResumeOptions};
 use crate::store::Store;
@@ -40,6 +41,8 @@ pub struct AppState<S> {
     pub opts: ResumeOptions,
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
+    /// Who may call what (default: open).
+    pub auth: Auth,
 }
 
 impl<S> Clone for AppState<S> {
@@ -49,6 +52,7 @@ impl<S> Clone for AppState<S> {
             opts: self.opts,
             metrics: self.metrics.clone(),
             clock: self.clock.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -60,7 +64,14 @@ impl<S: Store> AppState<S> {
             opts,
             metrics: Arc::new(Metrics::new()),
             clock: system_clock(),
+            auth: Auth::default(),
         }
+    }
+
+    /// Require bearer tokens (see [`crate::auth`]).
+    pub fn with_auth(mut self, auth: Auth) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// Replace the clock (tests drive idle TTLs without sleeping).

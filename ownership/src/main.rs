@@ -1,12 +1,14 @@
 //! `mcp-ownership`: the ownership service binary (CLI, store choice, serve, shutdown).
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use mcp_ownership::{
-    router, spawn_sweeper, AppState, Limits, MemoryStore, RedisOptions, RedisStore, ResumeOptions,
-    Store,
+    router, spawn_sweeper, spawn_token_reload, AppState, Auth, Limits, MemoryStore, RedisOptions,
+    RedisStore, ResumeOptions, Store, TokenFile,
 };
 
 /// Every default, written once (the help shows them).
@@ -66,6 +68,18 @@ struct Cli {
     #[arg(long, env = "MCP_OWNERSHIP_MAX_WINDOW", value_name = "N",
           default_value_t = defaults::MAX_WINDOW, value_parser = count(1, 10_000_000), allow_negative_numbers = true)]
     max_window: usize,
+
+    /// Bearer tokens of the guards, one per line; every endpoint but /healthz and
+    /// /v1/owners/gone requires one. Re-read when the file changes (rotation: old and new
+    /// tokens side by side, then only the new). Without it the service is open to anyone who
+    /// reaches it (a local demo only; a warning is logged).
+    #[arg(long, env = "MCP_OWNERSHIP_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
+
+    /// Bearer tokens allowed on /v1/owners/gone (the preStop hook, operators), and only there.
+    /// With --token-file but without this, /v1/owners/gone refuses everybody.
+    #[arg(long, env = "MCP_OWNERSHIP_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
 
     /// Expected event ids returned by a resume.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_EXPECTED", value_name = "N",
@@ -127,6 +141,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let auth = match load_auth(&cli) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("mcp-ownership: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -137,10 +158,34 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli, store))
+    runtime.block_on(run(cli, store, auth))
 }
 
-async fn run(cli: Cli, store: StoreSpec) -> ExitCode {
+fn load_auth(cli: &Cli) -> Result<Auth, String> {
+    let load = |flag, path: &Option<PathBuf>| {
+        path.as_ref()
+            .map(|p| TokenFile::load(flag, p).map(Arc::new))
+            .transpose()
+    };
+    let auth = Auth {
+        guard: load("--token-file", &cli.token_file)?,
+        admin: load("--admin-token-file", &cli.admin_token_file)?,
+    };
+    match (&auth.guard, &auth.admin) {
+        (None, _) => eprintln!(
+            "mcp-ownership: WARNING: no --token-file: records, resumes and metrics are open to \
+             anyone who can reach {} (fine for a local demo, never for a deployment)",
+            cli.listen
+        ),
+        (Some(_), None) => {
+            eprintln!("mcp-ownership: no --admin-token-file: /v1/owners/gone refuses every caller")
+        }
+        (Some(_), Some(_)) => {}
+    }
+    Ok(auth)
+}
+
+async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
     let limits = Limits {
         max_window: cli.max_window,
         max_incarnations_per_session: cli.max_incarnations_per_session,
@@ -148,7 +193,7 @@ async fn run(cli: Cli, store: StoreSpec) -> ExitCode {
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.
     match &store {
-        StoreSpec::Memory => serve(MemoryStore::new(limits), &cli).await,
+        StoreSpec::Memory => serve(MemoryStore::new(limits), &cli, auth).await,
         StoreSpec::Redis(url) => {
             let op_timeout = Duration::from_millis(cli.store_timeout_ms);
             let opts = RedisOptions {
@@ -174,17 +219,19 @@ async fn run(cli: Cli, store: StoreSpec) -> ExitCode {
                     store.addr()
                 ),
             }
-            serve(store, &cli).await
+            serve(store, &cli, auth).await
         }
     }
 }
 
-async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
+async fn serve<S: Store>(store: S, cli: &Cli, auth: Auth) -> ExitCode {
     let opts = ResumeOptions {
         record_wait: Duration::from_millis(cli.record_wait_ms),
         max_expected: cli.max_expected,
     };
-    let state = AppState::new(store, opts);
+    let reload =
+        (!auth.is_open()).then(|| spawn_token_reload(auth.clone(), Duration::from_secs(1)));
+    let state = AppState::new(store, opts).with_auth(auth);
     // Sweep often enough that memory follows the TTL, rarely enough to cost nothing.
     let every = Duration::from_secs((cli.session_idle_ttl_secs / 10).clamp(1, 60));
     let sweeper = spawn_sweeper(&state, every);
@@ -206,6 +253,9 @@ async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
         .await;
     sweeper.abort();
     watcher.abort();
+    if let Some(r) = reload {
+        r.abort();
+    }
     match served {
         Ok(()) => {
             eprintln!("mcp-ownership: shut down");
