@@ -22,6 +22,8 @@ mod defaults {
     pub const MAX_INCARNATIONS_PER_SESSION: usize = 64;
     pub const MAX_WINDOW: usize = 4096;
     pub const MAX_EXPECTED: usize = 256;
+    pub const MAX_SESSIONS: usize = 100_000;
+    pub const MAX_STORE_BYTES: usize = 256 << 20;
 }
 
 /// mcp-ownership: ownership service for mcp-resume-guard.
@@ -68,6 +70,19 @@ struct Cli {
     #[arg(long, env = "MCP_OWNERSHIP_MAX_WINDOW", value_name = "N",
           default_value_t = defaults::MAX_WINDOW, value_parser = count(1, 10_000_000), allow_negative_numbers = true)]
     max_window: usize,
+
+    /// Sessions kept in all; past it the least recently active session is evicted (its
+    /// cursors then get a new stream). Memory and Redis.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_SESSIONS", value_name = "N",
+          default_value_t = defaults::MAX_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
+    max_sessions: usize,
+
+    /// Estimated bytes the memory store keeps in all; past it the least recently active session
+    /// is evicted. Keep it well below the container's memory limit. Redis: use its own
+    /// `maxmemory` (README).
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_STORE_BYTES", value_name = "BYTES",
+          default_value_t = defaults::MAX_STORE_BYTES, value_parser = count(1 << 20, 1 << 46), allow_negative_numbers = true)]
+    max_store_bytes: usize,
 
     /// Bearer tokens of the guards, one per line; every endpoint but /healthz and
     /// /v1/owners/gone requires one. Re-read when the file changes (rotation: old and new
@@ -190,6 +205,8 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
         max_window: cli.max_window,
         max_incarnations_per_session: cli.max_incarnations_per_session,
         session_idle_ttl_ms: cli.session_idle_ttl_secs.saturating_mul(1000),
+        max_sessions: cli.max_sessions,
+        max_bytes: cli.max_store_bytes,
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.
     match &store {

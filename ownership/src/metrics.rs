@@ -52,6 +52,8 @@ pub struct Metrics {
     pub store_errors: Family<OpLabels, Counter>,
     pub sessions: Gauge,
     pub incarnations: Gauge,
+    pub store_bytes: Gauge,
+    pub evicted: Gauge,
 }
 
 /// Store operations as they appear in the `op` label.
@@ -87,6 +89,8 @@ impl Metrics {
         let store_errors = Family::<OpLabels, Counter>::default();
         let sessions = Gauge::default();
         let incarnations = Gauge::default();
+        let store_bytes = Gauge::default();
+        let evicted = Gauge::default();
 
         // Counter names get `_total` appended by the encoder.
         registry.register(
@@ -135,6 +139,17 @@ impl Metrics {
             incarnations.clone(),
         );
 
+        registry.register(
+            "mcp_ownership_store_bytes",
+            "Estimated bytes held by the memory store (0 for Redis: see its used_memory)",
+            store_bytes.clone(),
+        );
+        registry.register(
+            "mcp_ownership_sessions_evicted",
+            "Sessions evicted by the global caps since this instance started",
+            evicted.clone(),
+        );
+
         // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
         let _ = verdicts.get_or_create(&OutcomeLabels {
             outcome: "continue",
@@ -159,6 +174,8 @@ impl Metrics {
             store_errors,
             sessions,
             incarnations,
+            store_bytes,
+            evicted,
         }
     }
 
@@ -176,6 +193,10 @@ impl Metrics {
             .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
         self.incarnations
             .set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
+        self.store_bytes
+            .set(i64::try_from(stats.bytes).unwrap_or(i64::MAX));
+        self.evicted
+            .set(i64::try_from(stats.evicted).unwrap_or(i64::MAX));
     }
 
     /// OpenMetrics text exposition (Prometheus scrapes it natively).

@@ -83,7 +83,10 @@ pub struct RedisStore {
     apply: LoadedScript,
     snapshot: LoadedScript,
     sweep: LoadedScript,
+    owner_gone: LoadedScript,
     changes: watch::Sender<u64>,
+    /// Sessions this instance evicted for the session cap.
+    evicted: std::sync::atomic::AtomicU64,
 }
 
 /// A Redis URL safe to print: any user and password replaced by `***`.
@@ -200,7 +203,9 @@ impl RedisStore {
             apply: LoadedScript::new(redis_lua::apply_script()),
             snapshot: LoadedScript::new(redis_lua::snapshot_script()),
             sweep: LoadedScript::new(redis_lua::sweep_script()),
+            owner_gone: LoadedScript::new(redis_lua::owner_gone_script()),
             changes,
+            evicted: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -277,7 +282,7 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> Result<(), StoreError> {
         let mut p = redis::pipe();
-        for s in [&self.apply, &self.snapshot, &self.sweep] {
+        for s in [&self.apply, &self.snapshot, &self.sweep, &self.owner_gone] {
             p.cmd("SCRIPT").arg("LOAD").arg(&s.code).ignore();
         }
         let mut conn = self.conn();
@@ -429,7 +434,12 @@ impl RedisStore {
         for r in run {
             match r {
                 Record::OwnerGone { owner } => {
-                    p.cmd("HINCRBY").arg(self.owners_key()).arg(owner).arg(1);
+                    p.cmd("EVALSHA")
+                        .arg(&self.owner_gone.sha)
+                        .arg(1)
+                        .arg(self.owners_key())
+                        .arg(owner)
+                        .arg(now_ms);
                 }
                 _ => {
                     if let Some(c) = self.apply_cmd(r, now_ms, &epochs) {
@@ -456,8 +466,95 @@ impl RedisStore {
                 z.arg(now_ms).arg(*s);
             }
             p.add_command(z);
+            p.cmd("ZCARD").arg(self.index_key());
         }
-        self.pipeline("apply", &p).await.map(|_| ())
+        let replies = self.pipeline("apply", &p).await?;
+        if !sessions.is_empty() {
+            let count = replies.last().and_then(as_u64).unwrap_or(0);
+            let max = self.limits.max_sessions.max(1) as u64;
+            if count > max {
+                self.evict(count - max, &sessions, now_ms).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The session cap: evict `excess` sessions, least recently active first (never one of
+    /// `keep`, just written). Candidates are the lowest in the index (last write); their real
+    /// last use (writes and resumes) decides among them, and the survivors are re-scored.
+    async fn evict(&self, excess: u64, keep: &[&str], now_ms: u64) -> Result<(), StoreError> {
+        let want = usize::try_from(excess)
+            .unwrap_or(usize::MAX)
+            .min(SWEEP_PAGE);
+        let mut conn = self.conn();
+        let candidates: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.index_key())
+            .arg(0)
+            .arg(
+                want.saturating_mul(2)
+                    .saturating_add(keep.len())
+                    .saturating_add(8),
+            )
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("apply", e))?;
+        let candidates: Vec<String> = candidates
+            .into_iter()
+            .filter(|c| !keep.contains(&c.as_str()))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        for c in &candidates {
+            p.cmd("HGET")
+                .arg(format!("{}:s", self.session_base(c)))
+                .arg("lu");
+        }
+        let lus: Vec<Option<u64>> = p
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("apply", e))?;
+        let mut by_use: Vec<(u64, &String)> = lus
+            .iter()
+            .zip(&candidates)
+            .map(|(lu, c)| (lu.unwrap_or(0), c))
+            .collect();
+        by_use.sort_unstable();
+        let mut p = redis::pipe();
+        let mut gone = redis::cmd("ZREM");
+        gone.arg(self.index_key());
+        let mut alive = redis::cmd("ZADD");
+        alive.arg(self.index_key()).arg("GT");
+        let mut n_alive = 0;
+        for (i, (lu, c)) in by_use.iter().enumerate() {
+            if i < want {
+                let base = self.session_base(c);
+                p.cmd("EVALSHA")
+                    .arg(&self.sweep.sha)
+                    .arg(1)
+                    .arg(format!("{base}:s"))
+                    .arg(&base)
+                    .arg(now_ms)
+                    .arg(self.limits.session_idle_ttl_ms)
+                    .arg("evict")
+                    .ignore();
+                gone.arg(*c);
+            } else if *lu > 0 {
+                alive.arg(*lu).arg(*c);
+                n_alive += 1;
+            }
+        }
+        p.add_command(gone).ignore();
+        if n_alive > 0 {
+            p.add_command(alive).ignore();
+        }
+        self.pipeline("apply", &p).await?;
+        self.evicted.fetch_add(
+            want.min(by_use.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
     }
 
     async fn snapshot_inner(&self, q: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
@@ -533,7 +630,17 @@ impl RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.fail("snapshot", e))?;
-            now_epoch.unwrap_or(0) != opened_epoch
+            let gone = now_epoch.unwrap_or(0) > opened_epoch;
+            if gone {
+                // Lost for good: the owner's epoch may be forgotten later (sweep).
+                let _: Result<(), _> = redis::cmd("HSET")
+                    .arg(format!("{base}:i:{}", q.incarnation))
+                    .arg("l")
+                    .arg("1")
+                    .query_async(&mut conn)
+                    .await;
+            }
+            gone
         };
         Ok(Facts {
             session: Some(session),
@@ -560,8 +667,18 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.fail("stats", e))?;
+        let owners: u64 = redis::cmd("HLEN")
+            .arg(self.owners_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("stats", e))?;
+        let evicted = self.evicted.load(std::sync::atomic::Ordering::Relaxed);
         if sessions == 0 {
-            return Ok(StoreStats::default());
+            return Ok(StoreStats {
+                evicted,
+                owners,
+                ..StoreStats::default()
+            });
         }
         let sample: Vec<String> = redis::cmd("ZRANGE")
             .arg(self.index_key())
@@ -588,6 +705,9 @@ impl RedisStore {
         Ok(StoreStats {
             sessions,
             incarnations,
+            bytes: 0,
+            evicted,
+            owners,
         })
     }
 
@@ -667,7 +787,37 @@ impl RedisStore {
                 break;
             }
         }
+        self.expire_owner_epochs(now_ms).await?;
         Ok(freed)
+    }
+
+    /// Forget owner epochs bumped more than 2 × keep ago. An incarnation they still make lost
+    /// was marked lost by the first snapshot that saw it; one nobody resumed received no record
+    /// from its gone owner either, so its keys expired after one keep.
+    async fn expire_owner_epochs(&self, now_ms: u64) -> Result<(), StoreError> {
+        let Some(cutoff) = now_ms.checked_sub(self.keep_ms().saturating_mul(2)) else {
+            return Ok(());
+        };
+        let mut conn = self.conn();
+        let all: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+            .arg(self.owners_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("sweep", e))?;
+        let old: Vec<&String> = all
+            .iter()
+            .filter(|(_, e)| **e < cutoff)
+            .map(|(o, _)| o)
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        redis::cmd("HDEL")
+            .arg(self.owners_key())
+            .arg(&old)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.fail("sweep", e))
     }
 }
 

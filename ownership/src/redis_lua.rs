@@ -12,7 +12,7 @@
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `Psessions` | zset | session → last write ms (the sweep's index; not in the session's slot) |
-//! | `Powners` | hash | owner `ip:port` → epoch, bumped by `owner_gone` (not in the session's slot) |
+//! | `Powners` | hash | owner `ip:port` → epoch, `max(previous + 1, now ms)` at each `owner_gone` (not in the session's slot; forgotten by the sweep 2 × keep after its last bump) |
 //!
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
 //! significant digits, which would round sequence numbers near 2^53.
@@ -273,7 +273,8 @@ for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;
 
-/// Free one session if it is idle past its TTL. ARGV: base, now, ttl.
+/// Free one session if it is idle past its TTL, or at once when ARGV[4] is `evict` (the
+/// session cap). ARGV: base, now, ttl, mode.
 /// Returns `{0}` (already gone), `{1}` (freed) or `{2, last_used}` (alive).
 const SWEEP: &str = r#"
 local lu = redis.call('HGET', skey, 'lu')
@@ -281,11 +282,20 @@ if not lu then
   drop_session()
   return {0}
 end
-if now - tonumber(lu) > ttl then
+if ARGV[4] == 'evict' or now - tonumber(lu) > ttl then
   drop_session()
   return {1}
 end
 return {2, lu}
+"#;
+
+/// `owner_gone`: KEYS[1] the owners hash; ARGV: owner, now. The epoch never goes back, even
+/// after an expired entry was forgotten.
+const OWNER_GONE: &str = r#"
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local e = math.max(cur + 1, tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', e))
+return 1
 "#;
 
 pub fn apply_script() -> String {
@@ -298,4 +308,8 @@ pub fn snapshot_script() -> String {
 
 pub fn sweep_script() -> String {
     format!("{PRELUDE}{SWEEP}")
+}
+
+pub fn owner_gone_script() -> String {
+    OWNER_GONE.to_owned()
 }

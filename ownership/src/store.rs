@@ -23,6 +23,11 @@ pub struct Limits {
     pub max_incarnations_per_session: usize,
     /// A session not touched (by a record or a resume) for this long reads as expired.
     pub session_idle_ttl_ms: u64,
+    /// Sessions kept in all; past it the least recently active one is evicted.
+    pub max_sessions: usize,
+    /// Estimated bytes kept in all (memory store); past it the least recently active session
+    /// is evicted. A shared store leaves bytes to its own `maxmemory`.
+    pub max_bytes: usize,
 }
 
 impl Default for Limits {
@@ -31,6 +36,8 @@ impl Default for Limits {
             max_window: 4096,
             max_incarnations_per_session: 64,
             session_idle_ttl_ms: 3_600_000,
+            max_sessions: 100_000,
+            max_bytes: 256 << 20,
         }
     }
 }
@@ -91,6 +98,12 @@ pub enum CursorId {
 pub struct StoreStats {
     pub sessions: u64,
     pub incarnations: u64,
+    /// Estimated bytes held (0 when the store cannot tell).
+    pub bytes: u64,
+    /// Sessions evicted by the global caps since start (this instance's count).
+    pub evicted: u64,
+    /// Owner addresses whose `owner_gone` epoch is still remembered.
+    pub owners: u64,
 }
 
 /// A store that could not do its job. Never caused by request input: input is validated

@@ -1041,6 +1041,140 @@ pub async fn long_ids_round_trip<S: Store>(make: impl Fn(Limits) -> S) {
     }
 }
 
+/// A session key per number.
+pub fn session_n(n: u64) -> String {
+    format!("{n:032x}")
+}
+
+/// Open session `n` with one GET stream and events 1..=3, at `now`.
+pub async fn fill_one<S: Store>(s: &S, n: u64, now: u64) {
+    let key = session_n(n);
+    apply_at(
+        s,
+        &[open(&key), get_stream(&key, A, now), events(&key, A, 1, 3)],
+        now,
+    )
+    .await;
+}
+
+pub async fn verdict_at<S: Store>(s: &S, session: &str, seq: u64, now: u64) -> ResumeVerdict {
+    resolve_with(s, &query(session, A, StreamKind::Get, seq), no_wait(), now)
+        .await
+        .verdict
+}
+
+/// The session cap: filling the store far past it evicts the least recently active sessions;
+/// sessions in use (resumed, even if written long ago) keep their verdicts.
+pub async fn session_cap_evicts_idle_first<S: Store>(make: impl Fn(Limits) -> S) {
+    const CAP: usize = 20;
+    let s = make(Limits {
+        max_sessions: CAP,
+        ..Limits::default()
+    });
+    let live: Vec<u64> = (1..=5).collect();
+    for n in &live {
+        fill_one(&s, *n, T0).await;
+    }
+    for k in 0..300u64 {
+        let now = T0 + 10 * (k + 1);
+        fill_one(&s, 1000 + k, now).await;
+        if k % 5 == 0 {
+            for n in &live {
+                assert_eq!(
+                    verdict_at(&s, &session_n(*n), 1, now).await,
+                    cont(OWNER_X, ids(2, 3), 3),
+                    "live session {n} at step {k}"
+                );
+            }
+        }
+        let st = s.stats(now).await.unwrap();
+        assert!(
+            st.sessions <= CAP as u64,
+            "{} sessions at step {k}",
+            st.sessions
+        );
+    }
+    let now = T0 + 10 * 301;
+    for n in &live {
+        assert_eq!(
+            verdict_at(&s, &session_n(*n), 1, now).await,
+            cont(OWNER_X, ids(2, 3), 3)
+        );
+    }
+    // The newest filler is kept, the oldest ones were evicted.
+    assert_eq!(
+        verdict_at(&s, &session_n(1299), 1, now).await,
+        cont(OWNER_X, ids(2, 3), 3)
+    );
+    assert_eq!(
+        verdict_at(&s, &session_n(1000), 1, now).await,
+        new_stream(Reason::SessionInactive)
+    );
+    assert!(s.stats(now).await.unwrap().evicted >= 280);
+}
+
+/// Owner epochs are forgotten once old, without bringing back an incarnation they made lost.
+pub async fn owner_epochs_expire<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        session_idle_ttl_ms: 1_000,
+        ..Limits::default()
+    });
+    apply(
+        &s,
+        &[
+            open(S1),
+            stream(S1, A, StreamKind::Request, OWNER_X, 0, false, T0),
+            events(S1, A, 1, 2),
+        ],
+    )
+    .await;
+    apply(&s, &[gone(OWNER_X)]).await;
+    let lost = new_stream(Reason::OwnerUnavailable);
+    let q = query(S1, A, StreamKind::Request, 1);
+    // Keep the session in use far past every expiry (the Redis store keeps epochs longest).
+    let end = T0 + 4 * (1_000 + crate_keep_grace_ms()) + 1_000;
+    let mut now = T0;
+    while now < end {
+        assert_eq!(
+            resolve_with(&s, &q, no_wait(), now).await.verdict,
+            lost,
+            "at {now}"
+        );
+        s.sweep(now).await.unwrap();
+        now += 500;
+    }
+    assert_eq!(
+        s.stats(now).await.unwrap().owners,
+        0,
+        "the epoch was forgotten"
+    );
+    assert_eq!(resolve_with(&s, &q, no_wait(), now).await.verdict, lost);
+    // A later owner_gone still covers incarnations opened before it, after the forgetting.
+    apply_at(
+        &s,
+        &[
+            stream(S1, B, StreamKind::Request, OWNER_X, 0, false, now),
+            events(S1, B, 1, 2),
+        ],
+        now,
+    )
+    .await;
+    let qb = query(S1, B, StreamKind::Request, 1);
+    assert_eq!(
+        resolve_with(&s, &qb, no_wait(), now).await.verdict,
+        cont(OWNER_X, ids(2, 2), 2)
+    );
+    apply_at(&s, &[gone(OWNER_X)], now + 1).await;
+    assert_eq!(
+        resolve_with(&s, &qb, no_wait(), now + 1).await.verdict,
+        lost
+    );
+}
+
+fn crate_keep_grace_ms() -> u64 {
+    mcp_ownership::redis::KEEP_GRACE.as_millis() as u64
+}
+
 /// Expands to one `#[tokio::test]` per case for the store built by `$make`.
 #[macro_export]
 macro_rules! store_suite {
@@ -1064,6 +1198,8 @@ macro_rules! store_suite {
             health_and_stats,
             linearizable_under_concurrency,
             long_ids_round_trip,
+            session_cap_evicts_idle_first,
+            owner_epochs_expire,
         );
     };
     ($make:expr; $($case:ident),+ $(,)?) => {
