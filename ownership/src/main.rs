@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use mcp_ownership::redis::{RedisAuth, Secret};
 use mcp_ownership::{
     router, spawn_sweeper, spawn_token_reload, AppState, Auth, Limits, MemoryStore, RedisOptions,
     RedisStore, ResumeOptions, Store, TokenFile,
@@ -37,7 +38,8 @@ struct Cli {
     listen: SocketAddr,
 
     /// `memory` (embedded, one instance only) or `redis://HOST:PORT[/DB]` (shared by every
-    /// instance).
+    /// instance); `rediss://` for TLS. Give credentials with --redis-username and
+    /// --redis-password-file (or MCP_OWNERSHIP_REDIS_PASSWORD), not in the URL.
     #[arg(long, env = "MCP_OWNERSHIP_STORE", value_name = "STORE", default_value = defaults::STORE, hide_env_values = true)]
     store: String,
 
@@ -50,6 +52,19 @@ struct Cli {
     #[arg(long, env = "MCP_OWNERSHIP_REDIS_PREFIX", value_name = "PREFIX",
           default_value = defaults::REDIS_PREFIX, value_parser = redis_prefix)]
     redis_prefix: String,
+
+    /// Redis ACL user (with a password: AUTH user password).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_USERNAME", value_name = "USER")]
+    redis_username: Option<String>,
+
+    /// File whose first line is the Redis password. Or MCP_OWNERSHIP_REDIS_PASSWORD (the
+    /// password itself; never a flag, so it is never on a command line).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_PASSWORD_FILE", value_name = "PATH")]
+    redis_password_file: Option<PathBuf>,
+
+    /// PEM CA certificates to verify a rediss:// server with (default: the system's roots).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_CA_FILE", value_name = "PATH")]
+    redis_ca_file: Option<PathBuf>,
 
     /// How long a resume waits for records still in flight.
     #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
@@ -124,15 +139,53 @@ enum StoreSpec {
     Redis(String),
 }
 
+/// The environment variable holding the Redis password itself.
+const REDIS_PASSWORD_ENV: &str = "MCP_OWNERSHIP_REDIS_PASSWORD";
+
+/// Redis credentials and TLS roots from the flags, files and environment.
+fn redis_auth(cli: &Cli, password_env: Option<String>) -> Result<RedisAuth, String> {
+    let password = match (&cli.redis_password_file, password_env) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "--redis-password-file and {REDIS_PASSWORD_ENV}: give the password one way"
+            ))
+        }
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--redis-password-file {}: {e}", path.display()))?;
+            let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+            if first.is_empty() {
+                return Err(format!(
+                    "--redis-password-file {}: the first line is empty",
+                    path.display()
+                ));
+            }
+            Some(Secret(first.to_owned()))
+        }
+        (None, Some(p)) if p.is_empty() => None,
+        (None, p) => p.map(Secret),
+    };
+    let ca_pem = cli
+        .redis_ca_file
+        .as_ref()
+        .map(|p| std::fs::read(p).map_err(|e| format!("--redis-ca-file {}: {e}", p.display())))
+        .transpose()?;
+    Ok(RedisAuth {
+        username: cli.redis_username.clone(),
+        password,
+        ca_pem,
+    })
+}
+
 /// `--store`, checked without ever echoing the value: a Redis URL may carry a password.
 fn store_spec(value: &str) -> Result<StoreSpec, String> {
     if value == "memory" {
         Ok(StoreSpec::Memory)
-    } else if value.starts_with("redis://") {
+    } else if value.starts_with("redis://") || value.starts_with("rediss://") {
         mcp_ownership::redis::parse_url(value).map_err(|e| format!("--store: {e}"))?;
         Ok(StoreSpec::Redis(value.to_owned()))
     } else {
-        Err("--store: expected `memory` or `redis://HOST:PORT`".to_owned())
+        Err("--store: expected `memory` or `redis://HOST:PORT` (or rediss://)".to_owned())
     }
 }
 
@@ -213,10 +266,23 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
         StoreSpec::Memory => serve(MemoryStore::new(limits), &cli, auth).await,
         StoreSpec::Redis(url) => {
             let op_timeout = Duration::from_millis(cli.store_timeout_ms);
+            let redis_auth = match redis_auth(&cli, std::env::var(REDIS_PASSWORD_ENV).ok()) {
+                Ok(a) => a,
+                Err(e) => {
+                    eprintln!("mcp-ownership: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let opts = RedisOptions {
+                auth: redis_auth,
                 prefix: cli.redis_prefix.clone(),
                 op_timeout,
-                connect_timeout: op_timeout.min(Duration::from_millis(100)),
+                // A TLS handshake is a round trip more.
+                connect_timeout: if url.starts_with("rediss://") {
+                    op_timeout
+                } else {
+                    op_timeout.min(Duration::from_millis(100))
+                },
                 ..RedisOptions::default()
             };
             let store = match RedisStore::new(url, limits, opts) {
@@ -408,6 +474,28 @@ mod tests {
             let err = store_spec(store).err().unwrap();
             assert!(err.contains("--store") && err.contains(words), "{err}");
         }
+    }
+
+    #[test]
+    fn redis_password_from_a_file_or_the_environment() {
+        let f = std::env::temp_dir().join(format!("mcp-own-pw-{}", std::process::id()));
+        std::fs::write(&f, "s3cr3t-pw\nignored\n").unwrap();
+        let path = f.to_string_lossy().into_owned();
+        let c = parse(&["--redis-username", "u", "--redis-password-file", &path]).unwrap();
+        let a = redis_auth(&c, None).unwrap();
+        assert_eq!(a.username.as_deref(), Some("u"));
+        assert_eq!(a.password, Some(Secret("s3cr3t-pw".into())));
+        assert!(!format!("{a:?}").contains("s3cr3t"));
+        let e = redis_auth(&c, Some("x".into())).err().unwrap();
+        assert!(e.contains("one way"), "{e}");
+        let c = parse(&[]).unwrap();
+        let a = redis_auth(&c, Some("from-env".into())).unwrap();
+        assert_eq!(a.password, Some(Secret("from-env".into())));
+        std::fs::write(&f, "\n").unwrap();
+        let c = parse(&["--redis-password-file", &path]).unwrap();
+        let e = redis_auth(&c, None).err().unwrap();
+        assert!(e.contains("--redis-password-file") && e.contains("empty"), "{e}");
+        let _ = std::fs::remove_file(&f);
     }
 
     #[test]

@@ -34,6 +34,26 @@ const SWEEP_PAGE: usize = 500;
 /// Sessions whose incarnations are counted exactly for the gauge; beyond, it is extrapolated.
 const STATS_SAMPLE: usize = 10_000;
 
+/// A secret string: never shown by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Who to be on Redis (ACL user and password; AUTH) and whom to trust (TLS). These override
+/// any user or password in the URL.
+#[derive(Debug, Clone, Default)]
+pub struct RedisAuth {
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// PEM CA certificates for `rediss://`; `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
@@ -45,6 +65,7 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Upper bound on one sweep or stats call (they touch many sessions).
     pub bulk_timeout: Duration,
+    pub auth: RedisAuth,
 }
 
 impl Default for RedisOptions {
@@ -54,6 +75,7 @@ impl Default for RedisOptions {
             op_timeout: Duration::from_millis(150),
             connect_timeout: Duration::from_millis(100),
             bulk_timeout: Duration::from_secs(2),
+            auth: RedisAuth::default(),
         }
     }
 }
@@ -99,13 +121,21 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-/// Check a `--store redis://…` URL without connecting. The error says what is wrong and
-/// never shows a password.
+/// Check a `--store redis://…` or `rediss://…` URL without connecting. The error says what
+/// is wrong and never shows a password.
 pub fn parse_url(url: &str) -> Result<redis::Client, String> {
+    client(url, &RedisAuth::default())
+}
+
+/// The client for `url` with `auth` applied (credentials, TLS roots).
+pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, String> {
     let shown = redacted(url);
     let rest = url
         .strip_prefix("redis://")
-        .ok_or_else(|| format!("expected redis://HOST:PORT, got {shown:?}"))?;
+        .or_else(|| url.strip_prefix("rediss://"))
+        .ok_or_else(|| {
+            format!("expected redis://HOST:PORT or rediss://HOST:PORT, got {shown:?}")
+        })?;
     let hostport = rest.rsplit('@').next().unwrap_or(rest);
     let hostport = hostport.split('/').next().unwrap_or(hostport);
     if hostport.is_empty() || hostport.starts_with(':') {
@@ -119,8 +149,36 @@ pub fn parse_url(url: &str) -> Result<redis::Client, String> {
             return Err("expected redis://HOST:PORT (bad port)".to_owned());
         }
     }
-    redis::Client::open(url)
-        .map_err(|e| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind()))
+    let bad = |e: redis::RedisError| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind());
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(bad)?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(u) = &auth.username {
+        settings = settings.set_username(u);
+    }
+    if let Some(p) = &auth.password {
+        settings = settings.set_password(&p.0);
+    }
+    let info = info.set_redis_settings(settings);
+    let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    match (&auth.ca_pem, tls) {
+        (Some(pem), true) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        )
+        .map_err(|e| format!("{shown:?}: the CA file is not usable ({:?})", e.kind())),
+        (Some(_), false) => Err(format!(
+            "{shown:?}: a CA file is only for rediss:// (TLS) URLs"
+        )),
+        (None, _) => redis::Client::open(info).map_err(bad),
+    }
+}
+
+/// A TLS provider for rustls, installed once per process (rediss:// needs one).
+fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -180,7 +238,8 @@ impl RedisStore {
                 opts.prefix
             ));
         }
-        let client = parse_url(url)?;
+        install_tls_provider();
+        let client = client(url, &opts.auth)?;
         let addr = client.get_connection_info().addr().to_string();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
