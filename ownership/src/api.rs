@@ -105,11 +105,24 @@ impl ApiError {
 
     /// A store failure, named by its class only: backend error texts stay in the log.
     pub fn store(store: &str, e: &crate::store::StoreError) -> Self {
+        log_store_error(e);
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
             format!("{store}: {}", e.class()),
         )
+    }
+}
+
+/// Log a store error at most once a second (an outage fails every request), with the
+/// backend's own text: store errors never carry credentials (URLs are redacted, passwords are
+/// never part of a Redis error).
+fn log_store_error(e: &crate::store::StoreError) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = (system_clock())() / 1000;
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        eprintln!("mcp-ownership: {e}; answering 503 store_unavailable");
     }
 }
 

@@ -494,7 +494,10 @@ mod tests {
         std::fs::write(&f, "\n").unwrap();
         let c = parse(&["--redis-password-file", &path]).unwrap();
         let e = redis_auth(&c, None).err().unwrap();
-        assert!(e.contains("--redis-password-file") && e.contains("empty"), "{e}");
+        assert!(
+            e.contains("--redis-password-file") && e.contains("empty"),
+            "{e}"
+        );
         let _ = std::fs::remove_file(&f);
     }
 
