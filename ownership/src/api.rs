@@ -1,6 +1,5 @@
 //! HTTP handlers and input validation. Every input problem is a 4xx with a named `ErrorBody`;
 //! every store problem is a 503; nothing here panics on input.
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -10,29 +9,20 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mcp_resume_core::ownership::{
-    ErrorBody, Record, RecordAck, RecordBatch, ResumeQuery, ResumeVerdict,
+    ErrorBody, FieldError, Record, RecordAck, RejectedRecord, ResumeQuery, ResumeVerdict,
+    MAX_BATCH_RECORDS, MAX_RECORDS_BODY_BYTES, MAX_SEQ,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
+use crate::auth::Auth;
 use crate::metrics::{record_type, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
 use crate::resume::{resolve, timed, ResumeOptions};
 use crate::store::Store;
 
 /// Path of the operator / preStop endpoint (not in the core: only people and hooks call it).
 pub const OWNERS_GONE_PATH: &str = "/v1/owners/gone";
-/// Request bodies above this are refused with 413 before parsing.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-/// Records per batch.
-pub const MAX_BATCH_RECORDS: usize = 10_000;
-/// Bytes per replica event id.
-pub const MAX_EVENT_ID_BYTES: usize = 1024;
-/// Bytes of a protocol version string.
-pub const MAX_VERSION_BYTES: usize = 64;
-/// Sequence numbers stay within JSON's exactly representable integers (2^53 - 1), which also
-/// keeps every `seq + 1` far from overflow.
-pub const MAX_SEQ: u64 = (1 << 53) - 1;
-
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// Milliseconds since the Unix epoch from the system clock.
@@ -51,6 +41,8 @@ pub struct AppState<S> {
     pub opts: ResumeOptions,
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
+    /// Who may call what (default: open).
+    pub auth: Auth,
 }
 
 impl<S> Clone for AppState<S> {
@@ -60,6 +52,7 @@ impl<S> Clone for AppState<S> {
             opts: self.opts,
             metrics: self.metrics.clone(),
             clock: self.clock.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -71,7 +64,14 @@ impl<S: Store> AppState<S> {
             opts,
             metrics: Arc::new(Metrics::new()),
             clock: system_clock(),
+            auth: Auth::default(),
         }
+    }
+
+    /// Require bearer tokens (see [`crate::auth`]).
+    pub fn with_auth(mut self, auth: Auth) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// Replace the clock (tests drive idle TTLs without sleeping).
@@ -103,12 +103,26 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "bad_field", detail)
     }
 
-    fn store(e: crate::store::StoreError) -> Self {
+    /// A store failure, named by its class only: backend error texts stay in the log.
+    pub fn store(store: &str, e: &crate::store::StoreError) -> Self {
+        log_store_error(e);
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
-            e.to_string(),
+            format!("{store}: {}", e.class()),
         )
+    }
+}
+
+/// Log a store error at most once a second (an outage fails every request), with the
+/// backend's own text: store errors never carry credentials (URLs are redacted, passwords are
+/// never part of a Redis error).
+fn log_store_error(e: &crate::store::StoreError) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = (system_clock())() / 1000;
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        eprintln!("mcp-ownership: {e}; answering 503 store_unavailable");
     }
 }
 
@@ -118,11 +132,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A JSON body extractor whose every rejection is an [`ApiError`] (axum's own `Json` answers
-/// in plain text).
-pub struct JsonBody<T>(pub T);
+/// The raw body of a JSON request: content type checked, size bounded, nothing parsed yet
+/// (parsing is the plain functions below, so fuzzers and tests call exactly what handlers do).
+pub struct JsonBytes(pub Bytes);
 
-impl<T: DeserializeOwned, St: Send + Sync> FromRequest<St> for JsonBody<T> {
+impl<St: Send + Sync> FromRequest<St> for JsonBytes {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &St) -> Result<Self, Self::Rejection> {
@@ -138,31 +152,42 @@ impl<T: DeserializeOwned, St: Send + Sync> FromRequest<St> for JsonBody<T> {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "body_too_large",
-                    format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+                    format!("request body exceeds {MAX_RECORDS_BODY_BYTES} bytes"),
                 )
             } else {
                 ApiError::new(StatusCode::BAD_REQUEST, "bad_body", rej.body_text())
             }
         })?;
-        let mut de = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
-        // Trailing garbage after the document is a syntax error too.
-        de.end()
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string()))?;
-        Ok(JsonBody(value))
+        Ok(JsonBytes(bytes))
     }
 }
 
+/// One JSON document of type `T`, strictly: the error names the field, trailing garbage is
+/// a syntax error.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| json_error("", e))?;
+    de.end()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string()))?;
+    Ok(value)
+}
+
 /// serde's message names the field for unknown/missing fields; the path names it for type
-/// errors (`seq: invalid type: string "x", expected u64 ...`). Keep both.
-fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+/// errors (`seq: invalid type: string "x", expected u64 ...`). Keep both. `prefix` locates
+/// the document inside a larger one (`records[3]`).
+fn json_error(prefix: &str, e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let path = e.path().to_string();
     let inner = e.into_inner();
     let name = match inner.classify() {
         serde_json::error::Category::Data => "bad_field",
         _ => "bad_json",
     };
-    let detail = if path.is_empty() || path == "." {
+    let path = match (prefix.is_empty(), path.is_empty() || path == ".") {
+        (_, true) => prefix.to_owned(),
+        (true, false) => path,
+        (false, false) => format!("{prefix}.{path}"),
+    };
+    let detail = if path.is_empty() {
         inner.to_string()
     } else {
         format!("{path}: {inner}")
@@ -178,150 +203,119 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
 }
 
-// ---------- validation ----------
+// ---------- parsing and validation ----------
 
-fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+fn bad_field(e: FieldError) -> ApiError {
+    ApiError::bad_field(e.to_string())
 }
 
-fn check_session(field: &str, s: &str) -> Result<(), ApiError> {
-    if is_lower_hex(s, 32) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_field(format!(
-            "{field}: expected 32 lowercase hex digits, got {}",
-            shown(s)
-        )))
+/// `POST /v1/resume` body -> a valid query.
+pub fn parse_resume_query(bytes: &[u8]) -> Result<ResumeQuery, ApiError> {
+    let q: ResumeQuery = parse_json(bytes)?;
+    // The record rules for session and incarnation are the query's rules too.
+    Record::StreamLost {
+        session: q.session.clone(),
+        incarnation: q.incarnation.clone(),
     }
-}
-
-fn check_incarnation(field: &str, s: &str) -> Result<(), ApiError> {
-    if is_lower_hex(s, 16) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_field(format!(
-            "{field}: expected 16 lowercase hex digits, got {}",
-            shown(s)
-        )))
+    .validate()
+    .map_err(bad_field)?;
+    if q.seq > MAX_SEQ {
+        return Err(ApiError::bad_field(format!(
+            "seq: {} exceeds {MAX_SEQ}",
+            q.seq
+        )));
     }
+    Ok(q)
 }
 
-/// `ip:port` in canonical form, since the owner string is an identity (OwnerGone matches it
-/// byte for byte) and Envoy's `upstream.address` is canonical.
-pub fn check_owner(field: &str, s: &str) -> Result<(), ApiError> {
-    match s.parse::<SocketAddr>() {
-        Ok(a) if a.to_string() == s && a.port() != 0 => Ok(()),
-        _ => Err(ApiError::bad_field(format!(
-            "{field}: expected ip:port (e.g. 10.0.0.7:8080 or [fd00::7]:8080), got {}",
-            shown(s)
-        ))),
-    }
+/// `POST /v1/owners/gone` body -> the record it stands for.
+pub fn parse_owner_gone(bytes: &[u8]) -> Result<Record, ApiError> {
+    let body: OwnerGoneBody = parse_json(bytes)?;
+    let r = Record::OwnerGone { owner: body.owner };
+    r.validate().map_err(bad_field)?;
+    Ok(r)
 }
 
-fn check_seq(field: &str, seq: u64) -> Result<(), ApiError> {
-    if seq <= MAX_SEQ {
-        Ok(())
-    } else {
-        Err(ApiError::bad_field(format!(
-            "{field}: {seq} exceeds {MAX_SEQ}"
-        )))
-    }
+/// A batch split into the records to apply and the ones refused, each refused one named.
+#[derive(Debug, Default)]
+pub struct ParsedBatch {
+    pub valid: Vec<Record>,
+    pub rejected: Vec<RejectedRecord>,
 }
 
-/// A short, safe rendering of a bad value for the error detail.
-fn shown(s: &str) -> String {
-    let cut: String = s.chars().take(48).collect();
-    if cut.len() < s.len() {
-        format!("{cut:?}…")
-    } else {
-        format!("{cut:?}")
-    }
-}
+/// The `records` array, unparsed per element, refused as soon as it grows past
+/// [`MAX_BATCH_RECORDS`] (never collected whole).
+struct RawRecords(Vec<Box<RawValue>>);
 
-pub fn validate_query(q: &ResumeQuery) -> Result<(), ApiError> {
-    check_session("session", &q.session)?;
-    check_incarnation("incarnation", &q.incarnation)?;
-    check_seq("seq", q.seq)
-}
-
-pub fn validate_record(i: usize, r: &Record) -> Result<(), ApiError> {
-    let f = |name: &str| format!("records[{i}].{name}");
-    match r {
-        Record::SessionOpen { session, version } => {
-            check_session(&f("session"), session)?;
-            let printable = version.bytes().all(|b| b.is_ascii_graphic());
-            if version.is_empty() || version.len() > MAX_VERSION_BYTES || !printable {
-                return Err(ApiError::bad_field(format!(
-                    "{}: expected 1..={MAX_VERSION_BYTES} printable ASCII characters, got {}",
-                    f("version"),
-                    shown(version)
-                )));
+impl<'de> Deserialize<'de> for RawRecords {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawRecords;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "an array of at most {MAX_BATCH_RECORDS} records")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RawRecords, A::Error> {
+                let mut out = Vec::new();
+                while let Some(r) = seq.next_element::<Box<RawValue>>()? {
+                    if out.len() == MAX_BATCH_RECORDS {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "more than {MAX_BATCH_RECORDS} records in one batch"
+                        )));
+                    }
+                    out.push(r);
+                }
+                Ok(RawRecords(out))
             }
         }
-        Record::SessionEnd { session, .. } => check_session(&f("session"), session)?,
-        Record::StreamOpen {
-            session,
-            incarnation,
-            owner,
-            ..
-        } => {
-            check_session(&f("session"), session)?;
-            check_incarnation(&f("incarnation"), incarnation)?;
-            check_owner(&f("owner"), owner)?;
-        }
-        Record::Events {
-            session,
-            incarnation,
-            first_seq,
-            ids,
-            ..
-        } => {
-            check_session(&f("session"), session)?;
-            check_incarnation(&f("incarnation"), incarnation)?;
-            let last = first_seq.saturating_add((ids.len() as u64).saturating_sub(1));
-            if last > MAX_SEQ {
-                return Err(ApiError::bad_field(format!(
-                    "{}: first_seq + number of ids exceeds {MAX_SEQ}",
-                    f("first_seq")
-                )));
-            }
-            if let Some((j, id)) = ids
-                .iter()
-                .enumerate()
-                .find(|(_, id)| id.len() > MAX_EVENT_ID_BYTES)
-            {
-                return Err(ApiError::bad_field(format!(
-                    "{}: {} bytes, at most {MAX_EVENT_ID_BYTES}",
-                    f(&format!("ids[{j}]")),
-                    id.len()
-                )));
-            }
-        }
-        Record::StreamLost {
-            session,
-            incarnation,
-        } => {
-            check_session(&f("session"), session)?;
-            check_incarnation(&f("incarnation"), incarnation)?;
-        }
-        Record::OwnerGone { owner } => check_owner(&f("owner"), owner)?,
+        d.deserialize_seq(V)
     }
-    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBatch {
+    records: RawRecords,
+}
+
+/// `POST /v1/records` body -> valid and rejected records. Only the envelope can fail the
+/// whole batch (not JSON, no `records` array, too many records); each element is parsed and
+/// validated on its own.
+pub fn parse_records(bytes: &[u8]) -> Result<ParsedBatch, ApiError> {
+    let raw: RawBatch = parse_json(bytes)?;
+    let mut out = ParsedBatch::default();
+    for (index, elem) in raw.records.0.iter().enumerate() {
+        let at = format!("records[{index}]");
+        let mut de = serde_json::Deserializer::from_str(elem.get());
+        let parsed = serde_path_to_error::deserialize::<_, Record>(&mut de)
+            .map_err(|e| json_error(&at, e).body.detail)
+            .and_then(|r| r.validate().map(|()| r).map_err(|e| format!("{at}.{e}")));
+        match parsed {
+            Ok(r) => out.valid.push(r),
+            Err(detail) => out.rejected.push(RejectedRecord {
+                index,
+                error: "bad_field".to_owned(),
+                detail,
+            }),
+        }
+    }
+    Ok(out)
 }
 
 // ---------- handlers ----------
 
 pub async fn resume<S: Store>(
     State(st): State<AppState<S>>,
-    JsonBody(q): JsonBody<ResumeQuery>,
+    JsonBytes(body): JsonBytes,
 ) -> Result<Json<ResumeVerdict>, ApiError> {
-    validate_query(&q)?;
+    let q = parse_resume_query(&body)?;
     let clock = st.clock.clone();
     let r = resolve(st.store.as_ref(), &q, &st.opts, clock.as_ref(), &st.metrics)
         .await
-        .map_err(ApiError::store)?;
+        .map_err(|e| ApiError::store(st.store.name(), &e))?;
     let outcome = match &r.verdict {
         ResumeVerdict::Continue { .. } => "continue",
         ResumeVerdict::NewStream { reason } => reason.as_str(),
@@ -343,23 +337,20 @@ pub async fn resume<S: Store>(
 
 pub async fn records<S: Store>(
     State(st): State<AppState<S>>,
-    JsonBody(batch): JsonBody<RecordBatch>,
+    JsonBytes(body): JsonBytes,
 ) -> Result<Json<RecordAck>, ApiError> {
-    if batch.records.len() > MAX_BATCH_RECORDS {
-        return Err(ApiError::bad_field(format!(
-            "records: {} records, at most {MAX_BATCH_RECORDS} per batch",
-            batch.records.len()
-        )));
+    let batch = parse_records(&body)?;
+    // A bad record is named and skipped; the others still land (records are independent
+    // idempotent upserts, and the guard never resends a rejected one).
+    st.metrics
+        .records_rejected
+        .inc_by(batch.rejected.len() as u64);
+    if !batch.valid.is_empty() {
+        apply(&st, &batch.valid).await?;
     }
-    // Validate the whole batch first: a bad batch changes nothing, so the guard can fix and
-    // resend it without wondering what half landed.
-    for (i, r) in batch.records.iter().enumerate() {
-        validate_record(i, r)?;
-    }
-    apply(&st, &batch.records).await?;
     Ok(Json(RecordAck {
-        applied: batch.records.len(),
-        rejected: Vec::new(),
+        applied: batch.valid.len(),
+        rejected: batch.rejected,
     }))
 }
 
@@ -371,11 +362,10 @@ pub struct OwnerGoneBody {
 
 pub async fn owners_gone<S: Store>(
     State(st): State<AppState<S>>,
-    JsonBody(body): JsonBody<OwnerGoneBody>,
+    JsonBytes(body): JsonBytes,
 ) -> Result<Json<RecordAck>, ApiError> {
-    check_owner("owner", &body.owner)?;
-    let records = [Record::OwnerGone { owner: body.owner }];
-    apply(&st, &records).await?;
+    let record = parse_owner_gone(&body)?;
+    apply(&st, std::slice::from_ref(&record)).await?;
     Ok(Json(RecordAck {
         applied: 1,
         rejected: Vec::new(),
@@ -386,7 +376,7 @@ async fn apply<S: Store>(st: &AppState<S>, records: &[Record]) -> Result<(), Api
     let now = (st.clock)();
     timed(&st.metrics, "apply", st.store.apply(records, now))
         .await
-        .map_err(ApiError::store)?;
+        .map_err(|e| ApiError::store(st.store.name(), &e))?;
     for r in records {
         st.metrics
             .records
@@ -402,9 +392,10 @@ pub async fn healthz<S: Store>(State(st): State<AppState<S>>) -> Response {
     let name = st.store.name();
     match timed(&st.metrics, "health", st.store.health()).await {
         Ok(()) => Json(serde_json::json!({"status": "ok", "store": name})).into_response(),
+        // The class only: the backend's text stays in the log (see the health watcher).
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({"status": "unavailable", "store": name, "detail": e.to_string()})),
+            Json(serde_json::json!({"status": "unavailable", "store": name, "detail": e.class()})),
         )
             .into_response(),
     }

@@ -3,6 +3,7 @@
 //! Small on purpose: HTTP/JSON handlers ([`api`]) over a [`store::Store`]. The decision itself
 //! is the core's `decide`; this crate only gathers an atomic snapshot of facts for it.
 pub mod api;
+pub mod auth;
 pub mod memory;
 pub mod metrics;
 pub mod redis;
@@ -15,9 +16,10 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use mcp_resume_core::ownership::{RECORDS_PATH, RESUME_PATH};
+use mcp_resume_core::ownership::{MAX_RECORDS_BODY_BYTES, RECORDS_PATH, RESUME_PATH};
 
 pub use api::AppState;
+pub use auth::{Auth, TokenFile};
 pub use memory::MemoryStore;
 pub use redis::{RedisOptions, RedisStore};
 pub use resume::ResumeOptions;
@@ -26,6 +28,7 @@ pub use store::{Limits, Store};
 /// The whole HTTP API, ready to serve or to embed.
 pub fn router<S: Store>(state: AppState<S>) -> Router {
     let metrics = state.metrics.clone();
+    let auth = state.auth.clone();
     Router::new()
         .route(RESUME_PATH, post(api::resume::<S>))
         .route(RECORDS_PATH, post(api::records::<S>))
@@ -34,12 +37,32 @@ pub fn router<S: Store>(state: AppState<S>) -> Router {
         .route("/metrics", get(api::metrics::<S>))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
-        .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_RECORDS_BODY_BYTES))
+        // Outside the handlers and the body limit: a refused request is never read further.
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            auth::require_token,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             metrics,
             api::count_requests,
         ))
         .with_state(state)
+}
+
+/// Re-read the token files every `every` (a miss also re-reads at once; this makes removed
+/// tokens stop working without a request having to fail first).
+pub fn spawn_token_reload(auth: auth::Auth, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // File reads are blocking; they are tiny, but keep them off the async workers.
+            let a = auth.clone();
+            let _ = tokio::task::spawn_blocking(move || a.refresh()).await;
+        }
+    })
 }
 
 /// Free idle-expired sessions every `every` until the runtime stops. Stores with native key

@@ -1,36 +1,137 @@
 //! `mcp-ownership`: the ownership service binary (CLI, store choice, serve, shutdown).
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Parser;
+use mcp_ownership::redis::{RedisAuth, Secret};
 use mcp_ownership::{
-    router, spawn_sweeper, AppState, Limits, MemoryStore, RedisOptions, RedisStore, ResumeOptions,
-    Store,
+    router, spawn_sweeper, spawn_token_reload, AppState, Auth, Limits, MemoryStore, RedisOptions,
+    RedisStore, ResumeOptions, Store, TokenFile,
 };
 
-const HELP: &str = "\
-mcp-ownership: ownership service for mcp-resume-guard
+/// Every default, written once (the help shows them).
+mod defaults {
+    pub const LISTEN: &str = "127.0.0.1:9200";
+    pub const STORE: &str = "memory";
+    pub const STORE_TIMEOUT_MS: u64 = 150;
+    pub const REDIS_PREFIX: &str = "mrg:";
+    pub const RECORD_WAIT_MS: u64 = 150;
+    pub const SESSION_IDLE_TTL_SECS: u64 = 3600;
+    pub const MAX_INCARNATIONS_PER_SESSION: usize = 64;
+    pub const MAX_WINDOW: usize = 4096;
+    pub const MAX_EXPECTED: usize = 256;
+    pub const MAX_SESSIONS: usize = 100_000;
+    pub const MAX_STORE_BYTES: usize = 256 << 20;
+}
 
-USAGE:
-    mcp-ownership [FLAGS]
+/// mcp-ownership: ownership service for mcp-resume-guard.
+///
+/// Every flag can also be set by the environment variable shown with it (a flag wins).
+#[derive(Debug, Parser)]
+#[command(name = "mcp-ownership", version)]
+struct Cli {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "MCP_OWNERSHIP_LISTEN", value_name = "ADDR", default_value = defaults::LISTEN)]
+    listen: SocketAddr,
 
-FLAGS:
-    --listen ADDR                        address to serve HTTP on [default: 127.0.0.1:9200]
-    --store STORE                        `memory` (embedded, one instance only) or
-                                         `redis://HOST:PORT[/DB]` (shared by every instance)
-                                         [default: memory]
-    --store-timeout-ms MS                upper bound on one Redis operation; keep it well
-                                         below the guard's callout timeout [default: 150]
-    --redis-prefix PREFIX                namespace of every Redis key [default: mrg:]
-    --record-wait-ms MS                  how long a resume waits for records still in flight
-                                         [default: 150]
-    --session-idle-ttl-secs SECS         a session untouched this long reads as expired
-                                         [default: 3600]
-    --max-incarnations-per-session N     stream incarnations kept per session [default: 64]
-    --max-window N                       recorded events kept per incarnation [default: 4096]
-    --max-expected N                     expected event ids returned by a resume [default: 256]
-    -h, --help                           print this help
-";
+    /// `memory` (embedded, one instance only) or `redis://HOST:PORT[/DB]` (shared by every
+    /// instance); `rediss://` for TLS. Give credentials with --redis-username and
+    /// --redis-password-file (or MCP_OWNERSHIP_REDIS_PASSWORD), not in the URL.
+    #[arg(long, env = "MCP_OWNERSHIP_STORE", value_name = "STORE", default_value = defaults::STORE, hide_env_values = true)]
+    store: String,
+
+    /// Upper bound on one Redis operation; keep it well below the guard's callout timeout.
+    #[arg(long, env = "MCP_OWNERSHIP_STORE_TIMEOUT_MS", value_name = "MS",
+          default_value_t = defaults::STORE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..=60_000), allow_negative_numbers = true)]
+    store_timeout_ms: u64,
+
+    /// Namespace of every Redis key (non-empty, no braces).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_PREFIX", value_name = "PREFIX",
+          default_value = defaults::REDIS_PREFIX, value_parser = redis_prefix)]
+    redis_prefix: String,
+
+    /// Redis ACL user (with a password: AUTH user password).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_USERNAME", value_name = "USER")]
+    redis_username: Option<String>,
+
+    /// File whose first line is the Redis password. Or MCP_OWNERSHIP_REDIS_PASSWORD (the
+    /// password itself; never a flag, so it is never on a command line).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_PASSWORD_FILE", value_name = "PATH")]
+    redis_password_file: Option<PathBuf>,
+
+    /// PEM CA certificates to verify a rediss:// server with (default: the system's roots).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_CA_FILE", value_name = "PATH")]
+    redis_ca_file: Option<PathBuf>,
+
+    /// How long a resume waits for records still in flight.
+    #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
+          default_value_t = defaults::RECORD_WAIT_MS, value_parser = clap::value_parser!(u64).range(0..=60_000), allow_negative_numbers = true)]
+    record_wait_ms: u64,
+
+    /// A session untouched this long reads as expired.
+    #[arg(long, env = "MCP_OWNERSHIP_SESSION_IDLE_TTL_SECS", value_name = "SECS",
+          default_value_t = defaults::SESSION_IDLE_TTL_SECS, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400), allow_negative_numbers = true)]
+    session_idle_ttl_secs: u64,
+
+    /// Stream incarnations kept per session.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_INCARNATIONS_PER_SESSION", value_name = "N",
+          default_value_t = defaults::MAX_INCARNATIONS_PER_SESSION, value_parser = count(1, 100_000), allow_negative_numbers = true)]
+    max_incarnations_per_session: usize,
+
+    /// Recorded events kept per incarnation.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_WINDOW", value_name = "N",
+          default_value_t = defaults::MAX_WINDOW, value_parser = count(1, 10_000_000), allow_negative_numbers = true)]
+    max_window: usize,
+
+    /// Sessions kept in all; past it the least recently active session is evicted (its
+    /// cursors then get a new stream). Memory and Redis.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_SESSIONS", value_name = "N",
+          default_value_t = defaults::MAX_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
+    max_sessions: usize,
+
+    /// Estimated bytes the memory store keeps in all; past it the least recently active session
+    /// is evicted. Keep it well below the container's memory limit. Redis: use its own
+    /// `maxmemory` (README).
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_STORE_BYTES", value_name = "BYTES",
+          default_value_t = defaults::MAX_STORE_BYTES, value_parser = count(1 << 20, 1 << 46), allow_negative_numbers = true)]
+    max_store_bytes: usize,
+
+    /// Bearer tokens of the guards, one per line; every endpoint but /healthz and
+    /// /v1/owners/gone requires one. Re-read when the file changes (rotation: old and new
+    /// tokens side by side, then only the new). Without it the service is open to anyone who
+    /// reaches it (a local demo only; a warning is logged).
+    #[arg(long, env = "MCP_OWNERSHIP_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
+
+    /// Bearer tokens allowed on /v1/owners/gone (the preStop hook, operators), and only there.
+    /// With --token-file but without this, /v1/owners/gone refuses everybody.
+    #[arg(long, env = "MCP_OWNERSHIP_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
+
+    /// Expected event ids returned by a resume.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_EXPECTED", value_name = "N",
+          default_value_t = defaults::MAX_EXPECTED, value_parser = count(0, 100_000), allow_negative_numbers = true)]
+    max_expected: usize,
+}
+
+/// A `usize` flag within `min..=max`.
+fn count(min: u64, max: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser as _;
+    clap::value_parser!(u64)
+        .range(min..=max)
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+fn redis_prefix(value: &str) -> Result<String, String> {
+    if value.is_empty() || value.contains(['{', '}']) {
+        Err("must be non-empty and without braces".to_owned())
+    } else {
+        Ok(value.to_owned())
+    }
+}
 
 #[derive(Debug)]
 enum StoreSpec {
@@ -38,124 +139,78 @@ enum StoreSpec {
     Redis(String),
 }
 
-#[derive(Debug)]
-struct Cli {
-    listen: SocketAddr,
-    store: StoreSpec,
-    record_wait_ms: u64,
-    session_idle_ttl_secs: u64,
-    max_incarnations_per_session: usize,
-    max_window: usize,
-    max_expected: usize,
-    store_timeout_ms: u64,
-    redis_prefix: String,
-}
+/// The environment variable holding the Redis password itself.
+const REDIS_PASSWORD_ENV: &str = "MCP_OWNERSHIP_REDIS_PASSWORD";
 
-enum Parsed {
-    Run(Cli),
-    Help,
-}
-
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
-    let mut cli = Cli {
-        listen: SocketAddr::from(([127, 0, 0, 1], 9200)),
-        store: StoreSpec::Memory,
-        record_wait_ms: 150,
-        session_idle_ttl_secs: 3600,
-        max_incarnations_per_session: 64,
-        max_window: 4096,
-        max_expected: 256,
-        store_timeout_ms: 150,
-        redis_prefix: "mrg:".to_owned(),
+/// Redis credentials and TLS roots from the flags, files and environment.
+fn redis_auth(cli: &Cli, password_env: Option<String>) -> Result<RedisAuth, String> {
+    let password = match (&cli.redis_password_file, password_env) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "--redis-password-file and {REDIS_PASSWORD_ENV}: give the password one way"
+            ))
+        }
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--redis-password-file {}: {e}", path.display()))?;
+            let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+            if first.is_empty() {
+                return Err(format!(
+                    "--redis-password-file {}: the first line is empty",
+                    path.display()
+                ));
+            }
+            Some(Secret(first.to_owned()))
+        }
+        (None, Some(p)) if p.is_empty() => None,
+        (None, p) => p.map(Secret),
     };
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(Parsed::Help);
-        }
-        // Both `--flag value` and `--flag=value`.
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let known = [
-            "--listen",
-            "--store",
-            "--record-wait-ms",
-            "--session-idle-ttl-secs",
-            "--max-incarnations-per-session",
-            "--max-window",
-            "--max-expected",
-            "--store-timeout-ms",
-            "--redis-prefix",
-        ];
-        if !known.contains(&flag.as_str()) {
-            return Err(format!("unknown flag {flag:?} (see --help)"));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => args
-                .next()
-                .ok_or_else(|| format!("{flag}: missing value"))?,
-        };
-        match flag.as_str() {
-            "--listen" => {
-                cli.listen = value
-                    .parse()
-                    .map_err(|_| format!("--listen: expected ip:port, got {value:?}"))?
-            }
-            "--store" => {
-                cli.store = if value == "memory" {
-                    StoreSpec::Memory
-                } else if value.starts_with("redis://") {
-                    mcp_ownership::redis::parse_url(&value).map_err(|e| format!("--store: {e}"))?;
-                    StoreSpec::Redis(value)
-                } else {
-                    return Err(format!(
-                        "--store: expected `memory` or `redis://HOST:PORT`, got {value:?}"
-                    ));
-                }
-            }
-            "--record-wait-ms" => cli.record_wait_ms = number(&flag, &value, 0, 60_000)?,
-            "--session-idle-ttl-secs" => {
-                cli.session_idle_ttl_secs = number(&flag, &value, 1, 30 * 86_400)?
-            }
-            "--max-incarnations-per-session" => {
-                cli.max_incarnations_per_session = number(&flag, &value, 1, 100_000)? as usize
-            }
-            "--max-window" => cli.max_window = number(&flag, &value, 1, 10_000_000)? as usize,
-            "--max-expected" => cli.max_expected = number(&flag, &value, 0, 100_000)? as usize,
-            "--store-timeout-ms" => cli.store_timeout_ms = number(&flag, &value, 1, 60_000)?,
-            "--redis-prefix" => {
-                if value.contains(['{', '}']) || value.is_empty() {
-                    return Err(format!(
-                        "--redis-prefix: must be non-empty and without braces, got {value:?}"
-                    ));
-                }
-                cli.redis_prefix = value
-            }
-            _ => return Err(format!("unknown flag {flag:?} (see --help)")),
-        }
-    }
-    Ok(Parsed::Run(cli))
+    let ca_pem = cli
+        .redis_ca_file
+        .as_ref()
+        .map(|p| std::fs::read(p).map_err(|e| format!("--redis-ca-file {}: {e}", p.display())))
+        .transpose()?;
+    Ok(RedisAuth {
+        username: cli.redis_username.clone(),
+        password,
+        ca_pem,
+    })
 }
 
-fn number(flag: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
-    match value.parse::<u64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{flag}: expected an integer in {min}..={max}, got {value:?}"
-        )),
+/// `--store`, checked without ever echoing the value: a Redis URL may carry a password.
+fn store_spec(value: &str) -> Result<StoreSpec, String> {
+    if value == "memory" {
+        Ok(StoreSpec::Memory)
+    } else if value.starts_with("redis://") || value.starts_with("rediss://") {
+        mcp_ownership::redis::parse_url(value).map_err(|e| format!("--store: {e}"))?;
+        Ok(StoreSpec::Redis(value.to_owned()))
+    } else {
+        Err("--store: expected `memory` or `redis://HOST:PORT` (or rediss://)".to_owned())
     }
 }
 
 fn main() -> ExitCode {
-    let cli = match parse_args(std::env::args().skip(1)) {
-        Ok(Parsed::Help) => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; usage errors exit 2.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
-        Ok(Parsed::Run(cli)) => cli,
+    };
+    let store = match store_spec(&cli.store) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("mcp-ownership: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let auth = match load_auth(&cli) {
+        Ok(a) => a,
         Err(e) => {
             eprintln!("mcp-ownership: {e}");
             return ExitCode::from(2);
@@ -171,24 +226,63 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
+    runtime.block_on(run(cli, store, auth))
 }
 
-async fn run(cli: Cli) -> ExitCode {
+fn load_auth(cli: &Cli) -> Result<Auth, String> {
+    let load = |flag, path: &Option<PathBuf>| {
+        path.as_ref()
+            .map(|p| TokenFile::load(flag, p).map(Arc::new))
+            .transpose()
+    };
+    let auth = Auth {
+        guard: load("--token-file", &cli.token_file)?,
+        admin: load("--admin-token-file", &cli.admin_token_file)?,
+    };
+    match (&auth.guard, &auth.admin) {
+        (None, _) => eprintln!(
+            "mcp-ownership: WARNING: no --token-file: records, resumes and metrics are open to \
+             anyone who can reach {} (fine for a local demo, never for a deployment)",
+            cli.listen
+        ),
+        (Some(_), None) => {
+            eprintln!("mcp-ownership: no --admin-token-file: /v1/owners/gone refuses every caller")
+        }
+        (Some(_), Some(_)) => {}
+    }
+    Ok(auth)
+}
+
+async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
     let limits = Limits {
         max_window: cli.max_window,
         max_incarnations_per_session: cli.max_incarnations_per_session,
         session_idle_ttl_ms: cli.session_idle_ttl_secs.saturating_mul(1000),
+        max_sessions: cli.max_sessions,
+        max_bytes: cli.max_store_bytes,
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.
-    match &cli.store {
-        StoreSpec::Memory => serve(MemoryStore::new(limits), &cli).await,
+    match &store {
+        StoreSpec::Memory => serve(MemoryStore::new(limits), &cli, auth).await,
         StoreSpec::Redis(url) => {
             let op_timeout = Duration::from_millis(cli.store_timeout_ms);
+            let redis_auth = match redis_auth(&cli, std::env::var(REDIS_PASSWORD_ENV).ok()) {
+                Ok(a) => a,
+                Err(e) => {
+                    eprintln!("mcp-ownership: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let opts = RedisOptions {
+                auth: redis_auth,
                 prefix: cli.redis_prefix.clone(),
                 op_timeout,
-                connect_timeout: op_timeout.min(Duration::from_millis(100)),
+                // A TLS handshake is a round trip more.
+                connect_timeout: if url.starts_with("rediss://") {
+                    op_timeout
+                } else {
+                    op_timeout.min(Duration::from_millis(100))
+                },
                 ..RedisOptions::default()
             };
             let store = match RedisStore::new(url, limits, opts) {
@@ -208,17 +302,19 @@ async fn run(cli: Cli) -> ExitCode {
                     store.addr()
                 ),
             }
-            serve(store, &cli).await
+            serve(store, &cli, auth).await
         }
     }
 }
 
-async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
+async fn serve<S: Store>(store: S, cli: &Cli, auth: Auth) -> ExitCode {
     let opts = ResumeOptions {
         record_wait: Duration::from_millis(cli.record_wait_ms),
         max_expected: cli.max_expected,
     };
-    let state = AppState::new(store, opts);
+    let reload =
+        (!auth.is_open()).then(|| spawn_token_reload(auth.clone(), Duration::from_secs(1)));
+    let state = AppState::new(store, opts).with_auth(auth);
     // Sweep often enough that memory follows the TTL, rarely enough to cost nothing.
     let every = Duration::from_secs((cli.session_idle_ttl_secs / 10).clamp(1, 60));
     let sweeper = spawn_sweeper(&state, every);
@@ -240,6 +336,9 @@ async fn serve<S: Store>(store: S, cli: &Cli) -> ExitCode {
         .await;
     sweeper.abort();
     watcher.abort();
+    if let Some(r) = reload {
+        r.abort();
+    }
     match served {
         Ok(()) => {
             eprintln!("mcp-ownership: shut down");
@@ -305,44 +404,58 @@ async fn shutdown_signal() {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use clap::CommandFactory as _;
 
-    fn parse(args: &[&str]) -> Result<Parsed, String> {
-        parse_args(args.iter().map(|s| s.to_string()))
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("mcp-ownership").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn defaults_and_forms() {
-        let Ok(Parsed::Run(c)) = parse(&[]) else {
-            panic!()
-        };
+        let c = parse(&[]).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9200");
-        assert!(matches!(c.store, StoreSpec::Memory));
+        assert!(matches!(store_spec(&c.store), Ok(StoreSpec::Memory)));
         assert_eq!(
             (c.record_wait_ms, c.max_window, c.max_expected),
             (150, 4096, 256)
         );
-        let Ok(Parsed::Run(c)) = parse(&[
+        let c = parse(&[
             "--listen=0.0.0.0:1",
             "--max-window",
             "7",
             "--store",
             "redis://x:1",
-        ]) else {
-            panic!()
-        };
+        ])
+        .unwrap();
         assert_eq!(c.listen.to_string(), "0.0.0.0:1");
         assert_eq!(c.max_window, 7);
-        assert!(matches!(c.store, StoreSpec::Redis(_)));
-        assert!(matches!(parse(&["--help"]), Ok(Parsed::Help)));
+        assert!(matches!(store_spec(&c.store), Ok(StoreSpec::Redis(_))));
+        let help = Cli::try_parse_from(["mcp-ownership", "--help"]).unwrap_err();
+        assert!(!help.use_stderr());
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_names_every_flag_its_variable_and_default() {
+        let help = Cli::command().render_long_help().to_string();
+        for arg in Cli::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" || long == "version" {
+                continue;
+            }
+            assert!(help.contains(&format!("--{long}")), "--{long} missing");
+            let env = arg.get_env().unwrap().to_string_lossy().into_owned();
+            assert!(env.starts_with("MCP_OWNERSHIP_"), "--{long}: {env}");
+            assert!(help.contains(&env), "{env} missing in help");
+        }
+        assert!(help.contains("[default: 127.0.0.1:9200]"), "{help}");
     }
 
     #[test]
     fn bad_values_name_the_flag() {
         for (args, flag) in [
             (&["--listen", "nope"][..], "--listen"),
-            (&["--store", "postgres://x"][..], "--store"),
-            (&["--store", "redis://"][..], "--store"),
-            (&["--store", "redis://h:x"][..], "--store"),
             (&["--store-timeout-ms", "0"][..], "--store-timeout-ms"),
             (&["--redis-prefix", "a{b}"][..], "--redis-prefix"),
             (&["--max-window", "0"][..], "--max-window"),
@@ -352,6 +465,53 @@ mod tests {
         ] {
             let err = parse(args).err().unwrap();
             assert!(err.contains(flag), "{err}");
+        }
+        for (store, words) in [
+            ("postgres://x", "expected `memory`"),
+            ("redis://", "no host"),
+            ("redis://h:x", "bad port"),
+        ] {
+            let err = store_spec(store).err().unwrap();
+            assert!(err.contains("--store") && err.contains(words), "{err}");
+        }
+    }
+
+    #[test]
+    fn redis_password_from_a_file_or_the_environment() {
+        let f = std::env::temp_dir().join(format!("mcp-own-pw-{}", std::process::id()));
+        std::fs::write(&f, "s3cr3t-pw\nignored\n").unwrap();
+        let path = f.to_string_lossy().into_owned();
+        let c = parse(&["--redis-username", "u", "--redis-password-file", &path]).unwrap();
+        let a = redis_auth(&c, None).unwrap();
+        assert_eq!(a.username.as_deref(), Some("u"));
+        assert_eq!(a.password, Some(Secret("s3cr3t-pw".into())));
+        assert!(!format!("{a:?}").contains("s3cr3t"));
+        let e = redis_auth(&c, Some("x".into())).err().unwrap();
+        assert!(e.contains("one way"), "{e}");
+        let c = parse(&[]).unwrap();
+        let a = redis_auth(&c, Some("from-env".into())).unwrap();
+        assert_eq!(a.password, Some(Secret("from-env".into())));
+        std::fs::write(&f, "\n").unwrap();
+        let c = parse(&["--redis-password-file", &path]).unwrap();
+        let e = redis_auth(&c, None).err().unwrap();
+        assert!(
+            e.contains("--redis-password-file") && e.contains("empty"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&f);
+    }
+
+    #[test]
+    fn a_bad_store_url_never_shows_its_password() {
+        for url in [
+            "redis://user:s3cr3t-pw@host:notaport",
+            "redis://user:s3cr3t-pw",
+            "redis://:s3cr3t-pw@:1",
+            "rediss:/user:s3cr3t-pw@h",
+            "http://user:s3cr3t-pw@h:1",
+        ] {
+            let err = store_spec(url).err().unwrap();
+            assert!(!err.contains("s3cr3t"), "{err}");
         }
     }
 }

@@ -1,13 +1,20 @@
 //! The embedded store: plain maps behind one mutex. Atomicity comes from the lock; no await
 //! happens while it is held, so a std mutex is the right tool.
-use std::collections::{BTreeMap, HashMap};
+//!
+//! Bounded globally: at most `max_sessions` sessions and about `max_bytes` bytes of recorded
+//! state (an estimate: string lengths plus a fixed overhead per entry). Past either cap the
+//! least recently active session (by record or resume) is evicted first; its cursors then read
+//! as `session_inactive`, never as a wrong continuation.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
-use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind};
+use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
 use tokio::sync::watch;
 
-use crate::store::{Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats};
+use crate::store::{
+    CursorId, Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats,
+};
 
 pub struct MemoryStore {
     limits: Limits,
@@ -19,8 +26,15 @@ pub struct MemoryStore {
 struct Inner {
     sessions: HashMap<String, Session>,
     /// OwnerGone bumps an address's epoch; an incarnation remembers the epoch it opened in,
-    /// so "owned until now" is one comparison, whatever the number of incarnations.
+    /// so "owned until now" is one comparison, whatever the number of incarnations. An epoch
+    /// is `max(previous + 1, now_ms)`, so it stays increasing across expiry (see `sweep`).
     owner_epochs: HashMap<String, u64>,
+    /// (last used ms, session): least recently active first.
+    lru: BTreeSet<(u64, String)>,
+    /// Estimated bytes of all sessions.
+    bytes: usize,
+    /// Sessions evicted by the caps so far.
+    evicted: u64,
     /// Logical clock for least-recently-recorded eviction (wall clocks tie and go backwards).
     tick: u64,
 }
@@ -43,7 +57,40 @@ struct Incarnation {
     lost: bool,
     head: u64,
     window: BTreeMap<u64, String>,
+    /// seq -> full replica id, for the newest LONG_IDS_KEPT seqs whose id was long.
+    long: BTreeMap<u64, String>,
     last_tick: u64,
+    /// Estimated bytes of `window` and `long`.
+    entry_bytes: usize,
+}
+
+/// Per-entry estimates for the byte cap (map node, string header, key).
+const SESSION_OVERHEAD: usize = 256;
+const INCARNATION_OVERHEAD: usize = 256;
+const ENTRY_OVERHEAD: usize = 64;
+
+fn entry_cost(id: &str) -> usize {
+    ENTRY_OVERHEAD + id.len()
+}
+
+impl Incarnation {
+    fn cost(&self) -> usize {
+        INCARNATION_OVERHEAD + self.entry_bytes + self.opened.as_ref().map_or(0, |o| o.owner.len())
+    }
+
+    /// Insert or replace one map entry, keeping `entry_bytes` exact.
+    fn put(map: &mut BTreeMap<u64, String>, bytes: &mut usize, seq: u64, id: &str) {
+        if let Some(old) = map.insert(seq, id.to_owned()) {
+            *bytes -= entry_cost(&old);
+        }
+        *bytes += entry_cost(id);
+    }
+
+    fn pop_oldest(map: &mut BTreeMap<u64, String>, bytes: &mut usize) {
+        if let Some((_, old)) = map.pop_first() {
+            *bytes -= entry_cost(&old);
+        }
+    }
 }
 
 struct Opened {
@@ -69,8 +116,28 @@ impl Session {
         now_ms.saturating_sub(self.last_used_ms) > ttl_ms
     }
 
-    fn touch(&mut self, now_ms: u64) {
-        self.last_used_ms = self.last_used_ms.max(now_ms);
+    fn cost(&self, key: &str) -> usize {
+        SESSION_OVERHEAD
+            + key.len()
+            + self.version.as_ref().map_or(0, String::len)
+            + self.current_get.as_ref().map_or(0, |(_, i)| i.len())
+            + self
+                .incarnations
+                .iter()
+                .map(|(id, inc)| id.len() + inc.cost())
+                .sum::<usize>()
+    }
+}
+
+/// The session a record writes to (OwnerGone writes none).
+fn session_of(r: &Record) -> Option<&str> {
+    match r {
+        Record::SessionOpen { session, .. }
+        | Record::SessionEnd { session, .. }
+        | Record::StreamOpen { session, .. }
+        | Record::Events { session, .. }
+        | Record::StreamLost { session, .. } => Some(session),
+        Record::OwnerGone { .. } => None,
     }
 }
 
@@ -117,17 +184,69 @@ impl Inner {
             .get(id)
             .is_some_and(|s| s.idle_expired(now_ms, ttl_ms))
         {
-            self.sessions.remove(id);
+            self.drop_session(id);
         }
-        let s = self
-            .sessions
+        if !self.sessions.contains_key(id) {
+            self.sessions
+                .insert(id.to_owned(), Session::new(fresh, now_ms));
+            self.lru.insert((now_ms, id.to_owned()));
+        }
+        self.touch(id, now_ms);
+        // Present: inserted just above if it was not.
+        self.sessions
             .entry(id.to_owned())
-            .or_insert_with(|| Session::new(fresh, now_ms));
-        s.touch(now_ms);
-        s
+            .or_insert_with(|| Session::new(fresh, now_ms))
+    }
+
+    /// Mark a session used at `now_ms` (never back in time), keeping the LRU index in step.
+    fn touch(&mut self, id: &str, now_ms: u64) {
+        if let Some(s) = self.sessions.get_mut(id) {
+            if now_ms > s.last_used_ms {
+                self.lru.remove(&(s.last_used_ms, id.to_owned()));
+                s.last_used_ms = now_ms;
+                self.lru.insert((now_ms, id.to_owned()));
+            }
+        }
+    }
+
+    fn drop_session(&mut self, id: &str) {
+        if let Some(s) = self.sessions.remove(id) {
+            self.lru.remove(&(s.last_used_ms, id.to_owned()));
+            self.bytes = self.bytes.saturating_sub(s.cost(id));
+        }
+    }
+
+    /// Evict least recently active sessions (never `keep`) until both caps hold.
+    fn enforce_caps(&mut self, keep: &str, limits: &Limits) {
+        while self.sessions.len() > limits.max_sessions.max(1) || self.bytes > limits.max_bytes {
+            let victim = self
+                .lru
+                .iter()
+                .find(|(_, id)| id != keep)
+                .map(|(_, id)| id.clone());
+            match victim {
+                Some(v) => {
+                    self.drop_session(&v);
+                    self.evicted += 1;
+                }
+                None => break,
+            }
+        }
     }
 
     fn apply_one(&mut self, r: &Record, now_ms: u64, limits: &Limits) {
+        let Some(key) = session_of(r) else {
+            self.apply_record(r, now_ms, limits);
+            return;
+        };
+        let before = self.sessions.get(key).map_or(0, |s| s.cost(key));
+        self.apply_record(r, now_ms, limits);
+        let after = self.sessions.get(key).map_or(0, |s| s.cost(key));
+        self.bytes = (self.bytes + after).saturating_sub(before);
+        self.enforce_caps(key, limits);
+    }
+
+    fn apply_record(&mut self, r: &Record, now_ms: u64, limits: &Limits) {
         let ttl = limits.session_idle_ttl_ms;
         match r {
             Record::SessionOpen { session, version } => {
@@ -202,21 +321,28 @@ impl Inner {
                 incarnation,
                 first_seq,
                 ids,
-                ..
+                long,
             } => {
                 let tick = self.next_tick();
                 let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
+                let bytes = &mut inc.entry_bytes;
                 for (i, id) in ids.iter().enumerate() {
                     // Validated upstream: first_seq + len fits comfortably in u64.
                     let seq = first_seq.saturating_add(i as u64);
-                    inc.window.insert(seq, id.clone());
+                    Incarnation::put(&mut inc.window, bytes, seq, id);
                     inc.head = inc.head.max(seq);
                 }
                 // Keep the newest entries: those are the ones a resume can still need.
                 while inc.window.len() > limits.max_window {
-                    inc.window.pop_first();
+                    Incarnation::pop_oldest(&mut inc.window, bytes);
+                }
+                for l in long {
+                    Incarnation::put(&mut inc.long, bytes, l.seq, &l.id);
+                }
+                while inc.long.len() > LONG_IDS_KEPT {
+                    Incarnation::pop_oldest(&mut inc.long, bytes);
                 }
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
@@ -232,13 +358,14 @@ impl Inner {
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
             Record::OwnerGone { owner } => {
-                *self.owner_epochs.entry(owner.clone()).or_insert(0) += 1;
+                let e = self.owner_epochs.entry(owner.clone()).or_insert(0);
+                *e = e.saturating_add(1).max(now_ms);
             }
         }
     }
 
     fn snapshot(&mut self, q: SnapshotQuery<'_>, now_ms: u64, limits: &Limits) -> Facts {
-        let Some(s) = self.sessions.get_mut(q.session) else {
+        let Some(s) = self.sessions.get(q.session) else {
             return Facts::default();
         };
         if s.idle_expired(now_ms, limits.session_idle_ttl_ms) {
@@ -249,8 +376,11 @@ impl Inner {
             };
         }
         if s.state == SessionState::Active {
-            s.touch(now_ms);
+            self.touch(q.session, now_ms);
         }
+        let Some(s) = self.sessions.get(q.session) else {
+            return Facts::default();
+        };
         let incarnation = s.incarnations.get(q.incarnation).and_then(|inc| {
             let o = inc.opened.as_ref()?;
             let epoch = self.owner_epochs.get(&o.owner).copied().unwrap_or(0);
@@ -260,10 +390,18 @@ impl Inner {
                     .is_some_and(|(ms, id)| (*ms, id.as_str()) > (o.opened_ms, q.incarnation));
             let (retained_from, expected) =
                 contiguity(&inc.window, q.seq, inc.head, q.max_expected);
+            let cursor_id = match inc.long.get(&q.seq) {
+                Some(id) => CursorId::Long(id.clone()),
+                None if inc.window.get(&q.seq).is_some_and(|r| r.starts_with('~')) => {
+                    CursorId::LongMissing
+                }
+                None => CursorId::Plain,
+            };
             Some(IncarnationView {
+                cursor_id,
                 facts: IncarnationFacts {
                     kind: o.kind,
-                    owner_lost: inc.lost || o.owner_epoch != epoch,
+                    owner_lost: inc.lost || epoch > o.owner_epoch,
                     superseded,
                     head: inc.head,
                     retention: o.retention,
@@ -370,15 +508,52 @@ impl Store for MemoryStore {
         Ok(StoreStats {
             sessions: inner.sessions.len() as u64,
             incarnations,
+            bytes: inner.bytes as u64,
+            evicted: inner.evicted,
+            owners: inner.owner_epochs.len() as u64,
         })
     }
 
     async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError> {
         let ttl = self.limits.session_idle_ttl_ms;
         let mut inner = self.lock();
-        let before = inner.sessions.len();
-        inner.sessions.retain(|_, s| !s.idle_expired(now_ms, ttl));
-        Ok(before - inner.sessions.len())
+        // Least recently used first: stop at the first session still alive.
+        let mut freed = 0;
+        while let Some((lu, id)) = inner.lru.first().cloned() {
+            if now_ms.saturating_sub(lu) <= ttl {
+                break;
+            }
+            inner.drop_session(&id);
+            freed += 1;
+        }
+        inner.expire_owner_epochs(now_ms, ttl);
+        Ok(freed)
+    }
+}
+
+impl Inner {
+    /// Forget owner epochs bumped more than `ttl` ago. Before one goes, every incarnation it
+    /// still makes lost is marked lost for good, so forgetting it changes no verdict.
+    fn expire_owner_epochs(&mut self, now_ms: u64, ttl: u64) {
+        let old: HashMap<String, u64> = self
+            .owner_epochs
+            .iter()
+            .filter(|(_, e)| now_ms.saturating_sub(**e) > ttl)
+            .map(|(o, e)| (o.clone(), *e))
+            .collect();
+        if old.is_empty() {
+            return;
+        }
+        for s in self.sessions.values_mut() {
+            for inc in s.incarnations.values_mut() {
+                if let Some(o) = &inc.opened {
+                    if old.get(&o.owner).is_some_and(|e| *e > o.owner_epoch) {
+                        inc.lost = true;
+                    }
+                }
+            }
+        }
+        self.owner_epochs.retain(|o, _| !old.contains_key(o));
     }
 }
 

@@ -46,11 +46,14 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub verdicts: Family<OutcomeLabels, Counter>,
     pub records: Family<TypeLabels, Counter>,
+    pub records_rejected: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
     pub store_latency: HistogramFamily,
     pub store_errors: Family<OpLabels, Counter>,
     pub sessions: Gauge,
     pub incarnations: Gauge,
+    pub store_bytes: Gauge,
+    pub evicted: Gauge,
 }
 
 /// Store operations as they appear in the `op` label.
@@ -80,11 +83,14 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         let verdicts = Family::<OutcomeLabels, Counter>::default();
         let records = Family::<TypeLabels, Counter>::default();
+        let records_rejected = Counter::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
         let store_latency: HistogramFamily = Family::new_with_constructor(store_latency_histogram);
         let store_errors = Family::<OpLabels, Counter>::default();
         let sessions = Gauge::default();
         let incarnations = Gauge::default();
+        let store_bytes = Gauge::default();
+        let evicted = Gauge::default();
 
         // Counter names get `_total` appended by the encoder.
         registry.register(
@@ -101,6 +107,11 @@ impl Metrics {
             "mcp_ownership_records_applied",
             "Records applied by type",
             records.clone(),
+        );
+        registry.register(
+            "mcp_ownership_records_rejected",
+            "Records of a batch refused one by one (named in the answer's `rejected`)",
+            records_rejected.clone(),
         );
         registry.register(
             "mcp_ownership_resume_waits",
@@ -128,6 +139,17 @@ impl Metrics {
             incarnations.clone(),
         );
 
+        registry.register(
+            "mcp_ownership_store_bytes",
+            "Estimated bytes held by the memory store (0 for Redis: see its used_memory)",
+            store_bytes.clone(),
+        );
+        registry.register(
+            "mcp_ownership_sessions_evicted",
+            "Sessions evicted by the global caps since this instance started",
+            evicted.clone(),
+        );
+
         // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
         let _ = verdicts.get_or_create(&OutcomeLabels {
             outcome: "continue",
@@ -146,11 +168,14 @@ impl Metrics {
             requests,
             verdicts,
             records,
+            records_rejected,
             resume_waits,
             store_latency,
             store_errors,
             sessions,
             incarnations,
+            store_bytes,
+            evicted,
         }
     }
 
@@ -168,6 +193,10 @@ impl Metrics {
             .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
         self.incarnations
             .set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
+        self.store_bytes
+            .set(i64::try_from(stats.bytes).unwrap_or(i64::MAX));
+        self.evicted
+            .set(i64::try_from(stats.evicted).unwrap_or(i64::MAX));
     }
 
     /// OpenMetrics text exposition (Prometheus scrapes it natively).

@@ -16,13 +16,15 @@
 use std::time::Duration;
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
-use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind};
+use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, Value};
 use tokio::sync::watch;
 
 use crate::redis_lua;
-use crate::store::{Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats};
+use crate::store::{
+    CursorId, Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats,
+};
 
 /// Keys outlive the idle TTL by this much, so the TTL check in the scripts (on the caller's
 /// clock) decides, and Redis's own expiry only frees what nobody swept.
@@ -31,6 +33,26 @@ pub const KEEP_GRACE: Duration = Duration::from_secs(60);
 const SWEEP_PAGE: usize = 500;
 /// Sessions whose incarnations are counted exactly for the gauge; beyond, it is extrapolated.
 const STATS_SAMPLE: usize = 10_000;
+
+/// A secret string: never shown by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Who to be on Redis (ACL user and password; AUTH) and whom to trust (TLS). These override
+/// any user or password in the URL.
+#[derive(Debug, Clone, Default)]
+pub struct RedisAuth {
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// PEM CA certificates for `rediss://`; `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
 
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
@@ -43,6 +65,7 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Upper bound on one sweep or stats call (they touch many sessions).
     pub bulk_timeout: Duration,
+    pub auth: RedisAuth,
 }
 
 impl Default for RedisOptions {
@@ -52,6 +75,7 @@ impl Default for RedisOptions {
             op_timeout: Duration::from_millis(150),
             connect_timeout: Duration::from_millis(100),
             bulk_timeout: Duration::from_secs(2),
+            auth: RedisAuth::default(),
         }
     }
 }
@@ -81,27 +105,80 @@ pub struct RedisStore {
     apply: LoadedScript,
     snapshot: LoadedScript,
     sweep: LoadedScript,
+    owner_gone: LoadedScript,
     changes: watch::Sender<u64>,
+    /// Sessions this instance evicted for the session cap.
+    evicted: std::sync::atomic::AtomicU64,
 }
 
-/// Check a `--store redis://…` URL without connecting. The error says what is wrong.
+/// A Redis URL safe to print: any user and password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Check a `--store redis://…` or `rediss://…` URL without connecting. The error says what
+/// is wrong and never shows a password.
 pub fn parse_url(url: &str) -> Result<redis::Client, String> {
+    client(url, &RedisAuth::default())
+}
+
+/// The client for `url` with `auth` applied (credentials, TLS roots).
+pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, String> {
+    let shown = redacted(url);
     let rest = url
         .strip_prefix("redis://")
-        .ok_or_else(|| format!("expected redis://HOST:PORT, got {url:?}"))?;
+        .or_else(|| url.strip_prefix("rediss://"))
+        .ok_or_else(|| {
+            format!("expected redis://HOST:PORT or rediss://HOST:PORT, got {shown:?}")
+        })?;
     let hostport = rest.rsplit('@').next().unwrap_or(rest);
     let hostport = hostport.split('/').next().unwrap_or(hostport);
     if hostport.is_empty() || hostport.starts_with(':') {
-        return Err(format!("expected redis://HOST:PORT, got {url:?} (no host)"));
+        return Err(format!(
+            "expected redis://HOST:PORT, got {shown:?} (no host)"
+        ));
     }
     if let Some((_, port)) = hostport.rsplit_once(':') {
         if !hostport.ends_with(']') && port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!(
-                "expected redis://HOST:PORT, got {url:?} (bad port {port:?})"
-            ));
+            // Not the port's text: without an '@', a mistyped `user:password` lands here.
+            return Err("expected redis://HOST:PORT (bad port)".to_owned());
         }
     }
-    redis::Client::open(url).map_err(|e| format!("{url:?}: {e}"))
+    let bad = |e: redis::RedisError| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind());
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(bad)?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(u) = &auth.username {
+        settings = settings.set_username(u);
+    }
+    if let Some(p) = &auth.password {
+        settings = settings.set_password(&p.0);
+    }
+    let info = info.set_redis_settings(settings);
+    let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    match (&auth.ca_pem, tls) {
+        (Some(pem), true) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        )
+        .map_err(|e| format!("{shown:?}: the CA file is not usable ({:?})", e.kind())),
+        (Some(_), false) => Err(format!(
+            "{shown:?}: a CA file is only for rediss:// (TLS) URLs"
+        )),
+        (None, _) => redis::Client::open(info).map_err(bad),
+    }
+}
+
+/// A TLS provider for rustls, installed once per process (rediss:// needs one).
+fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -161,7 +238,8 @@ impl RedisStore {
                 opts.prefix
             ));
         }
-        let client = parse_url(url)?;
+        install_tls_provider();
+        let client = client(url, &opts.auth)?;
         let addr = client.get_connection_info().addr().to_string();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
@@ -184,7 +262,9 @@ impl RedisStore {
             apply: LoadedScript::new(redis_lua::apply_script()),
             snapshot: LoadedScript::new(redis_lua::snapshot_script()),
             sweep: LoadedScript::new(redis_lua::sweep_script()),
+            owner_gone: LoadedScript::new(redis_lua::owner_gone_script()),
             changes,
+            evicted: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -261,7 +341,7 @@ impl RedisStore {
 
     async fn load_scripts(&self) -> Result<(), StoreError> {
         let mut p = redis::pipe();
-        for s in [&self.apply, &self.snapshot, &self.sweep] {
+        for s in [&self.apply, &self.snapshot, &self.sweep, &self.owner_gone] {
             p.cmd("SCRIPT").arg("LOAD").arg(&s.code).ignore();
         }
         let mut conn = self.conn();
@@ -346,9 +426,17 @@ impl RedisStore {
                 incarnation,
                 first_seq,
                 ids,
+                long,
                 ..
             } => {
-                c.arg("ev").arg(incarnation).arg(first_seq);
+                c.arg("ev")
+                    .arg(incarnation)
+                    .arg(first_seq)
+                    .arg(LONG_IDS_KEPT)
+                    .arg(long.len());
+                for l in long {
+                    c.arg(l.seq).arg(l.id.as_bytes());
+                }
                 for id in ids {
                     c.arg(id.as_bytes());
                 }
@@ -405,7 +493,12 @@ impl RedisStore {
         for r in run {
             match r {
                 Record::OwnerGone { owner } => {
-                    p.cmd("HINCRBY").arg(self.owners_key()).arg(owner).arg(1);
+                    p.cmd("EVALSHA")
+                        .arg(&self.owner_gone.sha)
+                        .arg(1)
+                        .arg(self.owners_key())
+                        .arg(owner)
+                        .arg(now_ms);
                 }
                 _ => {
                     if let Some(c) = self.apply_cmd(r, now_ms, &epochs) {
@@ -432,8 +525,95 @@ impl RedisStore {
                 z.arg(now_ms).arg(*s);
             }
             p.add_command(z);
+            p.cmd("ZCARD").arg(self.index_key());
         }
-        self.pipeline("apply", &p).await.map(|_| ())
+        let replies = self.pipeline("apply", &p).await?;
+        if !sessions.is_empty() {
+            let count = replies.last().and_then(as_u64).unwrap_or(0);
+            let max = self.limits.max_sessions.max(1) as u64;
+            if count > max {
+                self.evict(count - max, &sessions, now_ms).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The session cap: evict `excess` sessions, least recently active first (never one of
+    /// `keep`, just written). Candidates are the lowest in the index (last write); their real
+    /// last use (writes and resumes) decides among them, and the survivors are re-scored.
+    async fn evict(&self, excess: u64, keep: &[&str], now_ms: u64) -> Result<(), StoreError> {
+        let want = usize::try_from(excess)
+            .unwrap_or(usize::MAX)
+            .min(SWEEP_PAGE);
+        let mut conn = self.conn();
+        let candidates: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.index_key())
+            .arg(0)
+            .arg(
+                want.saturating_mul(2)
+                    .saturating_add(keep.len())
+                    .saturating_add(8),
+            )
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("apply", e))?;
+        let candidates: Vec<String> = candidates
+            .into_iter()
+            .filter(|c| !keep.contains(&c.as_str()))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        for c in &candidates {
+            p.cmd("HGET")
+                .arg(format!("{}:s", self.session_base(c)))
+                .arg("lu");
+        }
+        let lus: Vec<Option<u64>> = p
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("apply", e))?;
+        let mut by_use: Vec<(u64, &String)> = lus
+            .iter()
+            .zip(&candidates)
+            .map(|(lu, c)| (lu.unwrap_or(0), c))
+            .collect();
+        by_use.sort_unstable();
+        let mut p = redis::pipe();
+        let mut gone = redis::cmd("ZREM");
+        gone.arg(self.index_key());
+        let mut alive = redis::cmd("ZADD");
+        alive.arg(self.index_key()).arg("GT");
+        let mut n_alive = 0;
+        for (i, (lu, c)) in by_use.iter().enumerate() {
+            if i < want {
+                let base = self.session_base(c);
+                p.cmd("EVALSHA")
+                    .arg(&self.sweep.sha)
+                    .arg(1)
+                    .arg(format!("{base}:s"))
+                    .arg(&base)
+                    .arg(now_ms)
+                    .arg(self.limits.session_idle_ttl_ms)
+                    .arg("evict")
+                    .ignore();
+                gone.arg(*c);
+            } else if *lu > 0 {
+                alive.arg(*lu).arg(*c);
+                n_alive += 1;
+            }
+        }
+        p.add_command(gone).ignore();
+        if n_alive > 0 {
+            p.add_command(alive).ignore();
+        }
+        self.pipeline("apply", &p).await?;
+        self.evicted.fetch_add(
+            want.min(by_use.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
     }
 
     async fn snapshot_inner(&self, q: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
@@ -472,7 +652,7 @@ impl RedisStore {
                 incarnation: None,
             });
         }
-        if arr.len() < 9 {
+        if arr.len() < 11 {
             return Err(corrupt("snapshot", format!("{} fields", arr.len())));
         }
         let bad = |f: &str| corrupt("snapshot", format!("field {f}"));
@@ -488,7 +668,13 @@ impl RedisStore {
         let head = as_u64(&arr[6]).ok_or_else(|| bad("head"))?;
         let retention = as_u64(&arr[7]).ok_or_else(|| bad("retention"))?;
         let retained_from = as_u64(&arr[8]).ok_or_else(|| bad("retained_from"))?;
-        let expected = arr[9..]
+        let cursor_id = match as_i64(&arr[9]) {
+            Some(0) => CursorId::Plain,
+            Some(1) => CursorId::Long(as_string(&arr[10]).ok_or_else(|| bad("resume_id"))?),
+            Some(2) => CursorId::LongMissing,
+            _ => return Err(bad("cursor_id")),
+        };
+        let expected = arr[11..]
             .iter()
             .map(|v| as_string(v).ok_or_else(|| bad("expected")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -503,7 +689,17 @@ impl RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.fail("snapshot", e))?;
-            now_epoch.unwrap_or(0) != opened_epoch
+            let gone = now_epoch.unwrap_or(0) > opened_epoch;
+            if gone {
+                // Lost for good: the owner's epoch may be forgotten later (sweep).
+                let _: Result<(), _> = redis::cmd("HSET")
+                    .arg(format!("{base}:i:{}", q.incarnation))
+                    .arg("l")
+                    .arg("1")
+                    .query_async(&mut conn)
+                    .await;
+            }
+            gone
         };
         Ok(Facts {
             session: Some(session),
@@ -518,6 +714,7 @@ impl RedisStore {
                 },
                 owner,
                 expected,
+                cursor_id,
             }),
         })
     }
@@ -529,8 +726,18 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.fail("stats", e))?;
+        let owners: u64 = redis::cmd("HLEN")
+            .arg(self.owners_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("stats", e))?;
+        let evicted = self.evicted.load(std::sync::atomic::Ordering::Relaxed);
         if sessions == 0 {
-            return Ok(StoreStats::default());
+            return Ok(StoreStats {
+                evicted,
+                owners,
+                ..StoreStats::default()
+            });
         }
         let sample: Vec<String> = redis::cmd("ZRANGE")
             .arg(self.index_key())
@@ -557,6 +764,9 @@ impl RedisStore {
         Ok(StoreStats {
             sessions,
             incarnations,
+            bytes: 0,
+            evicted,
+            owners,
         })
     }
 
@@ -636,7 +846,37 @@ impl RedisStore {
                 break;
             }
         }
+        self.expire_owner_epochs(now_ms).await?;
         Ok(freed)
+    }
+
+    /// Forget owner epochs bumped more than 2 × keep ago. An incarnation they still make lost
+    /// was marked lost by the first snapshot that saw it; one nobody resumed received no record
+    /// from its gone owner either, so its keys expired after one keep.
+    async fn expire_owner_epochs(&self, now_ms: u64) -> Result<(), StoreError> {
+        let Some(cutoff) = now_ms.checked_sub(self.keep_ms().saturating_mul(2)) else {
+            return Ok(());
+        };
+        let mut conn = self.conn();
+        let all: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+            .arg(self.owners_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("sweep", e))?;
+        let old: Vec<&String> = all
+            .iter()
+            .filter(|(_, e)| **e < cutoff)
+            .map(|(o, _)| o)
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        redis::cmd("HDEL")
+            .arg(self.owners_key())
+            .arg(&old)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.fail("sweep", e))
     }
 }
 

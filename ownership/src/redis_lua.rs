@@ -9,9 +9,10 @@
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms, `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
 //! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `om` opened ms, `l` lost (1), `h` head |
-//! | `P{S}:w:<inc>` | hash | seq → replica event id, only `head - max_window < seq <= head` |
+//! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
+//! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `Psessions` | zset | session → last write ms (the sweep's index; not in the session's slot) |
-//! | `Powners` | hash | owner `ip:port` → epoch, bumped by `owner_gone` (not in the session's slot) |
+//! | `Powners` | hash | owner `ip:port` → epoch, `max(previous + 1, now ms)` at each `owner_gone` (not in the session's slot; forgotten by the sweep 2 × keep after its last bump) |
 //!
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
 //! significant digits, which would round sequence numbers near 2^53.
@@ -26,6 +27,7 @@ local nkey = base .. ':n'
 local function fmt(n) return string.format('%d', n) end
 local function ikey(inc) return base .. ':i:' .. inc end
 local function wkey(inc) return base .. ':w:' .. inc end
+local function lkey(inc) return base .. ':l:' .. inc end
 local function chunked(cmd, key, list, step)
   for j = 1, #list, step do
     redis.call(cmd, key, unpack(list, j, math.min(j + step - 1, #list)))
@@ -33,7 +35,7 @@ local function chunked(cmd, key, list, step)
 end
 local function drop_session()
   local incs = redis.call('ZRANGE', nkey, 0, -1)
-  for _, inc in ipairs(incs) do redis.call('DEL', ikey(inc), wkey(inc)) end
+  for _, inc in ipairs(incs) do redis.call('DEL', ikey(inc), wkey(inc), lkey(inc)) end
   redis.call('DEL', skey, nkey)
 end
 "#;
@@ -69,6 +71,7 @@ local function touch_inc(inc)
   redis.call('PEXPIRE', nkey, keep_ms)
   redis.call('PEXPIRE', ikey(inc), keep_ms)
   redis.call('PEXPIRE', wkey(inc), keep_ms)
+  redis.call('PEXPIRE', lkey(inc), keep_ms)
 end
 
 -- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
@@ -79,7 +82,7 @@ local function evict(keep)
     local victim = c[1]
     if victim == keep then victim = c[2] end
     if not victim then break end
-    redis.call('DEL', ikey(victim), wkey(victim))
+    redis.call('DEL', ikey(victim), wkey(victim), lkey(victim))
     redis.call('ZREM', nkey, victim)
   end
 end
@@ -116,11 +119,29 @@ elseif typ == 'st' then
   end
   evict(inc)
 elseif typ == 'ev' then
+  -- ARGV: ..., inc, first_seq, long_kept, n_long, (seq, full id) * n_long, ids...
   local inc = ARGV[8]
   local first = tonumber(ARGV[9])
-  local n = #ARGV - 9
+  local long_kept = tonumber(ARGV[10])
+  local n_long = tonumber(ARGV[11])
+  local ids_at = 11 + 2 * n_long
+  local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
+  if n_long > 0 then
+    local lk = lkey(inc)
+    for j = 0, n_long - 1 do
+      redis.call('HSET', lk, ARGV[12 + 2 * j], ARGV[13 + 2 * j])
+    end
+    -- Only the newest long_kept seqs keep their full id.
+    local extra = redis.call('HLEN', lk) - long_kept
+    if extra > 0 then
+      local seqs = redis.call('HKEYS', lk)
+      table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+      for j = 1, extra do redis.call('HDEL', lk, seqs[j]) end
+    end
+    redis.call('PEXPIRE', lk, keep_ms)
+  end
   if n > 0 then
     local ik, wk = ikey(inc), wkey(inc)
     local old_head = tonumber(redis.call('HGET', ik, 'h') or '0')
@@ -132,7 +153,7 @@ elseif typ == 'ev' then
       local seq = first + i - 1
       if seq >= floor then
         pairs_[#pairs_ + 1] = fmt(seq)
-        pairs_[#pairs_ + 1] = ARGV[9 + i]
+        pairs_[#pairs_ + 1] = ARGV[ids_at + i]
       end
     end
     chunked('HSET', wk, pairs_, 1000)
@@ -168,7 +189,8 @@ return 1
 /// The facts about one cursor, read in one atomic step.
 /// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms.
 /// Returns `{0}` (no session), `{state}` (no opened incarnation) or
-/// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, ids…}`.
+/// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
+/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`.
 const SNAPSHOT: &str = r#"
 local inc = ARGV[4]
 local seq = tonumber(ARGV[5])
@@ -180,13 +202,14 @@ if not lu then return {0} end
 -- Idle past the TTL: reads as expired; the sweep (or the next write) frees it.
 if now - tonumber(lu) > ttl then return {3} end
 local st = redis.call('HGET', skey, 'st')
-local ik, wk = ikey(inc), wkey(inc)
+local ik, wk, lk = ikey(inc), wkey(inc), lkey(inc)
 if st == 'a' then
   if now > tonumber(lu) then redis.call('HSET', skey, 'lu', fmt(now)) end
   redis.call('PEXPIRE', skey, keep_ms)
   redis.call('PEXPIRE', nkey, keep_ms)
   redis.call('PEXPIRE', ik, keep_ms)
   redis.call('PEXPIRE', wk, keep_ms)
+  redis.call('PEXPIRE', lk, keep_ms)
 end
 local code = 3
 if st == 'a' then code = 1 elseif st == 't' then code = 2 end
@@ -237,12 +260,21 @@ if seq < head then
     retained_from = want + 1
   end
 end
-local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from}
+local cid_code, cid = 0, ''
+local full = redis.call('HGET', lk, fmt(seq))
+if full then
+  cid_code, cid = 1, full
+else
+  local rec = redis.call('HGET', wk, fmt(seq))
+  if rec and string.sub(rec, 1, 1) == '~' then cid_code = 2 end
+end
+local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from, cid_code, cid}
 for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;
 
-/// Free one session if it is idle past its TTL. ARGV: base, now, ttl.
+/// Free one session if it is idle past its TTL, or at once when ARGV[4] is `evict` (the
+/// session cap). ARGV: base, now, ttl, mode.
 /// Returns `{0}` (already gone), `{1}` (freed) or `{2, last_used}` (alive).
 const SWEEP: &str = r#"
 local lu = redis.call('HGET', skey, 'lu')
@@ -250,11 +282,20 @@ if not lu then
   drop_session()
   return {0}
 end
-if now - tonumber(lu) > ttl then
+if ARGV[4] == 'evict' or now - tonumber(lu) > ttl then
   drop_session()
   return {1}
 end
 return {2, lu}
+"#;
+
+/// `owner_gone`: KEYS[1] the owners hash; ARGV: owner, now. The epoch never goes back, even
+/// after an expired entry was forgotten.
+const OWNER_GONE: &str = r#"
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local e = math.max(cur + 1, tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', e))
+return 1
 "#;
 
 pub fn apply_script() -> String {
@@ -267,4 +308,8 @@ pub fn snapshot_script() -> String {
 
 pub fn sweep_script() -> String {
     format!("{PRELUDE}{SWEEP}")
+}
+
+pub fn owner_gone_script() -> String {
+    OWNER_GONE.to_owned()
 }

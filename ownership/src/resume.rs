@@ -8,7 +8,7 @@ use mcp_resume_core::ownership::{Reason, ResumeQuery, ResumeVerdict};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::store::{Facts, SnapshotQuery, Store, StoreError};
+use crate::store::{CursorId, Facts, SnapshotQuery, Store, StoreError};
 
 /// Longest pause between two snapshots while waiting for in-flight records.
 const RECHECK: Duration = Duration::from_millis(50);
@@ -101,12 +101,24 @@ fn snapshot_query<'a>(q: &'a ResumeQuery, opts: &ResumeOptions) -> SnapshotQuery
 
 fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
     match (outcome, facts.incarnation) {
-        (Ok(()), Some(inc)) => ResumeVerdict::Continue {
-            owner: inc.owner,
-            expected: inc.expected,
-            head: inc.facts.head,
-            resume_id: None,
-        },
+        (Ok(()), Some(inc)) => {
+            let resume_id = match inc.cursor_id {
+                CursorId::Plain => None,
+                CursorId::Long(id) => Some(id),
+                // The replica needs the full id to resume from it, and it is gone.
+                CursorId::LongMissing => {
+                    return ResumeVerdict::NewStream {
+                        reason: Reason::UnknownStream,
+                    }
+                }
+            };
+            ResumeVerdict::Continue {
+                owner: inc.owner,
+                expected: inc.expected,
+                head: inc.facts.head,
+                resume_id,
+            }
+        }
         // `decide` never says Ok without an incarnation; fail closed if it ever did.
         (Ok(()), None) => ResumeVerdict::NewStream {
             reason: Reason::UnknownStream,

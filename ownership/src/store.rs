@@ -23,6 +23,11 @@ pub struct Limits {
     pub max_incarnations_per_session: usize,
     /// A session not touched (by a record or a resume) for this long reads as expired.
     pub session_idle_ttl_ms: u64,
+    /// Sessions kept in all; past it the least recently active one is evicted.
+    pub max_sessions: usize,
+    /// Estimated bytes kept in all (memory store); past it the least recently active session
+    /// is evicted. A shared store leaves bytes to its own `maxmemory`.
+    pub max_bytes: usize,
 }
 
 impl Default for Limits {
@@ -31,6 +36,8 @@ impl Default for Limits {
             max_window: 4096,
             max_incarnations_per_session: 64,
             session_idle_ttl_ms: 3_600_000,
+            max_sessions: 100_000,
+            max_bytes: 256 << 20,
         }
     }
 }
@@ -70,6 +77,20 @@ pub struct IncarnationView {
     /// Recorded replica event ids for `seq+1 ..`, contiguous, oldest first, at most
     /// `max_expected`, never past `head`.
     pub expected: Vec<String>,
+    /// What the store knows about the replica id of the cursor's own seq.
+    pub cursor_id: CursorId,
+}
+
+/// The replica id of the cursor's own seq, as far as a resume needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CursorId {
+    /// Short (the cursor carries it), or not recorded: nothing to add to the verdict.
+    #[default]
+    Plain,
+    /// Long, and the store keeps its full form: the verdict carries it as `resume_id`.
+    Long(String),
+    /// Long (recorded by digest), but its full form is no longer kept: nobody can resume it.
+    LongMissing,
 }
 
 /// Gauges for /metrics.
@@ -77,6 +98,12 @@ pub struct IncarnationView {
 pub struct StoreStats {
     pub sessions: u64,
     pub incarnations: u64,
+    /// Estimated bytes held (0 when the store cannot tell).
+    pub bytes: u64,
+    /// Sessions evicted by the global caps since start (this instance's count).
+    pub evicted: u64,
+    /// Owner addresses whose `owner_gone` epoch is still remembered.
+    pub owners: u64,
 }
 
 /// A store that could not do its job. Never caused by request input: input is validated
@@ -87,6 +114,16 @@ pub enum StoreError {
     Unavailable(String),
     /// The backend answered something this code does not understand (corrupt or foreign data).
     Corrupt(String),
+}
+
+impl StoreError {
+    /// The failure class, safe to show to callers (no backend text, no address, no secret).
+    pub fn class(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Corrupt(_) => "returned unusable data",
+        }
+    }
 }
 
 impl std::fmt::Display for StoreError {

@@ -214,22 +214,49 @@ async fn bad_json_and_fields_are_named() {
     assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "seq");
 }
 
+/// One rejected record of a batch: (index, detail). Panics unless the answer is a 200 ack.
+fn rejected(st: StatusCode, ack: &Value) -> Vec<(u64, String)> {
+    assert_eq!(st, StatusCode::OK, "{ack}");
+    ack.get("rejected")
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    assert_eq!(e["error"], "bad_field", "{e}");
+                    (
+                        e["index"].as_u64().unwrap(),
+                        e["detail"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[tokio::test]
-async fn bad_records_change_nothing() {
+async fn a_bad_record_is_named_and_the_others_apply() {
     let app = app();
+    // Record 1 (the stream_open) is bad; 0 and 2 land.
     let mut batch = setup_records();
     batch["records"][1]["owner"] = json!("pod-a");
-    let (st, body) = post(&app, "/v1/records", batch).await;
-    assert_error(
-        st,
-        &body,
-        StatusCode::BAD_REQUEST,
-        "bad_field",
-        "records[1].owner",
-    );
-    // The valid first record was not applied either.
+    let (st, ack) = post(&app, "/v1/records", batch).await;
+    let r = rejected(st, &ack);
+    assert_eq!(ack["applied"], 2, "{ack}");
+    assert_eq!(r.len(), 1, "{ack}");
+    assert_eq!(r[0].0, 1);
+    assert!(r[0].1.starts_with("records[1].owner: "), "{}", r[0].1);
+    // The session and the events landed; the incarnation has no StreamOpen, so no owner.
     let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
-    assert_eq!(v["reason"], "session_inactive");
+    assert_eq!(v["reason"], "unknown_stream", "{v}");
+    // Its StreamOpen arriving later completes it: the events were applied.
+    let (st, ack) = post(&app, "/v1/records", setup_records()).await;
+    assert_eq!(rejected(st, &ack), vec![]);
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(
+        v,
+        json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3})
+    );
 
     for (owner, ok) in [
         ("10.0.0.1:080", false),
@@ -239,55 +266,120 @@ async fn bad_records_change_nothing() {
     ] {
         let mut batch = setup_records();
         batch["records"][1]["owner"] = json!(owner);
-        let (st, _) = post(&app, "/v1/records", batch).await;
-        assert_eq!(st == StatusCode::OK, ok, "{owner}");
+        let (st, ack) = post(&app, "/v1/records", batch).await;
+        assert_eq!(rejected(st, &ack).is_empty(), ok, "{owner}: {ack}");
     }
 
-    let (st, body) = post(
-        &app,
-        "/v1/records",
-        json!({"records": [{"type": "nonsense", "session": S1}]}),
-    )
-    .await;
-    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "nonsense");
-    let long = "x".repeat(1025);
-    let (st, body) = post(
-        &app,
-        "/v1/records",
-        json!({"records": [{"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["ok", long]}]}),
-    )
-    .await;
-    assert_error(
-        st,
-        &body,
-        StatusCode::BAD_REQUEST,
-        "bad_field",
-        "records[0].ids[1]",
-    );
-    let (st, body) = post(
-        &app,
-        "/v1/records",
-        json!({"records": [{"type": "events", "session": S1, "incarnation": A, "first_seq": u64::MAX, "ids": ["a"]}]}),
-    )
-    .await;
-    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "first_seq");
+    // Every kind of per-record problem, each named with its index and field, in one batch.
+    let good = json!({"type": "session_open", "session": S1, "version": "2025-06-18"});
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"type": "nonsense", "session": S1}), "nonsense"),
+        (
+            json!({"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["ok", "x".repeat(129)]}),
+            "ids[1]: 129 bytes",
+        ),
+        (
+            json!({"type": "events", "session": S1, "incarnation": A, "first_seq": u64::MAX, "ids": ["a"]}),
+            "first_seq",
+        ),
+        (
+            json!({"type": "session_open", "session": S1, "version": ""}),
+            "version",
+        ),
+        (
+            json!({"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["a"],
+                   "long": [{"seq": 1, "id": "y".repeat(200)}]}),
+            "long[0].id: does not match the recorded digest",
+        ),
+        (
+            json!({"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["a"],
+                   "long": [{"seq": 2, "id": "y".repeat(200)}]}),
+            "long[0].seq",
+        ),
+        (
+            json!({"type": "stream_lost", "session": S1, "incarnation": A, "extra": 1}),
+            "unknown field `extra`",
+        ),
+        (
+            json!({"type": "events", "session": S1, "incarnation": A, "first_seq": "1", "ids": []}),
+            // Inside a tagged record serde cannot name the field of a type error.
+            ": invalid type: string \"1\", expected u64",
+        ),
+        (json!(7), "invalid type"),
+    ];
+    let mut records = vec![good.clone()];
+    for (r, _) in &cases {
+        records.push(r.clone());
+        records.push(good.clone());
+    }
+    let (st, ack) = post(&app, "/v1/records", json!({ "records": records })).await;
+    let r = rejected(st, &ack);
+    assert_eq!(ack["applied"], cases.len() + 1, "{ack}");
+    assert_eq!(r.len(), cases.len(), "{ack}");
+    for (k, ((index, detail), (_, want))) in r.iter().zip(&cases).enumerate() {
+        let at = 2 * k as u64 + 1;
+        assert_eq!(*index, at, "{ack}");
+        assert!(
+            detail.starts_with(&format!("records[{at}]")) && detail.contains(want),
+            "{detail:?} lacks {want:?}"
+        );
+    }
+
+    // Only the envelope fails a whole batch.
     let many: Vec<Value> = (0..10_001)
         .map(|_| json!({"type": "owner_gone", "owner": X}))
         .collect();
     let (st, body) = post(&app, "/v1/records", json!({ "records": many })).await;
     assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "10000");
-    let (st, body) = post(
+    let (st, body) = post(&app, "/v1/records", json!({ "records": {} })).await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "records");
+    let (st, body) = post(&app, "/v1/records", json!({ "recs": [] })).await;
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "recs");
+    let (st, text) = call(
         &app,
+        Method::POST,
         "/v1/records",
-        json!({"records": [{"type": "session_open", "session": S1, "version": ""}]}),
+        Some("application/json"),
+        "{\"records\": [",
     )
     .await;
-    assert_error(
-        st,
-        &body,
-        StatusCode::BAD_REQUEST,
-        "bad_field",
-        "records[0].version",
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_json", "EOF");
+}
+
+/// A 1,500-byte and a 16 KiB replica id go through records (digest + full form) and come back
+/// in a verdict as `resume_id`; the expected ids are the recorded forms.
+#[tokio::test]
+async fn long_ids_round_trip_over_http() {
+    use mcp_resume_core::ownership::recorded_id;
+    let app = app();
+    post(&app, "/v1/records", setup_records()).await;
+    let l1500 = format!("a{}", "1".repeat(1499));
+    let l16k = format!("b{}", "2".repeat(16 * 1024 - 1));
+    let (d1500, d16k) = (recorded_id(&l1500), recorded_id(&l16k));
+    assert_eq!((d1500.len(), d16k.len()), (44, 44));
+    let batch = json!({"records": [{
+        "type": "events", "session": S1, "incarnation": A, "first_seq": 4,
+        "ids": [d1500, "e5", d16k],
+        "long": [{"seq": 4, "id": l1500}, {"seq": 6, "id": l16k}],
+    }]});
+    let (st, ack) = post(&app, "/v1/records", batch).await;
+    assert_eq!((st, ack), (StatusCode::OK, json!({"applied": 1})));
+    let (st, v) = post(&app, "/v1/resume", resume_body(A, 3)).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"verdict": "continue", "owner": X, "expected": [d1500, "e5", d16k], "head": 6})
+    );
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 4)).await;
+    assert_eq!(
+        v,
+        json!({"verdict": "continue", "owner": X, "expected": ["e5", d16k], "head": 6, "resume_id": l1500})
+    );
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 6)).await;
+    assert_eq!(
+        v,
+        json!({"verdict": "continue", "owner": X, "expected": [], "head": 6, "resume_id": l16k})
     );
 }
 
@@ -483,24 +575,27 @@ impl Store for DownStore {
         "down"
     }
     async fn apply(&self, _: &[Record], _: u64) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     fn changes(&self) -> watch::Receiver<u64> {
         self.0.subscribe()
     }
     async fn health(&self) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn stats(&self, _: u64) -> Result<StoreStats, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn sweep(&self, _: u64) -> Result<usize, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
 }
+
+/// What a failing backend says: it must reach the log only, never a response body.
+const DOWN_TEXT: &str = "connection refused by redis://u:hunter2@10.9.9.9:6379";
 
 #[tokio::test]
 async fn store_failure_is_503() {
@@ -511,21 +606,23 @@ async fn store_failure_is_503() {
         &body,
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",
-        "connection refused",
+        "down: unavailable",
     );
+    assert!(!body.to_string().contains("hunter2"), "{body}");
     let (st, body) = post(&app, "/v1/records", setup_records()).await;
     assert_error(
         st,
         &body,
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",
-        "connection refused",
+        "down: unavailable",
     );
+    assert!(!body.to_string().contains("hunter2"), "{body}");
     let (st, text) = call(&app, Method::GET, "/healthz", None, Body::empty()).await;
     assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        serde_json::from_str::<Value>(&text).unwrap()["status"],
-        "unavailable"
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"status": "unavailable", "store": "down", "detail": "unavailable"})
     );
     // Validation still comes first: bad input is 400 even when the store is down.
     let (st, _) = post(&app, "/v1/resume", json!({"nope": 1})).await;
@@ -687,19 +784,19 @@ async fn socket_end_to_end() {
 #[tokio::test]
 async fn socket_garbage_never_kills_the_server() {
     let addr = serve(AppState::new(MemoryStore::new(Limits::default()), opts(0))).await;
-    for body in [
-        "",
-        "null",
-        "[]",
-        "{\"records\": null}",
-        "\u{0}\u{1}",
-        "{\"records\": [{}]}",
-        "{\"records\": [{\"type\": 7}]}",
-    ] {
+    for body in ["", "null", "[]", "{\"records\": null}", "\u{0}\u{1}"] {
         let (st, _, resp) = raw(addr, "POST", "/v1/records", Some(body)).await;
         assert_eq!(st, 400, "{body:?} → {resp}");
         let v: Value = serde_json::from_str(&resp).unwrap();
         assert!(v["error"].is_string() && v["detail"].is_string(), "{resp}");
+    }
+    // A bad element is the record's problem, not the batch's.
+    for body in ["{\"records\": [{}]}", "{\"records\": [{\"type\": 7}]}"] {
+        let (st, _, resp) = raw(addr, "POST", "/v1/records", Some(body)).await;
+        assert_eq!(st, 200, "{body:?} → {resp}");
+        let v: Value = serde_json::from_str(&resp).unwrap();
+        assert_eq!(v["applied"], 0, "{resp}");
+        assert_eq!(v["rejected"][0]["index"], 0, "{resp}");
     }
     let (st, _, _) = raw(addr, "GET", "/healthz", None).await;
     assert_eq!(st, 200);

@@ -76,8 +76,44 @@ pub fn events(session: &str, inc: &str, first: u64, last: u64) -> Record {
         incarnation: inc.into(),
         first_seq: first,
         ids: (first..=last).map(id).collect(),
-        long: vec![],
+        long: Vec::new(),
     }
+}
+
+/// Events `first ..`, one per replica id given (any length): recorded form in `ids`, the full
+/// id in `long` when it is long enough to need it and short enough to be kept, as a guard
+/// builds them.
+pub fn events_with(session: &str, inc: &str, first: u64, replica_ids: &[String]) -> Record {
+    use mcp_resume_core::ownership::{recorded_id, LongId, MAX_LONG_ID_BYTES};
+    let mut long = Vec::new();
+    let mut ids = Vec::new();
+    for (i, rid) in replica_ids.iter().enumerate() {
+        let form = recorded_id(rid).into_owned();
+        if form != *rid && rid.len() <= MAX_LONG_ID_BYTES {
+            long.push(LongId {
+                seq: first + i as u64,
+                id: rid.clone(),
+            });
+        }
+        ids.push(form);
+    }
+    let r = Record::Events {
+        session: session.into(),
+        incarnation: inc.into(),
+        first_seq: first,
+        ids,
+        long,
+    };
+    r.validate().expect("a guard-built record is valid");
+    r
+}
+
+/// A replica id of exactly `len` bytes, distinct per `tag`.
+pub fn long_id(tag: u64, len: usize) -> String {
+    let head = format!("L{tag}-");
+    let mut s = head.clone();
+    s.extend(std::iter::repeat_n('x', len - head.len()));
+    s
 }
 
 pub fn id(seq: u64) -> String {
@@ -164,6 +200,15 @@ pub fn cont(owner: &str, expected: Vec<String>, head: u64) -> ResumeVerdict {
         expected,
         head,
         resume_id: None,
+    }
+}
+
+pub fn cont_from(owner: &str, expected: Vec<String>, head: u64, resume_id: &str) -> ResumeVerdict {
+    ResumeVerdict::Continue {
+        owner: owner.into(),
+        expected,
+        head,
+        resume_id: Some(resume_id.into()),
     }
 }
 
@@ -687,7 +732,7 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
             incarnation: A.into(),
             first_seq: 11,
             ids: odd.clone(),
-            long: vec![],
+            long: Vec::new(),
         }],
     )
     .await;
@@ -929,6 +974,207 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
     }
 }
 
+/// Long replica ids: recorded by digest, their full form kept for the newest LONG_IDS_KEPT
+/// seqs, and handed back as `resume_id` for a cursor on such a seq.
+pub async fn long_ids_round_trip<S: Store>(make: impl Fn(Limits) -> S) {
+    use mcp_resume_core::ownership::{recorded_id, LONG_IDS_KEPT};
+    let s = make(Limits::default());
+    let l1500 = long_id(1, 1500);
+    let l16k = long_id(2, 16 * 1024);
+    let replica = vec![id(1), l1500.clone(), id(3), l16k.clone(), id(5)];
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events_with(S1, A, 1, &replica),
+        ],
+    )
+    .await;
+    let form = |r: &String| recorded_id(r).into_owned();
+    // A cursor on a short id: no resume_id. Expected ids are the recorded forms.
+    assert_eq!(
+        verdict_get(&s, A, 1).await,
+        cont(OWNER_X, replica[1..].iter().map(form).collect(), 5)
+    );
+    assert_eq!(
+        verdict_get(&s, A, 2).await,
+        cont_from(OWNER_X, replica[2..].iter().map(form).collect(), 5, &l1500)
+    );
+    assert_eq!(
+        verdict_get(&s, A, 4).await,
+        cont_from(OWNER_X, vec![id(5)], 5, &l16k)
+    );
+    // An id too long to keep (digest only): a cursor on it cannot be resumed.
+    let huge = long_id(3, mcp_resume_core::ownership::MAX_LONG_ID_BYTES + 1);
+    apply(&s, &[events_with(S1, A, 6, &[huge.clone(), id(7)])]).await;
+    assert_eq!(
+        verdict_get(&s, A, 6).await,
+        new_stream(Reason::UnknownStream)
+    );
+    assert_eq!(
+        verdict_get(&s, A, 5).await,
+        cont(OWNER_X, vec![form(&huge), id(7)], 7)
+    );
+
+    // Bounded: only the newest LONG_IDS_KEPT long ids keep their full form, whatever order
+    // the batches land in.
+    let n = LONG_IDS_KEPT as u64 + 4;
+    let many: Vec<String> = (0..n).map(|k| long_id(100 + k, 200)).collect();
+    apply(&s, &[events_with(S1, B, 11, &many[4..])]).await;
+    apply(
+        &s,
+        &[stream(S1, B, StreamKind::Request, OWNER_X, 0, false, T0)],
+    )
+    .await;
+    apply(&s, &[events_with(S1, B, 7, &many[..4])]).await;
+    for k in 0..n {
+        let v = verdict(&s, S1, B, StreamKind::Request, 7 + k).await;
+        if k < 4 {
+            assert_eq!(v, new_stream(Reason::UnknownStream), "seq {}", 7 + k);
+        } else {
+            let ResumeVerdict::Continue { resume_id, .. } = v else {
+                panic!("seq {}: {v:?}", 7 + k)
+            };
+            assert_eq!(resume_id.as_deref(), Some(many[k as usize].as_str()));
+        }
+    }
+}
+
+/// A session key per number.
+pub fn session_n(n: u64) -> String {
+    format!("{n:032x}")
+}
+
+/// Open session `n` with one GET stream and events 1..=3, at `now`.
+pub async fn fill_one<S: Store>(s: &S, n: u64, now: u64) {
+    let key = session_n(n);
+    apply_at(
+        s,
+        &[open(&key), get_stream(&key, A, now), events(&key, A, 1, 3)],
+        now,
+    )
+    .await;
+}
+
+pub async fn verdict_at<S: Store>(s: &S, session: &str, seq: u64, now: u64) -> ResumeVerdict {
+    resolve_with(s, &query(session, A, StreamKind::Get, seq), no_wait(), now)
+        .await
+        .verdict
+}
+
+/// The session cap: filling the store far past it evicts the least recently active sessions;
+/// sessions in use (resumed, even if written long ago) keep their verdicts.
+pub async fn session_cap_evicts_idle_first<S: Store>(make: impl Fn(Limits) -> S) {
+    const CAP: usize = 20;
+    let s = make(Limits {
+        max_sessions: CAP,
+        ..Limits::default()
+    });
+    let live: Vec<u64> = (1..=5).collect();
+    for n in &live {
+        fill_one(&s, *n, T0).await;
+    }
+    for k in 0..300u64 {
+        let now = T0 + 10 * (k + 1);
+        fill_one(&s, 1000 + k, now).await;
+        if k % 5 == 0 {
+            for n in &live {
+                assert_eq!(
+                    verdict_at(&s, &session_n(*n), 1, now).await,
+                    cont(OWNER_X, ids(2, 3), 3),
+                    "live session {n} at step {k}"
+                );
+            }
+        }
+        let st = s.stats(now).await.unwrap();
+        assert!(
+            st.sessions <= CAP as u64,
+            "{} sessions at step {k}",
+            st.sessions
+        );
+    }
+    let now = T0 + 10 * 301;
+    for n in &live {
+        assert_eq!(
+            verdict_at(&s, &session_n(*n), 1, now).await,
+            cont(OWNER_X, ids(2, 3), 3)
+        );
+    }
+    // The newest filler is kept, the oldest ones were evicted.
+    assert_eq!(
+        verdict_at(&s, &session_n(1299), 1, now).await,
+        cont(OWNER_X, ids(2, 3), 3)
+    );
+    assert_eq!(
+        verdict_at(&s, &session_n(1000), 1, now).await,
+        new_stream(Reason::SessionInactive)
+    );
+    assert!(s.stats(now).await.unwrap().evicted >= 280);
+}
+
+/// Owner epochs are forgotten once old, without bringing back an incarnation they made lost.
+pub async fn owner_epochs_expire<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        session_idle_ttl_ms: 1_000,
+        ..Limits::default()
+    });
+    apply(
+        &s,
+        &[
+            open(S1),
+            stream(S1, A, StreamKind::Request, OWNER_X, 0, false, T0),
+            events(S1, A, 1, 2),
+        ],
+    )
+    .await;
+    apply(&s, &[gone(OWNER_X)]).await;
+    let lost = new_stream(Reason::OwnerUnavailable);
+    let q = query(S1, A, StreamKind::Request, 1);
+    // Keep the session in use far past every expiry (the Redis store keeps epochs longest).
+    let end = T0 + 4 * (1_000 + crate_keep_grace_ms()) + 1_000;
+    let mut now = T0;
+    while now < end {
+        assert_eq!(
+            resolve_with(&s, &q, no_wait(), now).await.verdict,
+            lost,
+            "at {now}"
+        );
+        s.sweep(now).await.unwrap();
+        now += 500;
+    }
+    assert_eq!(
+        s.stats(now).await.unwrap().owners,
+        0,
+        "the epoch was forgotten"
+    );
+    assert_eq!(resolve_with(&s, &q, no_wait(), now).await.verdict, lost);
+    // A later owner_gone still covers incarnations opened before it, after the forgetting.
+    apply_at(
+        &s,
+        &[
+            stream(S1, B, StreamKind::Request, OWNER_X, 0, false, now),
+            events(S1, B, 1, 2),
+        ],
+        now,
+    )
+    .await;
+    let qb = query(S1, B, StreamKind::Request, 1);
+    assert_eq!(
+        resolve_with(&s, &qb, no_wait(), now).await.verdict,
+        cont(OWNER_X, ids(2, 2), 2)
+    );
+    apply_at(&s, &[gone(OWNER_X)], now + 1).await;
+    assert_eq!(
+        resolve_with(&s, &qb, no_wait(), now + 1).await.verdict,
+        lost
+    );
+}
+
+fn crate_keep_grace_ms() -> u64 {
+    mcp_ownership::redis::KEEP_GRACE.as_millis() as u64
+}
+
 /// Expands to one `#[tokio::test]` per case for the store built by `$make`.
 #[macro_export]
 macro_rules! store_suite {
@@ -951,6 +1197,9 @@ macro_rules! store_suite {
             expected_content_and_cap,
             health_and_stats,
             linearizable_under_concurrency,
+            long_ids_round_trip,
+            session_cap_evicts_idle_first,
+            owner_epochs_expire,
         );
     };
     ($make:expr; $($case:ident),+ $(,)?) => {
