@@ -23,8 +23,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = Path(__file__).resolve().parent / ".runs" / os.environ.get("E2E_PORT_OFFSET", "0")
 ENVOY_BIN = ROOT / ".venv" / "bin" / "envoy"
-WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
-BIN = ROOT / "target" / "debug"
+# Other builds can be put under test without touching the tree (e.g. an older guard, to show
+# that a test fails without its fix): E2E_WASM = the .wasm, E2E_BIN_DIR = the directory of
+# mcp-ownership and the replicas, E2E_ENVOY_DIR = the directory of the base Envoy configs.
+WASM = Path(os.environ.get("E2E_WASM") or ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm")
+BIN = Path(os.environ.get("E2E_BIN_DIR") or ROOT / "target" / "debug")
+ENVOY_DIR = Path(os.environ.get("E2E_ENVOY_DIR") or ROOT / "envoy")
+
+
+def binary(name: str) -> Path:
+    """A binary from E2E_BIN_DIR when it has one, else this tree's build (so a directory with
+    only an older mcp-ownership still runs the current test replicas)."""
+    p = BIN / name
+    return p if p.exists() else ROOT / "target" / "debug" / name
 
 HOST = "127.0.0.1"
 # DESIGN.md's local topology. E2E_PORT_OFFSET shifts every port, so two suites can run at once.
@@ -107,7 +118,7 @@ class Proc:
 # ---- configuration -------------------------------------------------------------------------
 
 def base_envoy_config(base: str = "envoy.yaml") -> dict:
-    with open(ROOT / "envoy" / base) as f:
+    with open(ENVOY_DIR / base) as f:
         return yaml.safe_load(f)
 
 
@@ -204,20 +215,20 @@ class Envoy(Proc):
 
 
 def start_replica(port: int, name: str, state_dir: Path, ring: int = 16, tick_ms: int = 20) -> Proc:
-    return Proc(f"replica-{name}", [BIN / "naive-replica", "--listen", f"{HOST}:{port}", "--name", name,
+    return Proc(f"replica-{name}", [binary("naive-replica"), "--listen", f"{HOST}:{port}", "--name", name,
                                     "--state-dir", state_dir, "--ring", ring, "--tick-ms", tick_ms],
                 port=port).start()
 
 
 def start_rmcp_replica(port: int, name: str, state_dir: Path, sse_retry_ms: int = 500) -> Proc:
     """A replica built on the official Rust SDK (tests/rmcp-replica): shared sessions, local events."""
-    return Proc(f"rmcp-{name}-{port}", [BIN / "rmcp-replica", "--listen", f"{HOST}:{port}", "--name", name,
+    return Proc(f"rmcp-{name}-{port}", [binary("rmcp-replica"), "--listen", f"{HOST}:{port}", "--name", name,
                                         "--state-dir", state_dir, "--sse-retry-ms", sse_retry_ms],
                 port=port).start()
 
 
 def start_ownership(port: int = OWNERSHIP_PORT, extra: list[str] | None = None) -> Proc:
-    return Proc(f"ownership-{port}", [BIN / "mcp-ownership", "--listen", f"{HOST}:{port}", *(extra or [])],
+    return Proc(f"ownership-{port}", [binary("mcp-ownership"), "--listen", f"{HOST}:{port}", *(extra or [])],
                 port=port).start()
 
 
