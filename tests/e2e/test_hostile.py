@@ -608,39 +608,62 @@ def test_16_kib_ids_continue(fresh, padded):
     assert [e.data for e in replay] == [e.data for e in tool_evs[-2:]]
 
 
+def told(r, evs: list) -> bool:
+    return refused(r) or r.status == 409 or any(e.event == "mcp-resume" for e in evs)
+
+
+def read_for(r, seconds: float, most: int = 8) -> list:
+    got = []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and len(got) < most:
+            ev = r.next_event()
+            if ev is None:
+                break
+            got.append(ev)
+    except OSError:
+        pass
+    r.close()
+    return got
+
+
 @pytest.mark.parametrize("proto", PROTOS)
 def test_two_resumes_of_one_cursor_at_once(fresh, proto):
-    """Two resumes of the same cursor at the same moment: each one either continues contiguously or
-    is told (Mcp-Resume header, control event or 409); none is a silent, empty 200."""
+    """Two resumes of the same cursor at the same moment fork the stream. Each one either continues
+    contiguously or is told (Mcp-Resume header, control event or 409), and a branch that continued
+    is never fed the other branch's events when it resumes again."""
     fresh.use(guard=True)
-    for _ in range(3):
-        c = h.Client()
-        c.initialize()
-        s = c.get_stream(limit=5)
-        evs = s.read(5)
-        s.close()
-        time.sleep(0.3)
-        cursor, want = evs[1].id, [e.data for e in evs[2:]]
+    for _ in range(3):  # which branch is fed what depends on timing: fork three times
+        fork_once(proto)
 
-        def resume(_):
-            r = h.raw_request(proto, "GET", "/mcp?limit=1",
-                              session_headers(c, [("last-event-id", cursor)]), timeout=5)
-            got = []
-            deadline = time.monotonic() + 3
-            try:
-                while time.monotonic() < deadline and len(got) < 4:
-                    ev = r.next_event()
-                    if ev is None:
-                        break
-                    got.append(ev)
-            except OSError:
-                pass
-            r.close()
-            return r, got
 
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(resume, range(2)))
-        for r, got in results:
-            told = refused(r) or r.status == 409 or any(e.event == "mcp-resume" for e in got)
-            data = [e.data for e in got if e.event == "message"]
-            assert told or data[:3] == want, f"a silent resume: status {r.status}, {len(got)} events: {data[:3]}"
+def fork_once(proto: str) -> None:
+    c = h.Client()
+    c.initialize()
+    t = c.call_tool("ledger_append", {"entry": "fork", "steps": 4, "step_ms": 1})
+    evs = t.read_all()
+    t.close()
+    assert len(evs) == 5
+    time.sleep(0.3)
+    cursor, want = evs[1].id, [e.data for e in evs[2:]]
+
+    def resume(cur):
+        r = h.raw_request(proto, "GET", "/mcp?limit=2", session_headers(c, [("last-event-id", cur)]), timeout=5)
+        return r, read_for(r, 2.0)
+
+    with ThreadPoolExecutor(2) as pool:
+        branches = list(pool.map(resume, [cursor, cursor]))
+    for r, got in branches:
+        data = [e.data for e in got if e.event == "message"]
+        assert told(r, got) or data[:3] == want, f"a silent resume: status {r.status}, {len(got)} events: {data[:3]}"
+    live = [{e.data for e in got if e.event == "message"} - set(want) for _, got in branches]
+    time.sleep(0.3)
+    for i, (r, got) in enumerate(branches):
+        ids = [e.id for e in got if e.id is not None]
+        if told(r, got) or not ids:
+            continue
+        r2, again = resume(ids[-1])
+        if told(r2, again):
+            continue
+        first = next((e.data for e in again if e.event == "message"), None)
+        assert first not in live[1 - i], "a resumed branch was fed the other branch's events"
