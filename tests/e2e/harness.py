@@ -38,7 +38,7 @@ def binary(name: str) -> Path:
     return p if p.exists() else ROOT / "target" / "debug" / name
 
 HOST = "127.0.0.1"
-# DESIGN.md's local topology. E2E_PORT_OFFSET shifts every port, so two suites can run at once.
+# The local topology (README.md). E2E_PORT_OFFSET shifts every port, so two suites can run at once.
 PORT_OFFSET = int(os.environ.get("E2E_PORT_OFFSET", "0"))
 ENVOY_PORT = 10000 + PORT_OFFSET
 ADMIN_PORT = 9901 + PORT_OFFSET
