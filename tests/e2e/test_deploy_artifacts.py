@@ -168,7 +168,8 @@ def istio_equivalent_config() -> dict:
     g["configuration"]["value"] = json.dumps(wp["pluginConfig"])
     g["root_id"] = wp["pluginName"]
     # Istio sets the VM failure policy from failStrategy.
-    g["failure_policy"] = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_OPEN": "FAIL_OPEN"}.get(wp.get("failStrategy"), "FAIL_CLOSED")
+    strategy = wp.get("failStrategy", "FAIL_CLOSE")
+    g["failure_policy"] = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_OPEN": "FAIL_OPEN"}.get(strategy, "FAIL_CLOSED")
     if g["failure_policy"] != "FAIL_RELOAD":
         g.pop("reload_config", None)
     # The EnvoyFilter's filters replace the local ones (same places: before the router, first).

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import socketserver
 import threading
 import time
@@ -67,7 +66,7 @@ def session_headers(c: h.Client, extra: list | None = None) -> list[tuple[str, s
     return hd + (extra or [])
 
 
-def a_cursor(env: h.Envoy) -> tuple[h.Client, str]:
+def a_cursor() -> tuple[h.Client, str]:
     """A fresh session with a real guard cursor of its standalone GET stream."""
     c = h.Client()
     c.initialize()
@@ -107,10 +106,10 @@ def test_header_size_limits(fresh, proto):
     """Headers past Envoy's limit are refused by Envoy (431 / stream reset), before any filter:
     nothing reaches a replica; a 64 KiB Last-Event-ID is one of them."""
     env = fresh.use(guard=True)
-    c, _ = a_cursor(env)
+    c, _ = a_cursor()
     reset_seen()
     for name in ("last-event-id", "mcp-session-id", "x-filler"):
-        big = "A" * (64 * 1024)
+        big = "A" * (ENVOY_HEADER_LIMIT + 4096)  # 64 KiB
         try:
             r = h.raw_request(proto, "GET", "/mcp", session_headers(c, [(name, big)]))
             status = r.status
@@ -127,8 +126,8 @@ def test_header_size_limits(fresh, proto):
 def test_duplicate_last_event_id_is_refused(fresh, proto, order):
     """Two Last-Event-ID fields (also differently cased, on HTTP/1.1): never a continuation on one
     of them; refused explicitly as `duplicate_header`, and no cursor reaches a replica."""
-    env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    fresh.use(guard=True)
+    c, cursor = a_cursor()
     reset_seen()
     other = "e1"
     pair = [("Last-Event-ID", cursor), ("last-event-id", other)] if proto == "h1" else \
@@ -144,8 +143,8 @@ def test_duplicate_last_event_id_is_refused(fresh, proto, order):
 @pytest.mark.parametrize("proto", PROTOS)
 def test_duplicate_session_id_is_refused(fresh, proto):
     """Two Mcp-Session-Id fields with an authentic cursor: not a continuation."""
-    env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    fresh.use(guard=True)
+    c, cursor = a_cursor()
     other = h.Client()
     other.initialize()
     reset_seen()
@@ -161,10 +160,11 @@ def test_duplicate_session_id_is_refused(fresh, proto):
 def test_uppercase_header_names_over_h2_are_refused(fresh):
     """HTTP/2 forbids uppercase field names: Envoy refuses the request; nothing reaches a replica."""
     env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    c, cursor = a_cursor()
     reset_seen()
     try:
-        r = h.raw_h2("GET", "/mcp", session_headers(c, [("Last-Event-ID", cursor), ("X-MCP-Owner", h.owner_pin(h.REPLICA_PORTS[2]))]))
+        upper = [("Last-Event-ID", cursor), ("X-MCP-Owner", h.owner_pin(h.REPLICA_PORTS[2]))]
+        r = h.raw_h2("GET", "/mcp", session_headers(c, upper))
         status = r.status
         r.close()
     except (h.StreamReset, ConnectionError):
@@ -179,7 +179,7 @@ def test_non_utf8_header_bytes(fresh, proto):
     """Bytes that are not UTF-8 in Last-Event-ID, Mcp-Session-Id and the owner header: refused or
     ignored explicitly, never a crash, never a cursor at a replica, never a pin."""
     env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    c, cursor = a_cursor()
     reset_seen()
     bad = b"\xff\xfe\x80"
     r = h.raw_request(proto, "GET", "/mcp", session_headers(c, [("last-event-id", bad + cursor.encode())]))
@@ -192,9 +192,9 @@ def test_non_utf8_header_bytes(fresh, proto):
     r.close()
     pinned = h.REPLICA_PORTS[2]
     landed = []
+    bad_pin = base64.b64encode(f"{h.HOST}:{pinned}".encode()) + bad
     for _ in range(6):
-        r = h.raw_request(proto, "POST", "/mcp", [("content-type", "application/json"),
-                                                   (h.OWNER_HEADER, base64.b64encode(f"{h.HOST}:{pinned}".encode()) + bad)],
+        r = h.raw_request(proto, "POST", "/mcp", [("content-type", "application/json"), (h.OWNER_HEADER, bad_pin)],
                           body=b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
         landed.append(r.header("x-replica"))
         r.close()
@@ -209,7 +209,7 @@ def test_long_cursor_is_foreign(fresh, proto):
     """A cursor-shaped Last-Event-ID of 16 KiB (under Envoy's header limit): `foreign_cursor`,
     decided locally, never forwarded."""
     env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    c, cursor = a_cursor()
     reset_seen()
     before = env.stats().get("mcp_resume_guard.callouts", 0)
     long_cursor = (cursor * (16 * 1024 // len(cursor) + 1))[:16 * 1024]
@@ -224,8 +224,8 @@ def test_long_cursor_is_foreign(fresh, proto):
 @pytest.mark.parametrize("method", ["HEAD", "OPTIONS"])
 def test_head_and_options_with_a_cursor(fresh, proto, method):
     """HEAD and OPTIONS are not GET: the cursor is stripped and said so, never forwarded."""
-    env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    fresh.use(guard=True)
+    c, cursor = a_cursor()
     reset_seen()
     r = h.raw_request(proto, method, "/mcp", session_headers(c, [("last-event-id", cursor)]))
     assert refused(r, "post_cursor"), (r.status, r.headers)
@@ -240,7 +240,7 @@ def test_body_on_a_get_while_the_callout_hangs(fresh, proto):
     """A GET with a cursor and a 200 KiB body while the ownership service hangs: the guard fails
     closed within its callout timeout, the cursor never reaches a replica, Envoy stays up."""
     env = fresh.use(guard=True)
-    c, cursor = a_cursor(env)
+    c, cursor = a_cursor()
     fresh.ownership.stop()
     reset_seen()
     with FakeOwnership("hang") as fake:
@@ -374,7 +374,7 @@ def test_garbage_from_the_ownership_service(fresh, mode):
     """Verdicts that name an address outside the cluster or carry header bytes, 2 MiB bodies,
     100 000-deep JSON: every one fails closed and explicitly; no cursor reaches a replica."""
     env = fresh.use(guard=True, ownership={"cluster": "mcp_ownership", "timeout_ms": 500})
-    c, cursor = a_cursor(env)
+    c, cursor = a_cursor()
     fresh.ownership.stop()
     reset_seen()
     with HostileOwnership(mode, env.admin_port) as fake:
@@ -428,9 +428,12 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
                 if b"last-event-id" in headers:
                     srv.cursors.append(headers[b"last-event-id"])
                 if method == b"POST" and b'"initialize"' in body:
-                    out = b'{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"hostile","version":"0"}}}'
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: 0123abcd\r\n"
-                                     b"content-length: " + str(len(out)).encode() + b"\r\n\r\n" + out)
+                    out = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
+                        "protocolVersion": "2025-11-25", "capabilities": {},
+                        "serverInfo": {"name": "hostile", "version": "0"}}}).encode()
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                     b"mcp-session-id: 0123abcd\r\ncontent-length: "
+                                     + str(len(out)).encode() + b"\r\n\r\n" + out)
                 elif method == b"POST":
                     self.wfile.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
                 else:
@@ -652,7 +655,7 @@ def test_two_resumes_of_one_cursor_at_once(fresh, proto):
     contiguously or is told (Mcp-Resume header, control event or 409), and a branch that continued
     is never fed the other branch's events when it resumes again."""
     fresh.use(guard=True)
-    for _ in range(3):  # which branch is fed what depends on timing: fork three times
+    for _ in range(5):  # which branch is fed what depends on timing: fork five times
         fork_once(proto)
 
 
