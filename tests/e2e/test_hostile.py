@@ -317,6 +317,21 @@ def test_every_spelling_of_the_mcp_path_is_guarded(fresh, proto, path):
     assert_no_cursor_reached_a_replica()
 
 
+@pytest.mark.parametrize("proto", PROTOS)
+def test_no_response_carries_the_owner_header(fresh, proto):
+    """Plain requests on every kind of path, without any pin: stateful_session never gets to echo
+    the host it chose, and no response shows a replica's address."""
+    fresh.use(guard=True)
+    c = h.Client()
+    c.initialize()
+    for path, _ in PATHS:
+        for method in ("GET", "POST"):
+            r = h.raw_request(proto, method, path, session_headers(c),
+                              body=b'{"jsonrpc":"2.0","id":1,"method":"ping"}' if method == "POST" else None)
+            assert h.OWNER_HEADER not in r.headers, (method, path, r.headers[h.OWNER_HEADER])
+            r.close()
+
+
 # ---- ownership stand-ins that answer garbage -----------------------------------------------
 
 class HostileOwnership(FakeOwnership):
