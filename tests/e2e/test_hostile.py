@@ -582,6 +582,11 @@ def padded(fresh):
     for port in started:
         fresh.replicas[port].stop()
         fresh.start_replica(port)
+    # A guard that failed on these ids may keep failing (queued records): the next test gets a
+    # fresh Envoy.
+    if fresh.envoy is not None:
+        fresh.envoy.stop()
+        fresh.envoy = None
 
 
 def resume_continues(c: h.Client, cursor: str, last: dict) -> None:
@@ -693,6 +698,7 @@ def fork_once(proto: str) -> None:
     for r, got in branches:
         data = [e.data for e in got if e.event == "message"]
         assert told(r, got) or data[:3] == want, f"a silent resume: status {r.status}, {len(got)} events: {data[:3]}"
+    assert not all(told(r, got) for r, got in branches), "a valid cursor: at least one resume must continue"
     live = [{e.data for e in got if e.event == "message"} - set(want) for _, got in branches]
     time.sleep(0.3)
     for i, (r, got) in enumerate(branches):
