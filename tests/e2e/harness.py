@@ -23,8 +23,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = Path(__file__).resolve().parent / ".runs" / os.environ.get("E2E_PORT_OFFSET", "0")
 ENVOY_BIN = ROOT / ".venv" / "bin" / "envoy"
-WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
-BIN = ROOT / "target" / "debug"
+# Other builds can be put under test without touching the tree (e.g. an older guard, to show
+# that a test fails without its fix): E2E_WASM = the .wasm, E2E_BIN_DIR = the directory of
+# mcp-ownership and the replicas, E2E_ENVOY_DIR = the directory of the base Envoy configs.
+WASM = Path(os.environ.get("E2E_WASM") or ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm")
+BIN = Path(os.environ.get("E2E_BIN_DIR") or ROOT / "target" / "debug")
+ENVOY_DIR = Path(os.environ.get("E2E_ENVOY_DIR") or ROOT / "envoy")
+
+
+def binary(name: str) -> Path:
+    """A binary from E2E_BIN_DIR when it has one, else this tree's build (so a directory with
+    only an older mcp-ownership still runs the current test replicas)."""
+    p = BIN / name
+    return p if p.exists() else ROOT / "target" / "debug" / name
 
 HOST = "127.0.0.1"
 # The local topology (README). E2E_PORT_OFFSET shifts every port, so two suites can run at once.
@@ -110,7 +121,7 @@ class Proc:
 # ---- configuration -------------------------------------------------------------------------
 
 def base_envoy_config(base: str = "envoy.yaml") -> dict:
-    with open(ROOT / "envoy" / base) as f:
+    with open(ENVOY_DIR / base) as f:
         return yaml.safe_load(f)
 
 
@@ -206,21 +217,23 @@ class Envoy(Proc):
             return out
 
 
-def start_replica(port: int, name: str, state_dir: Path, ring: int = 16, tick_ms: int = 20) -> Proc:
-    return Proc(f"replica-{name}", [BIN / "naive-replica", "--listen", f"{HOST}:{port}", "--name", name,
-                                    "--state-dir", state_dir, "--ring", ring, "--tick-ms", tick_ms],
+def start_replica(port: int, name: str, state_dir: Path, ring: int = 16, tick_ms: int = 20,
+                  extra: list[str] | None = None) -> Proc:
+    return Proc(f"replica-{name}", [binary("naive-replica"), "--listen", f"{HOST}:{port}", "--name", name,
+                                    "--state-dir", state_dir, "--ring", ring, "--tick-ms", tick_ms,
+                                    *(extra or [])],
                 port=port).start()
 
 
 def start_rmcp_replica(port: int, name: str, state_dir: Path, sse_retry_ms: int = 500) -> Proc:
     """A replica built on the official Rust SDK (tests/rmcp-replica): shared sessions, local events."""
-    return Proc(f"rmcp-{name}-{port}", [BIN / "rmcp-replica", "--listen", f"{HOST}:{port}", "--name", name,
+    return Proc(f"rmcp-{name}-{port}", [binary("rmcp-replica"), "--listen", f"{HOST}:{port}", "--name", name,
                                         "--state-dir", state_dir, "--sse-retry-ms", sse_retry_ms],
                 port=port).start()
 
 
 def start_ownership(port: int = OWNERSHIP_PORT, extra: list[str] | None = None) -> Proc:
-    return Proc(f"ownership-{port}", [BIN / "mcp-ownership", "--listen", f"{HOST}:{port}", *(extra or [])],
+    return Proc(f"ownership-{port}", [binary("mcp-ownership"), "--listen", f"{HOST}:{port}", *(extra or [])],
                 port=port).start()
 
 
@@ -464,3 +477,219 @@ def ownership_metric(port: int, name: str) -> float:
         if line.startswith(name) and (line[len(name):len(name) + 1] in ("{", " ")):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+# ---- raw clients: HTTP/1.1 and HTTP/2 cleartext, any header bytes ---------------------------
+
+class RawResponse:
+    """A response read incrementally; headers keep duplicates, as (name, value) bytes."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], read_chunk, close):
+        self.status = status
+        self.raw_headers = headers
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
+        self._read_chunk = read_chunk  # () -> bytes, b"" at the end; socket timeout raises
+        self._close = close
+        self._buf = b""
+        self.ended = False
+        self.events: list[Event] = []
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def _fill(self) -> bool:
+        if self.ended:
+            return False
+        try:
+            chunk = self._read_chunk()
+        except (ConnectionError, http.client.IncompleteRead):
+            chunk = b""
+        if not chunk:
+            self.ended = True
+            return False
+        self._buf += chunk
+        return True
+
+    def read_body(self, limit: int = 1 << 24, timeout: float = 5.0) -> bytes:
+        """The body up to its end (or `limit` bytes, or `timeout` seconds of reading)."""
+        deadline = time.monotonic() + timeout
+        while len(self._buf) < limit and time.monotonic() < deadline and self._fill():
+            pass
+        out, self._buf = self._buf[:limit], self._buf[limit:]
+        return out
+
+    def readline(self) -> bytes:
+        while b"\n" not in self._buf:
+            if not self._fill():
+                line, self._buf = self._buf, b""
+                return line
+        i = self._buf.index(b"\n") + 1
+        line, self._buf = self._buf[:i], self._buf[i:]
+        return line
+
+    def next_event(self) -> Event | None:
+        """The next SSE event (same line rules as SSEStream), None at the end."""
+        ev_id, ev_type, data, has_fields = None, "", [], False
+        while True:
+            line = self.readline()
+            if not line:
+                return None
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            if text == "":
+                if has_fields and (data or ev_id is not None):
+                    ev = Event(ev_id, ev_type or "message", "\n".join(data))
+                    self.events.append(ev)
+                    return ev
+                ev_id, ev_type, data, has_fields = None, "", [], False
+                continue
+            if text.startswith(":"):
+                continue
+            name, _, value = text.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            has_fields = True
+            if name == "id" and "\0" not in value:
+                ev_id = value
+            elif name == "event":
+                ev_type = value
+            elif name == "data":
+                data.append(value)
+
+    def read(self, n: int) -> list[Event]:
+        out = []
+        for _ in range(n):
+            ev = self.next_event()
+            if ev is None:
+                break
+            out.append(ev)
+        return out
+
+    def close(self) -> None:
+        self._close()
+
+
+def _as_bytes(x: str | bytes) -> bytes:
+    return x if isinstance(x, bytes) else x.encode("latin-1")
+
+
+def raw_h1(method: str, path: str | bytes, headers: list[tuple[str | bytes, str | bytes]],
+           body: bytes | None = None, port: int = ENVOY_PORT, timeout: float = 10.0) -> RawResponse:
+    """One HTTP/1.1 request written byte for byte: any header name, value, duplicate or order."""
+    sock = socket.create_connection((HOST, port), timeout=timeout)
+    head = _as_bytes(method) + b" " + _as_bytes(path) + b" HTTP/1.1\r\nhost: mcp\r\n"
+    for k, v in headers:
+        head += _as_bytes(k) + b": " + _as_bytes(v) + b"\r\n"
+    if body is not None:
+        head += b"content-length: " + str(len(body)).encode() + b"\r\n"
+    sock.sendall(head + b"\r\n" + (body or b""))
+    resp = http.client.HTTPResponse(sock, method=method if isinstance(method, str) else method.decode())
+    try:
+        resp.begin()
+    except (http.client.RemoteDisconnected, ConnectionError) as e:
+        sock.close()
+        raise ConnectionError(f"no response: {e}") from e
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.getheaders()]
+
+    def read_chunk() -> bytes:
+        return resp.read1(65536) if not resp.isclosed() else b""
+
+    def close() -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+    return RawResponse(resp.status, raw, read_chunk, close)
+
+
+class StreamReset(Exception):
+    """The server reset an HTTP/2 stream (or the connection) instead of answering."""
+
+
+def raw_h2(method: str, path: str | bytes, headers: list[tuple[str | bytes, str | bytes]],
+           body: bytes | None = None, port: int = ENVOY_PORT, timeout: float = 10.0) -> RawResponse:
+    """One request over HTTP/2 cleartext with prior knowledge (h2c), header bytes as given.
+    Header validation is off on our side so that hostile names and values reach the server."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    sock = socket.create_connection((HOST, port), timeout=timeout)
+    cfg = h2.config.H2Configuration(client_side=True, header_encoding=None,
+                                    validate_outbound_headers=False, normalize_outbound_headers=False,
+                                    validate_inbound_headers=False)
+    conn = h2.connection.H2Connection(config=cfg)
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    hdrs = [(b":method", _as_bytes(method)), (b":scheme", b"http"), (b":authority", b"mcp"),
+            (b":path", _as_bytes(path))] + [(_as_bytes(k), _as_bytes(v)) for k, v in headers]
+    conn.send_headers(sid, hdrs, end_stream=body is None)
+    sock.sendall(conn.data_to_send())
+    pending: list[bytes] = []
+    state = {"headers": None, "ended": False}
+
+    def pump() -> None:
+        data = sock.recv(65536)
+        if not data:
+            state["ended"] = True
+            return
+        for ev in conn.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
+                state["headers"] = ev.headers
+            elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
+                pending.append(ev.data)
+                conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+            elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                state["ended"] = True
+            elif isinstance(ev, h2.events.StreamReset) and ev.stream_id == sid:
+                state["ended"] = True
+                state["reset"] = ev.error_code
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                state["ended"] = True
+                state["reset"] = ev.error_code
+        out = conn.data_to_send()
+        if out:
+            sock.sendall(out)
+
+    deadline = time.monotonic() + timeout
+    rest = body
+    while rest is not None:
+        # The body as flow control allows; the server's WINDOW_UPDATEs arrive through pump().
+        window = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+        if window > 0:
+            conn.send_data(sid, rest[:window], end_stream=len(rest) <= window)
+            sock.sendall(conn.data_to_send())
+            rest = rest[window:] if len(rest) > window else None
+        elif state["ended"] or time.monotonic() > deadline:
+            break
+        else:
+            pump()
+    while state["headers"] is None:
+        if state["ended"] or time.monotonic() > deadline:
+            sock.close()
+            raise StreamReset(f"no response headers (reset: {state.get('reset')})")
+        pump()
+    resp_headers = state["headers"]
+    status = int(dict(resp_headers)[b":status"])
+
+    def read_chunk() -> bytes:
+        while not pending and not state["ended"]:
+            pump()
+        return pending.pop(0) if pending else b""
+
+    def close() -> None:
+        try:
+            conn.close_connection()
+            sock.sendall(conn.data_to_send())
+        except OSError:
+            pass
+        sock.close()
+
+    return RawResponse(status, [(k, v) for k, v in resp_headers if not k.startswith(b":")], read_chunk, close)
+
+
+def raw_request(proto: str, method: str, path: str | bytes, headers: list[tuple[str | bytes, str | bytes]],
+                body: bytes | None = None, port: int = ENVOY_PORT, timeout: float = 10.0) -> RawResponse:
+    """`proto` is "h1" (HTTP/1.1) or "h2" (HTTP/2 cleartext)."""
+    fn = {"h1": raw_h1, "h2": raw_h2}[proto]
+    return fn(method, path, headers, body, port=port, timeout=timeout)

@@ -51,6 +51,9 @@ WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 STATEFUL_TYPE = "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession"
 HEADER_STATE_TYPE = "type.googleapis.com/envoy.extensions.http.stateful_session.header.v3.HeaderBasedSessionState"
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+MUTATION_TYPE = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+PER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSessionPerRoute"
+PIN_FILTER = "mcp_resume_guard.stateful_session"
 
 ISTIO_OWNERSHIP_CLUSTER = "outbound|9200||mcp-ownership.mcp-system.svc.cluster.local"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
@@ -133,6 +136,29 @@ def local_config_with_wasm() -> dict:
     return cfg
 
 
+def patches(apply_to: str) -> list[dict]:
+    return [p for p in one("EnvoyFilter")["spec"]["configPatches"] if p["applyTo"] == apply_to]
+
+
+def pin_patch() -> dict:
+    """The EnvoyFilter's HTTP_FILTER patch that inserts stateful_session before the router."""
+    (p,) = [p for p in patches("HTTP_FILTER") if p["patch"]["value"]["typed_config"]["@type"] == STATEFUL_TYPE]
+    return p
+
+
+def route_pin(route: dict) -> dict | None:
+    """The strict stateful_session a route configures for the pin filter, if any."""
+    per = (route.get("typed_per_filter_config") or {}).get(PIN_FILTER)
+    if per is None:
+        return None
+    assert per["@type"] == PER_ROUTE_TYPE
+    return per["stateful_session"]
+
+
+def routes(cfg: dict) -> list[dict]:
+    return [r for vh in hcm(cfg)["route_config"]["virtual_hosts"] for r in vh["routes"]]
+
+
 def istio_equivalent_config() -> dict:
     """envoy/envoy.yaml turned into what the Istio files ask a gateway's Envoy to run."""
     cfg = local_config_with_wasm()
@@ -141,9 +167,24 @@ def istio_equivalent_config() -> dict:
     # Istio hands pluginConfig (a Struct) to the filter as JSON, with pluginName as root_id.
     g["configuration"]["value"] = json.dumps(wp["pluginConfig"])
     g["root_id"] = wp["pluginName"]
-    # The EnvoyFilter's filter replaces the local stateful_session (same place: before router).
-    patch = one("EnvoyFilter")["spec"]["configPatches"][0]["patch"]["value"]
-    filters(cfg)[filter_index(cfg, STATEFUL_TYPE)] = copy.deepcopy(patch)
+    # Istio sets the VM failure policy from failStrategy.
+    strategy = wp.get("failStrategy", "FAIL_CLOSE")
+    g["failure_policy"] = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_OPEN": "FAIL_OPEN"}.get(strategy, "FAIL_CLOSED")
+    if g["failure_policy"] != "FAIL_RELOAD":
+        g.pop("reload_config", None)
+    # The EnvoyFilter's filters replace the local ones (same places: before the router, first).
+    filters(cfg)[filter_index(cfg, STATEFUL_TYPE)] = copy.deepcopy(pin_patch()["patch"]["value"])
+    (first,) = [p for p in patches("HTTP_FILTER") if p["patch"]["operation"] == "INSERT_FIRST"]
+    filters(cfg)[filter_index(cfg, MUTATION_TYPE)] = copy.deepcopy(first["patch"]["value"])
+    # The route patch, on the routes of that name, in place of the local per-route config.
+    (rp,) = patches("HTTP_ROUTE")
+    for r in routes(cfg):
+        r.pop("typed_per_filter_config", None)
+        if r.get("name") == rp["match"]["routeConfiguration"]["vhost"]["route"]["name"]:
+            r.update(copy.deepcopy(rp["patch"]["value"]))
+    # The listener patch on the HttpConnectionManager.
+    (np,) = patches("NETWORK_FILTER")
+    hcm(cfg).update({k: v for k, v in np["patch"]["value"]["typed_config"].items() if k != "@type"})
     # The ownership cluster under Istio's outbound name.
     for c in cfg["static_resources"]["clusters"]:
         if c["name"] == "mcp_ownership":
@@ -201,7 +242,7 @@ def test_wasmplugin_shape_and_schema():
     assert spec["url"].startswith("oci://")
     assert ("selector" in spec) != ("targetRefs" in spec), "exactly one of selector / targetRefs"
     assert spec["phase"] in ("AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE")
-    assert spec.get("failStrategy", "FAIL_CLOSE") == "FAIL_CLOSE", "the guard must fail closed"
+    assert spec.get("failStrategy", "FAIL_CLOSE") in ("FAIL_CLOSE", "FAIL_RELOAD"), "the guard must fail closed"
     assert spec.get("type", "HTTP") == "HTTP"
     for m in spec.get("match", []):
         assert m.get("mode", "CLIENT_AND_SERVER") in ("CLIENT", "CLIENT_AND_SERVER"), "gateway modes"
@@ -225,28 +266,45 @@ def test_istio_names_agree():
     assert len(svcs) == 1 and svcs[0]["metadata"]["namespace"] == svc_ns
     assert int(port) in [p["port"] for p in svcs[0]["spec"]["ports"]]
     owner_header = wp["spec"]["pluginConfig"].get("owner_header", "x-mcp-owner")
-    state = ef["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["session_state"]
+    (rp,) = patches("HTTP_ROUTE")
+    state = rp["patch"]["value"]["typed_per_filter_config"][PIN_FILTER]["stateful_session"]["session_state"]
     assert state["typed_config"]["name"] == owner_header
+    (mp,) = [p for p in patches("HTTP_FILTER") if p["patch"]["operation"] == "INSERT_FIRST"]
+    assert mp["patch"]["value"]["typed_config"]["mutations"]["response_mutations"] == [{"remove": owner_header}]
     vs = one("VirtualService")
     for route in vs["spec"]["http"]:
         assert owner_header in route["headers"]["request"]["remove"]
+        assert owner_header in route["headers"]["response"]["remove"]
+    # The patched route is the MCP endpoint: exactly mcp_paths, with and without a trailing slash.
+    (mcp,) = [r for r in vs["spec"]["http"] if r["name"] == rp["match"]["routeConfiguration"]["vhost"]["route"]["name"]]
+    exact = sorted(m["uri"]["exact"] for m in mcp["match"])
+    assert exact == sorted(p + s for p in wp["spec"]["pluginConfig"]["mcp_paths"] for s in ("", "/"))
 
 
 def test_envoyfilter_inserts_strict_header_session_before_router():
     ef = one("EnvoyFilter")
     assert ef["apiVersion"] == "networking.istio.io/v1alpha3"
-    (p,) = ef["spec"]["configPatches"]
-    assert p["applyTo"] == "HTTP_FILTER"
-    assert p["match"]["context"] == "GATEWAY"
+    assert {p["match"]["context"] for p in ef["spec"]["configPatches"]} == {"GATEWAY"}
+    p = pin_patch()
     f = p["match"]["listener"]["filterChain"]["filter"]
     assert f["name"] == "envoy.filters.network.http_connection_manager"
     assert f["subFilter"]["name"] == "envoy.filters.http.router"
     assert p["patch"]["operation"] == "INSERT_BEFORE"
-    tc = p["patch"]["value"]["typed_config"]
-    assert tc["@type"] == STATEFUL_TYPE
-    assert tc["strict"] is True
-    assert tc["session_state"]["name"] == "envoy.http.stateful_session.header"
-    assert tc["session_state"]["typed_config"]["@type"] == HEADER_STATE_TYPE
+    assert p["patch"]["value"]["name"] == PIN_FILTER
+    # No session state at the listener: the pin exists only on the route that configures it.
+    assert set(p["patch"]["value"]["typed_config"]) == {"@type"}
+    (rp,) = patches("HTTP_ROUTE")
+    assert rp["patch"]["operation"] == "MERGE"
+    tc = rp["patch"]["value"]["typed_per_filter_config"][PIN_FILTER]
+    assert tc["@type"] == PER_ROUTE_TYPE
+    assert tc["stateful_session"]["strict"] is True
+    assert tc["stateful_session"]["session_state"]["name"] == "envoy.http.stateful_session.header"
+    assert tc["stateful_session"]["session_state"]["typed_config"]["@type"] == HEADER_STATE_TYPE
+    (np,) = patches("NETWORK_FILTER")
+    assert np["patch"]["operation"] == "MERGE"
+    hc = np["patch"]["value"]["typed_config"]
+    assert hc["normalize_path"] is True and hc["merge_slashes"] is True
+    assert hc["path_with_escaped_slashes_action"] == "REJECT_REQUEST"
 
 
 def test_virtualservice_no_retries_sse_timeout():
@@ -266,6 +324,35 @@ def test_istio_equivalent_envoy_config_validates(tmp_path):
     # guard -> stateful_session -> router, the order the WasmPlugin/EnvoyFilter pair produces.
     assert names.index(WASM_TYPE) < names.index(STATEFUL_TYPE) == names.index(ROUTER_TYPE) - 1
     assert_valid(envoy_validate(cfg, tmp_path, "istio-equivalent"))
+
+
+@pytest.mark.parametrize("path", [LOCAL_ENVOY, COMPOSE_ENVOY, ROOT / "envoy" / "envoy-ts-affinity.yaml"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_envoy_configs_pin_only_on_the_mcp_routes(path):
+    """The shipped configs: normalized paths, escaped slashes refused, h2c, the owner pin on
+    exactly the MCP routes, the owner header removed on every route and by the first filter,
+    and a guard that fails closed and reloads."""
+    cfg = yaml.safe_load(path.read_text())
+    h = hcm(cfg)
+    assert h["codec_type"] == "AUTO"
+    assert h["normalize_path"] is True and h["merge_slashes"] is True
+    assert h["path_with_escaped_slashes_action"] == "REJECT_REQUEST"
+    rc = h["route_config"]
+    assert "x-mcp-owner" in rc["request_headers_to_remove"] and "x-mcp-owner" in rc["response_headers_to_remove"]
+    first = filters(cfg)[0]
+    assert first["typed_config"]["@type"] == MUTATION_TYPE
+    assert first["typed_config"]["mutations"]["response_mutations"] == [{"remove": "x-mcp-owner"}]
+    (pin,) = [f for f in filters(cfg) if f["name"] == PIN_FILTER]
+    assert set(pin["typed_config"]) == {"@type"}, "the listener-level pin filter must have no session state"
+    mcp_paths = plugin_json(cfg)["mcp_paths"]
+    pinned = sorted(r["match"]["path"] for r in routes(cfg) if route_pin(r) is not None)
+    assert pinned == sorted(p + s for p in mcp_paths for s in ("", "/"))
+    for r in routes(cfg):
+        ss = route_pin(r)
+        assert ss is None or (ss["strict"] is True and ss["session_state"]["typed_config"]["name"] == "x-mcp-owner")
+        assert "retry_policy" not in r["route"]
+    g = guard(cfg)
+    assert g["failure_policy"] == "FAIL_RELOAD" and "fail_open" not in g
 
 
 def test_validate_really_loads_the_plugin(tmp_path):

@@ -70,6 +70,8 @@ OPTIONS:
     --path PATH            the MCP endpoint [default: /mcp]
     --owner-header NAME    header recorded as `has_owner_header` in /_naive/seen;
                            repeatable or comma-separated [default: x-mcp-owner]
+    --id-pad BYTES         pad every SSE event id to at least BYTES bytes
+                           (`e<num>.xxx…`, for long-id tests) [default: 0]
     -h, --help             print this help
 
 ENDPOINTS:
@@ -90,6 +92,8 @@ pub struct Config {
     pub path: String,
     /// Lower-cased header names.
     pub owner_headers: Vec<String>,
+    /// Minimum length of an SSE event id (0: `e<num>` as is).
+    pub id_pad: usize,
 }
 
 impl Config {
@@ -103,6 +107,7 @@ impl Config {
             tick_ms: 50,
             path: "/mcp".to_string(),
             owner_headers: vec!["x-mcp-owner".to_string()],
+            id_pad: 0,
         }
     }
 }
@@ -123,6 +128,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
     let mut tick_ms: u64 = 50;
     let mut path = "/mcp".to_string();
     let mut owner_headers: Vec<String> = Vec::new();
+    let mut id_pad: usize = 0;
 
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -192,6 +198,15 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     owner_headers.push(h.to_ascii_lowercase());
                 }
             }
+            "--id-pad" => {
+                let v = value()?;
+                id_pad = v
+                    .parse()
+                    .map_err(|e| format!("--id-pad {v:?}: not a byte count ({e})"))?;
+                if id_pad > 1 << 20 {
+                    return Err(format!("--id-pad {v:?}: at most 1048576 bytes"));
+                }
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -206,6 +221,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
         tick_ms,
         path,
         owner_headers,
+        id_pad,
     }))
 }
 
@@ -319,7 +335,7 @@ impl AppState {
         let mut log = lock(&self.inner.log);
         log.counter += 1;
         let num = log.counter;
-        let id = format!("e{num}");
+        let id = padded_id(num, self.inner.cfg.id_pad);
         let sse = format!("id: {id}\nevent: message\ndata: {data}\n\n");
         log.ring.push_back(RingEvent {
             id,
@@ -439,7 +455,19 @@ impl AppState {
 }
 
 fn parse_event_id(id: &str) -> Option<u64> {
-    id.strip_prefix('e')?.parse().ok()
+    let digits = id.strip_prefix('e')?;
+    digits.split('.').next()?.parse().ok()
+}
+
+/// `e<num>`, padded to `pad` bytes as `e<num>.xxx…` (the number stays readable).
+fn padded_id(num: u64, pad: usize) -> String {
+    let mut id = format!("e{num}");
+    if id.len() < pad {
+        id.push('.');
+        let fill = pad.saturating_sub(id.len());
+        id.extend(std::iter::repeat_n('x', fill));
+    }
+    id
 }
 
 fn valid_session_id(sid: &str) -> bool {

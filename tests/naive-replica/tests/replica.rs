@@ -794,3 +794,52 @@ fn cli_parses_and_rejects() {
     ))
     .is_err());
 }
+
+/// `--id-pad`: every id is padded to the length asked, and a padded cursor still resumes.
+#[tokio::test]
+async fn id_pad_makes_long_ids_that_still_resume() {
+    let dir = temp_dir("pad");
+    let mut cfg = Config::new("r1", &dir);
+    cfg.id_pad = 1500;
+    let state = AppState::new(cfg).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve_until(listener, state, async move {
+        let _ = rx.await;
+    }));
+    let (_, sid) = initialize(addr, "2025-06-18").await;
+    let r = ledger_append(addr, &sid, 1, "x", 3, &[]).await;
+    let got = r.ids();
+    assert_eq!(got.len(), 4);
+    for (n, id) in got.iter().enumerate() {
+        assert_eq!(id.len(), 1500);
+        assert!(id.starts_with(&format!("e{}.", n + 1)), "{}", &id[..8]);
+    }
+    let r = http(
+        addr,
+        "GET",
+        "/mcp?limit=1",
+        &[("Mcp-Session-Id", &sid), ("Last-Event-ID", &got[1])],
+        None,
+    )
+    .await;
+    let resumed = r.ids();
+    assert_eq!(resumed[..2], got[2..]);
+    assert!(resumed[2].starts_with("e5."));
+    let _ = stop.send(());
+    let _ = task.await;
+
+    let args = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let Cli::Run(cfg) = parse_args(args(
+        "--listen 127.0.0.1:1 --name r1 --state-dir /x --id-pad 64",
+    ))
+    .unwrap() else {
+        panic!("expected a config");
+    };
+    assert_eq!(cfg.id_pad, 64);
+    assert!(parse_args(args(
+        "--listen 127.0.0.1:1 --name r1 --state-dir /x --id-pad big"
+    ))
+    .is_err());
+}
