@@ -246,10 +246,17 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
         _ => {}
     }
     let ri = router.unwrap_or(filters.len());
+    // A stateful_session that pins on owner_header here, or that carries no state of its own and
+    // pins only where a route configures it (the shipped configs: the MCP routes alone).
     let pins_owner = |f: &Value| {
         let tc = f.get("typed_config").unwrap_or(&Value::Null);
         type_of(tc) == STATEFUL_TYPE
-            && str_of(tc, "/session_state/typed_config/name") == Some(owner_header.as_str())
+            && match tc.get("session_state") {
+                None => true,
+                Some(_) => {
+                    str_of(tc, "/session_state/typed_config/name") == Some(owner_header.as_str())
+                }
+            }
     };
     let after: Vec<usize> = (g + 1..ri)
         .filter(|i| filters.get(*i).is_some_and(pins_owner))
@@ -449,7 +456,18 @@ fn mcp_route(
                 );
             } else {
                 let tc = sf.get("typed_config").unwrap_or(&Value::Null);
-                check_strict_header(tc, sat, owner_header, r);
+                if tc.get("session_state").is_none() {
+                    r.error(
+                        format!("{rat}.typed_per_filter_config"),
+                        format!(
+                            "missing: the stateful_session \"{name}\" has no session state of its \
+                             own, so this MCP route must configure the strict pin on \
+                             \"{owner_header}\" (StatefulSessionPerRoute)"
+                        ),
+                    );
+                } else {
+                    check_strict_header(tc, sat, owner_header, r);
+                }
             }
         }
     }
@@ -552,7 +570,8 @@ fn kube(docs: &[Doc], r: &mut Report) {
 }
 
 fn istio_envoyfilter(name: &str, v: &Value, owner_header: &str, r: &mut Report) {
-    for (i, p) in arr(&v["spec"], "configPatches").iter().enumerate() {
+    let patches = arr(&v["spec"], "configPatches");
+    for (i, p) in patches.iter().enumerate() {
         let tc = p
             .pointer("/patch/value/typed_config")
             .unwrap_or(&Value::Null);
@@ -560,12 +579,47 @@ fn istio_envoyfilter(name: &str, v: &Value, owner_header: &str, r: &mut Report) 
             continue;
         }
         let at = format!("EnvoyFilter/{name}.spec.configPatches[{i}]");
-        check_strict_header(
-            tc,
-            &format!("{at}.patch.value.typed_config"),
-            owner_header,
-            r,
-        );
+        if tc.get("session_state").is_some() {
+            check_strict_header(
+                tc,
+                &format!("{at}.patch.value.typed_config"),
+                owner_header,
+                r,
+            );
+        } else {
+            // No state of its own: an HTTP_ROUTE patch must pin the MCP route.
+            let filter = str_of(p, "/patch/value/name").unwrap_or("");
+            let per_route = patches.iter().enumerate().find_map(|(j, q)| {
+                let per = q
+                    .pointer("/patch/value/typed_per_filter_config")
+                    .and_then(|m| m.get(filter))?;
+                Some((j, per.clone()))
+            });
+            match per_route {
+                Some((j, per)) => match per.get("stateful_session") {
+                    Some(ss) => check_strict_header(
+                        ss,
+                        &format!(
+                            "EnvoyFilter/{name}.spec.configPatches[{j}].patch.value.\
+                             typed_per_filter_config[\"{filter}\"].stateful_session"
+                        ),
+                        owner_header,
+                        r,
+                    ),
+                    None => r.error(
+                        format!("EnvoyFilter/{name}.spec.configPatches[{j}]"),
+                        "the per-route config must carry the strict stateful_session",
+                    ),
+                },
+                None => r.error(
+                    format!("{at}.patch.value.typed_config"),
+                    format!(
+                        "has no session state, and no HTTP_ROUTE patch configures the strict pin \
+                         (header \"{owner_header}\") for \"{filter}\" on the MCP route"
+                    ),
+                ),
+            }
+        }
         let op = str_of(p, "/patch/operation").unwrap_or("");
         let sub = str_of(p, "/match/listener/filterChain/filter/subFilter/name").unwrap_or("");
         let ok = (op == "INSERT_BEFORE" && sub == "envoy.filters.http.router")
