@@ -144,13 +144,18 @@ impl<T: DeserializeOwned, St: Send + Sync> FromRequest<St> for JsonBody<T> {
                 ApiError::new(StatusCode::BAD_REQUEST, "bad_body", rej.body_text())
             }
         })?;
-        let mut de = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
-        // Trailing garbage after the document is a syntax error too.
-        de.end()
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string()))?;
-        Ok(JsonBody(value))
+        parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// Parses one JSON request body; every problem is a named 400.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
+    // Trailing garbage after the document is a syntax error too.
+    de.end()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string()))?;
+    Ok(value)
 }
 
 /// serde's message names the field for unknown/missing fields; the path names it for type
@@ -310,6 +315,19 @@ pub fn validate_record(i: usize, r: &Record) -> Result<(), ApiError> {
     Ok(())
 }
 
+pub fn validate_batch(batch: &RecordBatch) -> Result<(), ApiError> {
+    if batch.records.len() > MAX_BATCH_RECORDS {
+        return Err(ApiError::bad_field(format!(
+            "records: {} records, at most {MAX_BATCH_RECORDS} per batch",
+            batch.records.len()
+        )));
+    }
+    for (i, r) in batch.records.iter().enumerate() {
+        validate_record(i, r)?;
+    }
+    Ok(())
+}
+
 // ---------- handlers ----------
 
 pub async fn resume<S: Store>(
@@ -344,17 +362,9 @@ pub async fn records<S: Store>(
     State(st): State<AppState<S>>,
     JsonBody(batch): JsonBody<RecordBatch>,
 ) -> Result<Json<RecordAck>, ApiError> {
-    if batch.records.len() > MAX_BATCH_RECORDS {
-        return Err(ApiError::bad_field(format!(
-            "records: {} records, at most {MAX_BATCH_RECORDS} per batch",
-            batch.records.len()
-        )));
-    }
     // Validate the whole batch first: a bad batch changes nothing, so the guard can fix and
     // resend it without wondering what half landed.
-    for (i, r) in batch.records.iter().enumerate() {
-        validate_record(i, r)?;
-    }
+    validate_batch(&batch)?;
     apply(&st, &batch.records).await?;
     Ok(Json(RecordAck {
         applied: batch.records.len(),
