@@ -41,7 +41,10 @@ pub fn config_parse(data: &[u8]) {
                 replica_event_id: Some("r"),
             };
             let d = cfg.keyring.decode(&cfg.keyring.encode(&c));
-            assert_eq!(d.map(|d| (d.key_id, d.seq)), Ok((cfg.keyring.active_id(), 3)));
+            assert_eq!(
+                d.map(|d| (d.key_id, d.seq)),
+                Ok((cfg.keyring.active_id(), 3))
+            );
         }
     }
 }

@@ -100,7 +100,9 @@ fn encode_decode(rest: &[u8]) {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
     let d = keyring().decode(&text);
-    let embeds = c.replica_event_id.filter(|r| r.len() <= MAX_REPLICA_ID_BYTES);
+    let embeds = c
+        .replica_event_id
+        .filter(|r| r.len() <= MAX_REPLICA_ID_BYTES);
     let want = DecodedCursor {
         key_id: ACTIVE,
         session: c.session,
@@ -126,7 +128,10 @@ fn assert_canonical(raw: &[u8], d: &DecodedCursor) {
     let again = URL_SAFE_NO_PAD
         .decode(keyring().encode(&c))
         .unwrap_or_default();
-    let body = |b: &[u8]| b.get(2..b.len().saturating_sub(MAC_BYTES)).map(<[u8]>::to_vec);
+    let body = |b: &[u8]| {
+        b.get(2..b.len().saturating_sub(MAC_BYTES))
+            .map(<[u8]>::to_vec)
+    };
     assert_eq!(body(raw), body(&again), "decoded body is not canonical");
     let version = raw.first().copied();
     assert!(
@@ -134,7 +139,29 @@ fn assert_canonical(raw: &[u8], d: &DecodedCursor) {
         "{version:?}"
     );
     if version == Some(CURSOR_VERSION_ONE_BLOCK) {
-        assert_eq!(again.first().copied(), version, "a one-block cursor re-encodes as one");
+        assert_eq!(
+            again.first().copied(),
+            version,
+            "a one-block cursor re-encodes as one"
+        );
     }
-    assert_eq!(keyring().decode(&URL_SAFE_NO_PAD.encode(&again)).as_ref().map(|x| (x.session, x.incarnation, x.kind, x.seq, x.replica_event_id.clone())), Ok((d.session, d.incarnation, d.kind, d.seq, d.replica_event_id.clone())));
+    assert_eq!(
+        keyring()
+            .decode(&URL_SAFE_NO_PAD.encode(&again))
+            .as_ref()
+            .map(|x| (
+                x.session,
+                x.incarnation,
+                x.kind,
+                x.seq,
+                x.replica_event_id.clone()
+            )),
+        Ok((
+            d.session,
+            d.incarnation,
+            d.kind,
+            d.seq,
+            d.replica_event_id.clone()
+        ))
+    );
 }

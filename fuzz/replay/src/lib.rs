@@ -16,8 +16,11 @@ pub use ownership::ownership_request;
 pub use sse::sse_rewriter;
 pub use stream::stream_state;
 
+/// A target body: one fuzz input in, a panic on any violated invariant.
+pub type Body = fn(&[u8]);
+
 /// Every target by name, as its corpus directory (`fuzz/corpus/<name>`) and fuzz binary are named.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Body)] = &[
     ("cursor_decode", cursor_decode),
     ("sse_rewriter", sse_rewriter),
     ("stream_state", stream_state),

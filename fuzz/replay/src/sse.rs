@@ -96,7 +96,10 @@ fn scripted(inp: &Input) {
             len => inp.script.get(n % len).copied().unwrap_or(0),
         };
         match op % 8 {
-            0..=3 => IdAction::Replace(format!("R{n}{}", ["", "\r", "\n", "\r\nx"][usize::from(op >> 6)])),
+            0..=3 => IdAction::Replace(format!(
+                "R{n}{}",
+                ["", "\r", "\n", "\r\nx"][usize::from(op >> 6)]
+            )),
             4 => IdAction::Keep,
             5 | 6 => IdAction::DropEvent,
             _ => IdAction::Cut,
@@ -107,7 +110,11 @@ fn scripted(inp: &Input) {
     assert_same(&whole, &run(inp, max_hold, &parts, &mut act), "at the cuts");
     if inp.stream.len() <= 512 {
         let bytes: Vec<&[u8]> = inp.stream.chunks(1).collect();
-        assert_same(&whole, &run(inp, max_hold, &bytes, &mut act), "byte by byte");
+        assert_same(
+            &whole,
+            &run(inp, max_hold, &bytes, &mut act),
+            "byte by byte",
+        );
     }
     // Replacements never carry a line end: every id a client sees is a whole replacement or
     // an id the stream had.
@@ -118,7 +125,10 @@ fn scripted(inp: &Input) {
             .strip_prefix('R')
             .map(|n| n.strip_suffix('x').unwrap_or(n))
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        assert!(replaced || input.ids.contains(id), "id {id:?} came from nowhere");
+        assert!(
+            replaced || input.ids.contains(id),
+            "id {id:?} came from nowhere"
+        );
     }
 }
 
@@ -127,7 +137,7 @@ fn mapped(id: &str) -> String {
 }
 
 fn keeps(id: &str) -> bool {
-    id.len() % 3 == 0
+    id.len().is_multiple_of(3)
 }
 
 fn oracle(inp: &Input) {

@@ -118,7 +118,11 @@ pub fn stream_state(data: &[u8]) {
     let mut flow = Flow::Open;
     let take = |s: &mut StreamState, relayed: &mut Vec<String>| {
         if let Some((first, ids)) = s.take_relayed() {
-            assert_eq!(first, first_seq + relayed.len() as u64, "records' first seq");
+            assert_eq!(
+                first,
+                first_seq + relayed.len() as u64,
+                "records' first seq"
+            );
             relayed.extend(ids);
         }
     };
@@ -131,7 +135,11 @@ pub fn stream_state(data: &[u8]) {
         }
         flow = f;
         take(&mut s, &mut relayed);
-        assert!(s.held_bytes() <= 2 * max_hold + 2, "held {}", s.held_bytes());
+        assert!(
+            s.held_bytes() <= 2 * max_hold + 2,
+            "held {}",
+            s.held_bytes()
+        );
     }
     let before = out.len();
     let f = s.finish(&mut out);
@@ -144,9 +152,8 @@ pub fn stream_state(data: &[u8]) {
 
     // Every id a client sees is one of our cursors, numbered from first_seq, naming what it replaced.
     let seen = client::parse(&out);
-    let mut seq = first_seq;
     let mut named = Vec::new();
-    for id in seen.ids.iter().filter(|i| !i.is_empty()) {
+    for (seq, id) in (first_seq..).zip(seen.ids.iter().filter(|i| !i.is_empty())) {
         let c = keyring().decode(id);
         let Ok(c) = c else {
             unreachable!("id {id:?} a client sees is not a cursor: {c:?}");
@@ -156,10 +163,13 @@ pub fn stream_state(data: &[u8]) {
             (ACTIVE, inp.session, inp.incarnation, kind, seq),
             "cursor fields"
         );
-        seq += 1;
         named.push(c.replica_event_id);
     }
-    assert_eq!(named.len(), relayed.len(), "cursors seen vs events recorded");
+    assert_eq!(
+        named.len(),
+        relayed.len(),
+        "cursors seen vs events recorded"
+    );
     for (n, r) in named.iter().zip(&relayed) {
         if r.len() <= MAX_REPLICA_ID_BYTES {
             assert_eq!(n.as_deref(), Some(r.as_str()));
@@ -170,11 +180,18 @@ pub fn stream_state(data: &[u8]) {
         assert_eq!(got, want, "a continuation relayed an unrecorded event");
     }
     if flow == Flow::Open && !expected.is_empty() {
-        assert!(!relayed.is_empty(), "an empty replay of recorded events stayed open");
+        assert!(
+            !relayed.is_empty(),
+            "an empty replay of recorded events stayed open"
+        );
     }
     let signal = control_event(Reason::ReplayMismatch);
     let raw = inp.pieces.iter().any(|p| matches!(p, Piece::Raw(_)));
     if !raw && out.ends_with(signal.as_bytes()) {
-        assert_eq!(flow, Flow::CutReplayMismatch, "control event on an open stream");
+        assert_eq!(
+            flow,
+            Flow::CutReplayMismatch,
+            "control event on an open stream"
+        );
     }
 }
