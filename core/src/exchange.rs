@@ -186,16 +186,17 @@ impl Exchange {
         headers: &[(K, V)],
     ) -> Action {
         let cfg = &w.config;
+        // Only the guard may pin a replica: a client must not choose its pod, on any path (the
+        // strict stateful_session after the guard routes every path by this header).
+        if header(headers, &cfg.owner_header).is_some() {
+            host.remove_request_header(&cfg.owner_header);
+            host.count(Stat::OwnerHeaderRemoved, 1);
+        }
         let path = header(headers, ":path").map(lossy).unwrap_or_default();
         if !cfg.is_mcp_path(&path) {
             return Action::Continue;
         }
         self.req.mcp = true;
-        // Only the guard may pin a replica: a client must not choose its pod.
-        if header(headers, &cfg.owner_header).is_some() {
-            host.remove_request_header(&cfg.owner_header);
-            host.count(Stat::OwnerHeaderRemoved, 1);
-        }
         self.req.method = header(headers, ":method").map(lossy).unwrap_or_default();
         self.req.session_id = header(headers, "mcp-session-id").map(lossy);
         self.req.protocol_version = header(headers, "mcp-protocol-version").map(lossy);
@@ -262,12 +263,12 @@ impl Exchange {
         host: &mut H,
         headers: &[(K, V)],
     ) -> Action {
-        if !self.req.mcp || matches!(self.phase, Phase::Replied) {
-            return Action::Continue;
-        }
-        // stateful_session echoes the chosen host to clients; the owner never leaks.
+        // stateful_session echoes the chosen host to clients, on any path; the owner never leaks.
         if header(headers, &w.config.owner_header).is_some() {
             host.remove_response_header(&w.config.owner_header);
+        }
+        if !self.req.mcp || matches!(self.phase, Phase::Replied) {
+            return Action::Continue;
         }
         let status = header(headers, ":status")
             .and_then(|s| std::str::from_utf8(s).ok())

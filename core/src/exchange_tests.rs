@@ -248,3 +248,27 @@ fn an_owner_503_becomes_a_rejection_and_a_lost_stream() {
     let records = drain_records(&mut w, &mut host);
     assert!(matches!(records.as_slice(), [Record::StreamLost { .. }]));
 }
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn the_owner_header_is_removed_on_every_path_both_ways() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    for path in ["/mcp", "/other"] {
+        let mut ex = Exchange::new();
+        let req = hdrs(&[(":method", "GET"), (":path", path), ("x-mcp-owner", "pin")]);
+        assert_eq!(
+            ex.on_request_headers(&mut w, &mut host, &req),
+            Action::Continue
+        );
+        assert!(removed_req(&host.take(), "x-mcp-owner"), "{path}");
+        let resp = hdrs(&[(":status", "200"), ("x-mcp-owner", "MTI3LjAuMC4xOjkxMDE=")]);
+        ex.on_response_headers(&mut w, &mut host, &resp);
+        let fx = host.take();
+        assert!(
+            fx.contains(&Effect::RemoveResponseHeader("x-mcp-owner".into())),
+            "{path}"
+        );
+    }
+    assert_eq!(host.stat(Stat::OwnerHeaderRemoved), 2);
+}
