@@ -272,3 +272,32 @@ fn the_owner_header_is_removed_on_every_path_both_ways() {
     }
     assert_eq!(host.stat(Stat::OwnerHeaderRemoved), 2);
 }
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_batch_the_service_refuses_is_not_resent_but_a_failed_one_is() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let init = hdrs(&[(":method", "POST"), (":path", "/mcp")]);
+    ex.on_request_headers(&mut w, &mut host, &init);
+    let resp = hdrs(&[(":status", "200"), ("mcp-session-id", SID)]);
+    ex.on_response_headers(&mut w, &mut host, &resp);
+    let mut sent = |w: &mut Worker, host: &mut MockHost, status: Option<u32>| {
+        host.take();
+        w.on_tick(host);
+        let token = host.last_dispatch().map(|(t, _)| t);
+        if let Some(t) = token {
+            w.on_records_response(host, t, status, None);
+        }
+        token.is_some()
+    };
+    assert!(sent(&mut w, &mut host, Some(503)), "first try");
+    assert!(sent(&mut w, &mut host, Some(400)), "retried after a 503");
+    assert!(
+        !sent(&mut w, &mut host, Some(200)),
+        "a refused batch is dropped"
+    );
+    assert_eq!(host.stat(Stat::RecordsFailed), 1);
+    assert_eq!(host.stat(Stat::RecordsRejected), 1);
+}

@@ -171,11 +171,15 @@ impl RecordQueue {
             self.in_flight = Some((want, records));
             return;
         }
-        if status == Some(200) {
-            host.count(Stat::RecordsSent, records.len() as u64);
-        } else {
-            host.count(Stat::RecordsFailed, records.len() as u64);
-            self.requeue(host, records);
+        match status {
+            Some(200) => host.count(Stat::RecordsSent, records.len() as u64),
+            // The service refused the batch itself and would refuse it again: resending it
+            // would hold every later record back behind it.
+            Some(400..=499) => host.count(Stat::RecordsRejected, records.len() as u64),
+            _ => {
+                host.count(Stat::RecordsFailed, records.len() as u64);
+                self.requeue(host, records);
+            }
         }
     }
 
