@@ -41,8 +41,8 @@ fn text_value(text: &str) {
 fn signed_body(body: &[u8]) {
     // Sign with the key the body names when the ring has it, so both keys are exercised.
     let key_id = body.get(1).copied().unwrap_or(ACTIVE);
-    let mut raw = vec![CURSOR_VERSION];
-    raw.extend_from_slice(body.get(1..).unwrap_or_default());
+    let mut raw = vec![CURSOR_VERSION, key_id];
+    raw.extend_from_slice(body.get(2..).unwrap_or_default());
     let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret(key_id)) else {
         return;
     };

@@ -5,6 +5,7 @@
 mod client;
 mod config;
 mod cursor;
+mod exchange;
 mod keys;
 mod ownership;
 mod sse;
@@ -12,6 +13,7 @@ mod stream;
 
 pub use config::config_parse;
 pub use cursor::cursor_decode;
+pub use exchange::exchange;
 pub use ownership::ownership_request;
 pub use sse::sse_rewriter;
 pub use stream::stream_state;
@@ -26,4 +28,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("stream_state", stream_state),
     ("config_parse", config_parse),
     ("ownership_request", ownership_request),
+    ("exchange", exchange),
 ];

@@ -17,7 +17,7 @@ use crate::keys::{keyring, ACTIVE};
 const MAX_SEQ: u64 = (1 << 53) - 1;
 
 #[derive(Debug, Arbitrary)]
-enum Id {
+pub(crate) enum Id {
     /// The n-th recorded next event's id (`e<n>`).
     Expected(u8),
     /// The cursor's own replica id.
@@ -27,7 +27,7 @@ enum Id {
 }
 
 #[derive(Debug, Arbitrary)]
-enum Piece {
+pub(crate) enum Piece {
     Event { id: Id, data: u8, crlf: bool },
     NoId { data: u8 },
     Comment,
@@ -53,11 +53,12 @@ struct Input {
     cuts: Vec<u16>,
 }
 
-fn ev(n: u8) -> String {
+pub(crate) fn ev(n: u8) -> String {
     format!("e{n}")
 }
 
-fn render(pieces: &[Piece], echo: Option<&str>) -> Vec<u8> {
+/// SSE bytes for `pieces`; `echo` is the replica id `Id::Echo` stands for.
+pub(crate) fn render(pieces: &[Piece], echo: Option<&str>) -> Vec<u8> {
     let mut s = Vec::new();
     for p in pieces {
         match p {
