@@ -283,7 +283,7 @@ fn a_batch_the_service_refuses_is_not_resent_but_a_failed_one_is() {
     ex.on_request_headers(&mut w, &mut host, &init);
     let resp = hdrs(&[(":status", "200"), ("mcp-session-id", SID)]);
     ex.on_response_headers(&mut w, &mut host, &resp);
-    let mut sent = |w: &mut Worker, host: &mut MockHost, status: Option<u32>| {
+    let sent = |w: &mut Worker, host: &mut MockHost, status: Option<u32>| {
         host.take();
         w.on_tick(host);
         let token = host.last_dispatch().map(|(t, _)| t);
