@@ -166,13 +166,14 @@ fuzz: fuzz-tools
 	    "$$( [ -n "$$runs" ] && [ -n "$$secs" ] && [ "$$secs" -gt 0 ] && echo $$((runs / secs)) || echo ?)" "$$res" >> target/fuzz/summary.txt; \
 	done; cat target/fuzz/summary.txt; exit $$fail
 
-# Fold the inputs `make fuzz` found into the committed corpus, minimized (libFuzzer -merge);
-# inputs named regression-* are kept as they are.
+# Fold the inputs `make fuzz` found into the committed corpus, minimized (libFuzzer -merge over
+# edge coverage, without hit counts, so a corpus stays at a few hundred small files); inputs
+# named regression-* are kept as they are.
 fuzz-merge: fuzz-tools
 	@for t in $(FUZZ_TARGETS); do \
 	  rm -rf target/fuzz/merged/$$t; mkdir -p target/fuzz/merged/$$t target/fuzz/corpus/$$t; \
 	  $(FUZZ) run $(FUZZ_FLAGS) $$t target/fuzz/merged/$$t fuzz/corpus/$$t target/fuzz/corpus/$$t -- \
-	    -merge=1 -max_len=$(FUZZ_MAX_LEN) > target/fuzz/$$t.merge.log 2>&1 || exit 1; \
+	    -merge=1 -use_counters=0 -max_len=$(FUZZ_MAX_LEN) > target/fuzz/$$t.merge.log 2>&1 || exit 1; \
 	  find fuzz/corpus/$$t -type f ! -name 'regression-*' -delete; \
 	  for r in fuzz/corpus/$$t/regression-*; do \
 	    [ -f "$$r" ] && rm -f target/fuzz/merged/$$t/$$(sha1sum < "$$r" | cut -d' ' -f1); \
