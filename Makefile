@@ -20,7 +20,7 @@ CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm build cli lint unit wasm-test validate rules e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke
+.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm build cli lint unit wasm-test validate rules e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke fuzz fuzz-tools fuzz-merge
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
@@ -28,6 +28,7 @@ help:
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
 	@echo "make wasm    build $(WASM)"
 	@echo "make chaos   soak the whole system under seeded faults (CHAOS_S=600 CHAOS_CLIENTS=50 CHAOS_SEED=1)"
+	@echo "make fuzz    run every fuzz target for FUZZ_S seconds (default 60) on nightly"
 
 # ---- tools -----------------------------------------------------------------
 rust-targets:
@@ -168,6 +169,59 @@ chaos: venv interop-deps redis build
 
 chaos-smoke:
 	$(MAKE) chaos CHAOS_S=120 CHAOS_REPORT=target/chaos-smoke/CHAOS.md
+# ---- fuzzing ---------------------------------------------------------------
+# `make fuzz`: each target in fuzz/ for FUZZ_S seconds, coverage-guided (cargo-fuzz, libFuzzer,
+# nightly), starting from the committed corpus in fuzz/corpus/<target>. New inputs go to
+# target/fuzz/corpus/<target>, so the committed corpus stays small; `make fuzz-merge` folds them
+# back in, minimized. Crashes are written to fuzz/artifacts/<target>/ and fail the run.
+# `make unit` replays every committed input on stable (fuzz/replay, `cargo test --workspace`).
+# No sanitizer: the code is safe Rust, so coverage per second matters more; debug assertions
+# (integer overflow) stay on.
+FUZZ_S       ?= 60
+FUZZ_TARGETS ?= cursor_decode sse_rewriter stream_state config_parse ownership_request exchange
+FUZZ_MAX_LEN ?= 4096
+FUZZ_NIGHTLY  = $(shell rustup toolchain list | awk '/^nightly/{print $$1; exit}')
+FUZZ          = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" cargo +$(FUZZ_NIGHTLY) fuzz
+FUZZ_FLAGS    = -s none -a
+FUZZ_DICT     = sse_rewriter=sse stream_state=sse config_parse=json ownership_request=json exchange=sse
+
+fuzz-tools:
+	@test -n "$(FUZZ_NIGHTLY)" || { echo "make fuzz needs a nightly toolchain: rustup toolchain install nightly"; exit 1; }
+	@test -x $(TOOLS)/bin/cargo-fuzz || cargo install cargo-fuzz --locked --root $(TOOLS)
+
+fuzz: fuzz-tools
+	$(FUZZ) build $(FUZZ_FLAGS)
+	@mkdir -p target/fuzz; fail=0; \
+	printf '%-18s %12s %8s %10s  %s\n' target executions seconds exec/s result > target/fuzz/summary.txt; \
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p target/fuzz/corpus/$$t; dict=; \
+	  for d in $(FUZZ_DICT); do [ "$${d%%=*}" = $$t ] && dict=-dict=fuzz/dicts/$${d#*=}.dict; done; \
+	  echo "fuzz $$t for $(FUZZ_S)s"; \
+	  $(FUZZ) run $(FUZZ_FLAGS) $$t target/fuzz/corpus/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_S) -max_len=$(FUZZ_MAX_LEN) -timeout=10 -print_final_stats=1 $$dict \
+	    > target/fuzz/$$t.log 2>&1; rc=$$?; \
+	  runs=$$(awk '/stat::number_of_executed_units/{print $$2}' target/fuzz/$$t.log); \
+	  secs=$$(awk '/^Done [0-9]+ runs in/{print $$5}' target/fuzz/$$t.log); \
+	  if [ $$rc = 0 ]; then res=ok; else res="CRASH $$(grep -o 'fuzz/artifacts/[^ ]*' target/fuzz/$$t.log | head -1)"; fail=1; fi; \
+	  printf '%-18s %12s %8s %10s  %s\n' $$t "$${runs:-?}" "$${secs:-?}" \
+	    "$$( [ -n "$$runs" ] && [ -n "$$secs" ] && [ "$$secs" -gt 0 ] && echo $$((runs / secs)) || echo ?)" "$$res" >> target/fuzz/summary.txt; \
+	done; cat target/fuzz/summary.txt; exit $$fail
+
+# Fold the inputs `make fuzz` found into the committed corpus, minimized (libFuzzer -merge over
+# edge coverage, without hit counts, so a corpus stays at a few hundred small files); inputs
+# named regression-* are kept as they are.
+fuzz-merge: fuzz-tools
+	@for t in $(FUZZ_TARGETS); do \
+	  rm -rf target/fuzz/merged/$$t; mkdir -p target/fuzz/merged/$$t target/fuzz/corpus/$$t; \
+	  $(FUZZ) run $(FUZZ_FLAGS) $$t target/fuzz/merged/$$t fuzz/corpus/$$t target/fuzz/corpus/$$t -- \
+	    -merge=1 -use_counters=0 -max_len=$(FUZZ_MAX_LEN) > target/fuzz/$$t.merge.log 2>&1 || exit 1; \
+	  find fuzz/corpus/$$t -type f ! -name 'regression-*' -delete; \
+	  for r in fuzz/corpus/$$t/regression-*; do \
+	    [ -f "$$r" ] && rm -f target/fuzz/merged/$$t/$$(sha1sum < "$$r" | cut -d' ' -f1); \
+	  done; \
+	  cp target/fuzz/merged/$$t/* fuzz/corpus/$$t/; \
+	  echo "$$t: $$(ls fuzz/corpus/$$t | wc -l) inputs, $$(du -sk fuzz/corpus/$$t | cut -f1) KiB"; \
+	done
 
 # ---- demo ------------------------------------------------------------------
 demo: venv build

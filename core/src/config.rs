@@ -190,7 +190,8 @@ impl Config {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path == "." {
+            // An unknown key "" at the top makes the path empty: name the object instead.
+            let field = if path == "." || path.is_empty() {
                 "(root)".to_string()
             } else {
                 path
@@ -394,6 +395,7 @@ mod tests {
             field_of(r#"{"ownership":{"cluster":"c","token":"a b"},"keys":[]}"#),
             "ownership.token"
         );
+        assert_eq!(field_of(&json(r#","":1"#)), "(root)");
         assert_eq!(field_of(&json(r#","policy":{"other":1}"#)), "policy.other");
         assert_eq!(field_of(&json(r#","reject_status":404"#)), "reject_status");
         assert_eq!(field_of(&json(r#","reject_status":"x""#)), "reject_status");

@@ -1,0 +1,198 @@
+//! `stream_state`: one relayed SSE response (fresh or a continuation) from generated events.
+//!
+//! Invariants: every non-empty id a client sees is a cursor of this guard, bound to the
+//! stream's session, incarnation and kind, numbered consecutively from the stream's first
+//! seq and naming the replica id it replaced; nothing else carries an id. The events handed
+//! to the records are exactly those cursors. A continuation relays the recorded events in
+//! their order or is cut; once cut, nothing more leaves.
+use arbitrary::{Arbitrary, Unstructured};
+use mcp_resume_core::cursor::{DecodedCursor, MAX_REPLICA_ID_BYTES};
+use mcp_resume_core::ownership::{Reason, StreamKind};
+use mcp_resume_core::stream::{control_event, Flow, StreamState};
+
+use crate::client;
+use crate::keys::{keyring, ACTIVE};
+
+/// The ownership service keeps every seq at most 2^53 - 1, so a continued cursor does too.
+const MAX_SEQ: u64 = (1 << 53) - 1;
+
+#[derive(Debug, Arbitrary)]
+pub(crate) enum Id {
+    /// The n-th recorded next event's id (`e<n>`).
+    Expected(u8),
+    /// The cursor's own replica id.
+    Echo,
+    Other(String),
+    Reset,
+}
+
+#[derive(Debug, Arbitrary)]
+pub(crate) enum Piece {
+    Event { id: Id, data: u8, crlf: bool },
+    NoId { data: u8 },
+    Comment,
+    Raw(Vec<u8>),
+}
+
+#[derive(Debug, Arbitrary)]
+struct Continuation {
+    seq: u64,
+    replica: Option<u8>,
+    expected: Vec<u8>,
+    suppress_echo: bool,
+}
+
+#[derive(Debug, Arbitrary)]
+struct Input {
+    session: [u8; 8],
+    incarnation: u64,
+    request: bool,
+    max_hold: u16,
+    continuation: Option<Continuation>,
+    pieces: Vec<Piece>,
+    cuts: Vec<u16>,
+}
+
+pub(crate) fn ev(n: u8) -> String {
+    format!("e{n}")
+}
+
+/// SSE bytes for `pieces`; `echo` is the replica id `Id::Echo` stands for.
+pub(crate) fn render(pieces: &[Piece], echo: Option<&str>) -> Vec<u8> {
+    let mut s = Vec::new();
+    for p in pieces {
+        match p {
+            Piece::Event { id, data, crlf } => {
+                let id = match id {
+                    Id::Expected(n) => ev(*n),
+                    Id::Echo => echo.unwrap_or("e0").to_owned(),
+                    Id::Other(t) => t.clone(),
+                    Id::Reset => String::new(),
+                };
+                let e = if *crlf { "\r\n" } else { "\n" };
+                s.extend_from_slice(format!("id: {id}{e}data: d{data}{e}{e}").as_bytes());
+            }
+            Piece::NoId { data } => s.extend_from_slice(format!("data: n{data}\n\n").as_bytes()),
+            Piece::Comment => s.extend_from_slice(b": ping\n\n"),
+            Piece::Raw(b) => s.extend_from_slice(b),
+        }
+    }
+    s
+}
+
+pub fn stream_state(data: &[u8]) {
+    let Ok(inp) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    let kind = if inp.request {
+        StreamKind::Request
+    } else {
+        StreamKind::Get
+    };
+    let max_hold = usize::from(inp.max_hold % 4096);
+    let (mut s, first_seq, expected, echo) = match &inp.continuation {
+        None => (
+            StreamState::fresh(inp.session, inp.incarnation, kind, max_hold),
+            1,
+            Vec::new(),
+            None,
+        ),
+        Some(c) => {
+            let seq = c.seq % (MAX_SEQ + 1);
+            let cursor = DecodedCursor {
+                key_id: ACTIVE,
+                session: inp.session,
+                incarnation: inp.incarnation,
+                kind,
+                seq,
+                replica_event_id: c.replica.map(ev),
+            };
+            let expected: Vec<String> = c.expected.iter().copied().map(ev).collect();
+            let s = StreamState::continuation(&cursor, expected.clone(), c.suppress_echo, max_hold);
+            (s, seq + 1, expected, cursor.replica_event_id)
+        }
+    };
+    assert_eq!(s.incarnation(), inp.incarnation);
+    let body = render(&inp.pieces, echo.as_deref());
+    let mut out = Vec::new();
+    let mut relayed: Vec<String> = Vec::new();
+    let mut flow = Flow::Open;
+    let take = |s: &mut StreamState, relayed: &mut Vec<String>| {
+        if let Some((first, ids)) = s.take_relayed() {
+            assert_eq!(
+                first,
+                first_seq + relayed.len() as u64,
+                "records' first seq"
+            );
+            relayed.extend(ids);
+        }
+    };
+    for chunk in client::split(&body, &inp.cuts) {
+        let before = out.len();
+        let f = s.push(keyring(), chunk, &mut out);
+        if flow == Flow::CutReplayMismatch {
+            assert_eq!(f, Flow::CutReplayMismatch, "a cut stream reopened");
+            assert_eq!(out.len(), before, "bytes left after the cut");
+        }
+        flow = f;
+        take(&mut s, &mut relayed);
+        assert!(
+            s.held_bytes() <= 2 * max_hold + 2,
+            "held {}",
+            s.held_bytes()
+        );
+    }
+    let before = out.len();
+    let f = s.finish(&mut out);
+    if flow == Flow::CutReplayMismatch {
+        assert_eq!((f, out.len()), (Flow::CutReplayMismatch, before));
+    }
+    flow = f;
+    take(&mut s, &mut relayed);
+    assert_eq!(s.rewritten(), relayed.len() as u64);
+
+    // Every id a client sees is one of our cursors, numbered from first_seq, naming what it replaced.
+    let seen = client::parse(&out);
+    let mut named = Vec::new();
+    for (seq, id) in (first_seq..).zip(seen.ids.iter().filter(|i| !i.is_empty())) {
+        let c = keyring().decode(id);
+        let Ok(c) = c else {
+            unreachable!("id {id:?} a client sees is not a cursor: {c:?}");
+        };
+        assert_eq!(
+            (c.key_id, c.session, c.incarnation, c.kind, c.seq),
+            (ACTIVE, inp.session, inp.incarnation, kind, seq),
+            "cursor fields"
+        );
+        named.push(c.replica_event_id);
+    }
+    assert_eq!(
+        named.len(),
+        relayed.len(),
+        "cursors seen vs events recorded"
+    );
+    for (n, r) in named.iter().zip(&relayed) {
+        if r.len() <= MAX_REPLICA_ID_BYTES {
+            assert_eq!(n.as_deref(), Some(r.as_str()));
+        }
+    }
+    // Contiguity: the recorded next events come first, in order.
+    for (got, want) in relayed.iter().zip(&expected) {
+        assert_eq!(got, want, "a continuation relayed an unrecorded event");
+    }
+    if flow == Flow::Open && !expected.is_empty() {
+        assert!(
+            !relayed.is_empty(),
+            "an empty replay of recorded events stayed open"
+        );
+    }
+    let signal = control_event(Reason::ReplayMismatch);
+    let raw = inp.pieces.iter().any(|p| matches!(p, Piece::Raw(_)));
+    if !raw && out.ends_with(signal.as_bytes()) {
+        assert_eq!(
+            flow,
+            Flow::CutReplayMismatch,
+            "control event on an open stream"
+        );
+    }
+}
