@@ -348,7 +348,8 @@ impl Guard {
                 expected.clone(),
                 self.config.suppress_cursor_echo,
                 max_hold,
-            ),
+            )
+            .with_contiguity(self.config.contiguity),
             _ => {
                 let kind = if self.req.method == "GET" {
                     StreamKind::Get
@@ -545,11 +546,13 @@ impl HttpContext for Guard {
             out.extend_from_slice(control_event(reason).as_bytes());
         }
         let mut flow = Flow::Open;
+        let mut cut_reason = None;
         if let Some(stream) = self.stream.as_mut() {
             flow = stream.push(&self.config.keyring, &chunk, &mut out);
             if eos {
                 flow = stream.finish(&mut out);
             }
+            cut_reason = stream.cut_reason();
         } else {
             out.extend_from_slice(&chunk);
         }
@@ -561,7 +564,11 @@ impl HttpContext for Guard {
             if let Phase::Continuing { cursor, .. } =
                 std::mem::replace(&mut self.phase, Phase::Replied)
             {
-                self.metrics.replay_mismatch.inc();
+                // `gap` / `unasserted`: the replica's own word, or its silence in asserted mode.
+                match cut_reason {
+                    Some(r) if r != Reason::ReplayMismatch => self.metrics.refused(r),
+                    _ => self.metrics.replay_mismatch.inc(),
+                }
                 self.record_stream_lost(&cursor);
             }
         }

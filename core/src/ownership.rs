@@ -53,10 +53,13 @@ pub enum Reason {
     PostCursor,
     /// A continuation replayed something other than the recorded next event.
     ReplayMismatch,
+    /// `contiguity: asserted`, and the continuation did not start with the replica's
+    /// contiguity assertion.
+    Unasserted,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -68,6 +71,7 @@ impl Reason {
         Reason::NotResumableVersion,
         Reason::PostCursor,
         Reason::ReplayMismatch,
+        Reason::Unasserted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +87,7 @@ impl Reason {
             Reason::NotResumableVersion => "not_resumable_version",
             Reason::PostCursor => "post_cursor",
             Reason::ReplayMismatch => "replay_mismatch",
+            Reason::Unasserted => "unasserted",
         }
     }
 }
