@@ -36,8 +36,8 @@ pub struct StreamState {
     ids: IdMap,
     cut: bool,
     cut_reason: Option<Reason>,
-    /// A continuation's head, until its first event with an id says whether the replica
-    /// asserted contiguity.
+    /// A continuation's head, until its first block says whether the replica asserted
+    /// contiguity.
     head: Option<Head>,
     /// A dropped assertion ended in a CR at a chunk's end: an LF next belongs to it.
     skip_lf: bool,
@@ -164,12 +164,8 @@ impl StreamState {
         let step = head.scan();
         let buf = std::mem::take(&mut head.buf);
         match step {
-            HeadStep::Wait { ready } => {
-                // Blocks without an id (comments, `retry:`) before the first event go out now.
-                let (now, later) = buf.split_at(ready.min(buf.len()));
-                self.feed(keys, now, out);
-                head.buf = later.to_vec();
-                head.at_start &= now.is_empty();
+            HeadStep::Wait => {
+                head.buf = buf;
                 self.head = Some(head);
             }
             HeadStep::First { start, end, said } => {
@@ -202,7 +198,7 @@ impl StreamState {
                 }
             }
             HeadStep::NoEvent => match head.mode {
-                // Nothing with an id arrived (end of stream) or fits in `max_hold`.
+                // The first block is larger than `max_hold`: no assertion is.
                 Contiguity::Asserted => {
                     self.cut_with_signal(Reason::Unasserted, out);
                 }
@@ -293,26 +289,25 @@ struct Head {
     cursor: String,
     mode: Contiguity,
     max_hold: usize,
-    /// Bytes not yet passed on: at most one block, plus what follows it in the last chunk.
+    /// Everything received so far (a leading BOM included): the first block, and what
+    /// followed it in the last chunk.
     buf: Vec<u8>,
-    /// Nothing was passed on yet, so a leading BOM may still be in `buf`.
-    at_start: bool,
 }
 
 enum HeadStep {
-    /// No event with an id yet; `buf[..ready]` holds only complete blocks without one.
-    Wait { ready: usize },
-    /// The first event with an id is `buf[start..end]`.
+    /// The first block is not complete yet.
+    Wait,
+    /// The first block is `buf[start..end]` (only a BOM and blank lines before it).
     First {
         start: usize,
         end: usize,
         said: Said,
     },
-    /// No event with an id within `max_hold` bytes.
+    /// No complete block within `max_hold` bytes.
     NoEvent,
 }
 
-/// What the first event with an id says about the replay.
+/// What the first block of a continuation says about the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Said {
     /// A valid assertion for this cursor: the replay is complete.
@@ -322,7 +317,7 @@ enum Said {
     /// An event of the extension's method that is not a valid assertion for this cursor
     /// (another cursor, unknown version, bad fields). Dropped like an assertion, trusted as none.
     Invalid,
-    /// An ordinary event: the replica does not speak the extension.
+    /// Anything else (an ordinary event, a comment): the replica does not speak the extension.
     Nothing,
 }
 
@@ -344,49 +339,47 @@ impl Head {
             mode,
             max_hold,
             buf: Vec::new(),
-            at_start: true,
         }
     }
 
-    /// Reads `buf` from its start, block by block, by the WHATWG line rules. A CR at the end
-    /// of `buf` ends its line at once, as the rewriter does; an LF after it is then a blank line.
+    /// Reads the first block of `buf` by the WHATWG line rules (blank lines before it are
+    /// skipped). A CR at the end of `buf` ends its line at once, as the rewriter does; an LF
+    /// after it is then a blank line.
     fn scan(&self) -> HeadStep {
         let buf = self.buf.as_slice();
         let mut at = 0;
-        if self.at_start {
-            let n = BOM.iter().zip(buf).take_while(|(a, b)| a == b).count();
-            if n == BOM.len() {
-                at = n;
-            } else if n == buf.len() {
-                return HeadStep::Wait { ready: 0 };
-            }
+        let n = BOM.iter().zip(buf).take_while(|(a, b)| a == b).count();
+        if n == BOM.len() {
+            at = n;
+        } else if n == buf.len() {
+            return HeadStep::Wait;
         }
-        // Only whole blocks are passed on early, so a BOM goes out with the first of them.
-        let mut ready = 0;
         let mut start = at;
         let mut block = Block::default();
+        let mut lines = 0;
         while let Some((line, next)) = line_at(buf, at) {
             at = next;
-            if line.is_empty() {
-                if block.id.is_some() {
-                    let said = self.judge(&block);
-                    return HeadStep::First {
-                        start,
-                        end: at,
-                        said,
-                    };
-                }
-                ready = at;
+            if !line.is_empty() {
+                lines += 1;
+                field(&mut block, line);
+            } else if lines == 0 {
                 start = at;
-                block = Block::default();
-                continue;
+            } else {
+                let said = match block.id {
+                    Some(_) => self.judge(&block),
+                    None => Said::Nothing,
+                };
+                return HeadStep::First {
+                    start,
+                    end: at,
+                    said,
+                };
             }
-            field(&mut block, line);
         }
-        if buf.len() - ready > self.max_hold {
+        if buf.len() > self.max_hold {
             return HeadStep::NoEvent;
         }
-        HeadStep::Wait { ready }
+        HeadStep::Wait
     }
 
     fn judge(&self, block: &Block) -> Said {
@@ -710,7 +703,7 @@ mod tests {
         let k = keys();
         for mode in [Contiguity::Relayed, Contiguity::Asserted] {
             let input = format!(
-                ": ping\n\n{}id: e8\ndata: 8\n\nid: e9\ndata: 9\n\n",
+                "\n{}id: e8\ndata: 8\n\nid: e9\ndata: 9\n\n",
                 assertion("e7", true)
             );
             let (out, flow, reason) = run_split(mode, &input);
@@ -720,8 +713,8 @@ mod tests {
                 "never reaches the client: {out}"
             );
             assert!(
-                out.starts_with(": ping\n\n"),
-                "what came before passes: {out}"
+                out.starts_with('\n'),
+                "a blank line before it passes: {out:?}"
             );
             let seqs: Vec<u64> = ids_of(&out)
                 .iter()
@@ -746,18 +739,19 @@ mod tests {
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn without_an_assertion_asserted_mode_says_unasserted_before_any_event() {
-        let input = ": ping\n\nretry: 100\n\nid: e8\ndata: 8\n\nid: e9\ndata: 9\n\n";
+        let input = "retry: 100\n\nid: e8\ndata: 8\n\nid: e9\ndata: 9\n\n";
         let (out, flow, reason) = run_split(Contiguity::Asserted, input);
         assert_eq!(
             (flow, reason),
             (Flow::CutReplayMismatch, Some(Reason::Unasserted))
         );
+        assert_eq!(out, control_event(Reason::Unasserted));
+        // The assertion must be the first block: after a comment it is none.
+        let late = format!(": ping\n\n{}id: e8\ndata: 8\n\n", assertion("e7", true));
+        let (out, _, reason) = run_split(Contiguity::Asserted, &late);
         assert_eq!(
-            out,
-            format!(
-                ": ping\n\nretry: 100\n\n{}",
-                control_event(Reason::Unasserted)
-            )
+            (out, reason),
+            (control_event(Reason::Unasserted), Some(Reason::Unasserted))
         );
         // The same replay in relayed mode is today's evidence: it matches the records.
         let (out, flow, _) = run_split(Contiguity::Relayed, input);
