@@ -70,6 +70,8 @@ OPTIONS:
     --path PATH            the MCP endpoint [default: /mcp]
     --owner-header NAME    header recorded as `has_owner_header` in /_naive/seen;
                            repeatable or comma-separated [default: x-mcp-owner]
+    --produce-while-away N a standalone stream whose client went away keeps producing
+                           N more events into the ring [default: 0]
     -h, --help             print this help
 
 ENDPOINTS:
@@ -88,6 +90,8 @@ pub struct Config {
     pub ring: usize,
     pub tick_ms: u64,
     pub path: String,
+    /// Events a standalone stream still produces after its client went away.
+    pub produce_while_away: u64,
     /// Lower-cased header names.
     pub owner_headers: Vec<String>,
 }
@@ -103,6 +107,7 @@ impl Config {
             tick_ms: 50,
             path: "/mcp".to_string(),
             owner_headers: vec!["x-mcp-owner".to_string()],
+            produce_while_away: 0,
         }
     }
 }
@@ -123,6 +128,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
     let mut tick_ms: u64 = 50;
     let mut path = "/mcp".to_string();
     let mut owner_headers: Vec<String> = Vec::new();
+    let mut produce_while_away: u64 = 0;
 
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -192,6 +198,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     owner_headers.push(h.to_ascii_lowercase());
                 }
             }
+            "--produce-while-away" => {
+                let v = value()?;
+                produce_while_away = v
+                    .parse()
+                    .map_err(|e| format!("--produce-while-away {v:?}: not a count ({e})"))?;
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -206,6 +218,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
         tick_ms,
         path,
         owner_headers,
+        produce_while_away,
     }))
 }
 
@@ -400,25 +413,35 @@ impl AppState {
     }
 
     /// Spawn the standalone-stream producer: a notification every `--tick-ms`, until the
-    /// client goes away, `limit` events were sent, or the process shuts down.
+    /// client goes away, `limit` events were sent, or the process shuts down. With
+    /// `--produce-while-away N` it goes on for N more events after the client went away, into
+    /// the ring only (as SDK servers with an event store do).
     fn spawn_live(&self, session: String, tx: mpsc::UnboundedSender<String>, limit: Option<u64>) {
         let state = self.clone();
         let stream_no = self.inner.streams.fetch_add(1, Ordering::Relaxed) + 1;
         let tick = Duration::from_millis(self.inner.cfg.tick_ms);
+        let away_budget = self.inner.cfg.produce_while_away;
         let mut shutdown = self.inner.shutdown.subscribe();
         tokio::spawn(async move {
             let mut n: u64 = 0;
+            // Events still to produce with nobody listening; None while the client is there.
+            let mut away: Option<u64> = None;
             loop {
-                if limit.is_some_and(|l| n >= l) {
+                if limit.is_some_and(|l| n >= l) || away == Some(0) {
                     break;
                 }
+                let listening = away.is_none();
                 tokio::select! {
                     _ = tokio::time::sleep(tick) => {}
-                    _ = tx.closed() => break,
+                    _ = tx.closed(), if listening => {
+                        away = Some(away_budget);
+                        continue;
+                    }
                     _ = shutdown.wait_for(|v| *v) => break,
                 }
-                if tx.is_closed() {
-                    break;
+                if away.is_none() && tx.is_closed() {
+                    away = Some(away_budget);
+                    continue;
                 }
                 n += 1;
                 let msg = json!({
@@ -430,8 +453,13 @@ impl AppState {
                     }
                 });
                 let sse = state.emit(&session, "get", &msg);
-                if tx.send(sse).is_err() {
-                    break;
+                match away.as_mut() {
+                    Some(left) => *left -= 1,
+                    None => {
+                        if tx.send(sse).is_err() {
+                            away = Some(away_budget);
+                        }
+                    }
                 }
             }
         });
