@@ -123,7 +123,7 @@ async def produce(n: int, ctx: Context, step_ms: int = 0) -> str:
     """Sends n notifications on the standalone GET stream, listened to or not."""
     from mcp import types
 
-    key = id(ctx.session)
+    key = id(getattr(ctx.session, "_connection", ctx.session))  # one per session, not per request
     for _ in range(n):
         if step_ms:
             await anyio.sleep(step_ms / 1000)
