@@ -15,7 +15,7 @@ WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
 BINDIR    := target/debug
 UPSTREAMS ?=
 
-.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke
+.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke adapters-test
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours)"
@@ -90,7 +90,12 @@ validate: venv wasm
 e2e: venv interop-deps build
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: tools lint unit wasm-test validate e2e bench-smoke
+# The contiguity adapters' own tests (adapters/), against the SDKs installed for tests/interop.
+adapters-test: interop-deps
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} node --test adapters/typescript/test/
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q adapters/python/tests
+
+test: tools lint unit wasm-test validate adapters-test e2e bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------
