@@ -20,7 +20,7 @@ CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm build cli lint unit wasm-test validate rules e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke fuzz fuzz-tools fuzz-merge
+.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm build cli lint unit wasm-test validate rules adapters-test e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke fuzz fuzz-tools fuzz-merge
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
@@ -116,7 +116,12 @@ rules: prometheus
 e2e: venv interop-deps build
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: tools lint unit wasm-test validate rules e2e chaos-smoke bench-smoke
+# The contiguity adapters' own tests (adapters/), against the SDKs installed for tests/interop.
+adapters-test: interop-deps
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} node --test adapters/typescript/test/
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q adapters/python/tests
+
+test: tools lint unit wasm-test validate rules adapters-test e2e chaos-smoke bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------

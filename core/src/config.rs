@@ -15,6 +15,20 @@ pub enum Policy {
     Reject,
 }
 
+/// What evidence a continuation needs before its events are relayed
+/// (docs/contiguity-extension.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Contiguity {
+    /// The guard's own evidence: its records, `retention`, the replay check. A replica's
+    /// assertion is used when present.
+    #[default]
+    Relayed,
+    /// A continuation must start with the replica's assertion; without one it ends with the
+    /// control event `unasserted` before any event is relayed.
+    Asserted,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Policies {
@@ -126,6 +140,9 @@ pub struct RawConfig {
     /// rotation window after upgrading.
     #[serde(default = "default_true")]
     pub legacy_cursor_macs: bool,
+    /// Evidence a continuation needs: `relayed` (default) or `asserted`.
+    #[serde(default)]
+    pub contiguity: Contiguity,
 }
 
 fn default_paths() -> Vec<String> {
@@ -158,6 +175,7 @@ pub struct Config {
     pub retention: u64,
     pub max_event_hold_bytes: usize,
     pub suppress_cursor_echo: bool,
+    pub contiguity: Contiguity,
 }
 
 /// A configuration error, naming the field at fault.
@@ -272,6 +290,7 @@ impl Config {
             retention: raw.retention,
             max_event_hold_bytes: raw.max_event_hold_bytes,
             suppress_cursor_echo: raw.suppress_cursor_echo,
+            contiguity: raw.contiguity,
         })
     }
 
@@ -385,6 +404,17 @@ mod tests {
         assert_eq!(c.reject_status, 409);
         assert_eq!(c.owner_header, "x-mcp-owner");
         assert_eq!(c.ownership.timeout_ms, 250);
+        assert_eq!(c.contiguity, Contiguity::Relayed);
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn contiguity_takes_two_values() {
+        let c = Config::from_json(json(r#","contiguity":"asserted""#).as_bytes());
+        assert_eq!(c.map(|c| c.contiguity).ok(), Some(Contiguity::Asserted));
+        assert_eq!(field_of(&json(r#","contiguity":"relayed""#)), "ok");
+        assert_eq!(field_of(&json(r#","contiguity":"strict""#)), "contiguity");
+        assert_eq!(field_of(&json(r#","contiguity":true"#)), "contiguity");
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

@@ -471,11 +471,13 @@ impl Exchange {
         out: &mut Vec<u8>,
     ) {
         let mut flow = Flow::Open;
+        let mut cut_reason = None;
         if let Some(stream) = self.stream.as_mut() {
             flow = stream.push(&w.config.keyring, chunk, out);
             if eos {
                 flow = stream.finish(out);
             }
+            cut_reason = stream.cut_reason();
         } else {
             out.extend_from_slice(chunk);
         }
@@ -485,7 +487,11 @@ impl Exchange {
             if let Phase::Continuing { cursor, .. } =
                 std::mem::replace(&mut self.phase, Phase::Replied)
             {
-                host.count(Stat::ReplayMismatch, 1);
+                // `gap` / `unasserted`: the replica's own word, or its silence in asserted mode.
+                match cut_reason {
+                    Some(r) if r != Reason::ReplayMismatch => host.count(Stat::Refused(r), 1),
+                    _ => host.count(Stat::ReplayMismatch, 1),
+                }
                 self.record_stream_lost(w, host, &cursor);
             }
         }
@@ -744,6 +750,7 @@ impl Exchange {
                     cfg.suppress_cursor_echo,
                     max_hold,
                 )
+                .with_contiguity(cfg.contiguity)
             }
             _ => {
                 let kind = if self.req.method == "GET" {

@@ -87,10 +87,13 @@ pub enum Reason {
     DuplicateHeader,
     /// The proxy could not give the guard the request's or response's headers or body.
     HostError,
+    /// `contiguity: asserted`, and the continuation did not start with the replica's
+    /// contiguity assertion.
+    Unasserted,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -105,6 +108,7 @@ impl Reason {
         Reason::Forked,
         Reason::DuplicateHeader,
         Reason::HostError,
+        Reason::Unasserted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +127,7 @@ impl Reason {
             Reason::Forked => "forked",
             Reason::DuplicateHeader => "duplicate_header",
             Reason::HostError => "host_error",
+            Reason::Unasserted => "unasserted",
         }
     }
 }

@@ -1,8 +1,15 @@
 //! One SSE response as the guard relays it: ids rewritten to cursors, replay checked.
+use crate::config::Contiguity;
 use crate::cursor::{Cursor, DecodedCursor, Keyring};
 use crate::ownership::{recorded_id, Reason, StreamKind};
 use crate::sse::{IdAction, Rewriter};
+use serde::Deserialize;
 use std::collections::VecDeque;
+
+/// JSON-RPC method of a replica's contiguity assertion (docs/contiguity-extension.md).
+pub const ASSERTION_METHOD: &str = "notifications/mcp-resume-guard/replay";
+/// The extension version this guard reads (`params.v`).
+pub const ASSERTION_VERSION: u64 = 1;
 
 /// The control event that tells a client its cursor was not honoured. It has no `id:`,
 /// so clients keep their own cursor logic; MCP clients ignore non-`message` events.
@@ -17,7 +24,9 @@ pub fn control_event(reason: Reason) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     Open,
-    /// The replay diverged from the records: the stream was cut after a control event.
+    /// The stream was cut after a control event: the replay diverged from the records, or
+    /// the replica's assertion said it cannot replay (`gap`), or none came in `asserted` mode
+    /// (`unasserted`). [`StreamState::cut_reason`] says which.
     CutReplayMismatch,
 }
 
@@ -26,6 +35,12 @@ pub struct StreamState {
     rewriter: Rewriter,
     ids: IdMap,
     cut: bool,
+    cut_reason: Option<Reason>,
+    /// A continuation's head, until its first block says whether the replica asserted
+    /// contiguity.
+    head: Option<Head>,
+    /// A dropped assertion ended in a CR at a chunk's end: an LF next belongs to it.
+    skip_lf: bool,
 }
 
 /// Maps each replica event id to a cursor and checks a continuation's replay.
@@ -65,6 +80,9 @@ impl StreamState {
                 rewritten: 0,
             },
             cut: false,
+            cut_reason: None,
+            head: None,
+            skip_lf: false,
         }
     }
 
@@ -87,7 +105,26 @@ impl StreamState {
         if suppress_echo {
             s.ids.echo = cursor.replica_event_id.clone();
         }
+        // An assertion is read in both modes; `with_contiguity` decides what its absence means.
+        s.head = Some(Head::new(
+            cursor.replica_event_id.clone().unwrap_or_default(),
+            Contiguity::Relayed,
+            max_hold,
+        ));
         s
+    }
+
+    /// What a continuation without the replica's assertion gets (no effect on fresh streams).
+    pub fn with_contiguity(mut self, mode: Contiguity) -> Self {
+        if let Some(h) = self.head.as_mut() {
+            h.mode = mode;
+        }
+        self
+    }
+
+    /// Why the stream was cut, once [`Flow::CutReplayMismatch`] was returned.
+    pub fn cut_reason(&self) -> Option<Reason> {
+        self.cut_reason
     }
 
     pub fn incarnation(&self) -> u64 {
@@ -97,12 +134,77 @@ impl StreamState {
     /// Rewrite one body chunk into `out`. On a replay mismatch the control event is
     /// appended and everything after is dropped.
     pub fn push(&mut self, keys: &Keyring, chunk: &[u8], out: &mut Vec<u8>) -> Flow {
+        if self.cut {
+            return self.after(out);
+        }
+        let mut chunk = chunk;
+        if std::mem::take(&mut self.skip_lf) && chunk.first() == Some(&b'\n') {
+            chunk = chunk.get(1..).unwrap_or_default();
+        }
+        match self.head.take() {
+            Some(mut head) => {
+                head.buf.extend_from_slice(chunk);
+                self.read_head(keys, head, out);
+            }
+            None => self.feed(keys, chunk, out),
+        }
+        self.after(out)
+    }
+
+    fn feed(&mut self, keys: &Keyring, bytes: &[u8], out: &mut Vec<u8>) {
         if !self.cut {
             let ids = &mut self.ids;
             self.rewriter
-                .push(chunk, out, &mut |id| ids.on_id(keys, id));
+                .push(bytes, out, &mut |id| ids.on_id(keys, id));
         }
-        self.after(out)
+    }
+
+    /// Acts on what the head shows so far; puts the head back while it is undecided.
+    fn read_head(&mut self, keys: &Keyring, mut head: Head, out: &mut Vec<u8>) {
+        let step = head.scan();
+        let buf = std::mem::take(&mut head.buf);
+        match step {
+            HeadStep::Wait => {
+                head.buf = buf;
+                self.head = Some(head);
+            }
+            HeadStep::First { start, end, said } => {
+                let (before, rest) = buf.split_at(start.min(buf.len()));
+                let after = buf.get(end..).unwrap_or_default();
+                match (said, head.mode) {
+                    (Said::Complete, _) => {
+                        // The assertion itself is the guard's: it never reaches the client.
+                        self.skip_lf = after.is_empty() && buf.last() == Some(&b'\r');
+                        self.feed(keys, before, out);
+                        self.feed(keys, after, out);
+                    }
+                    (Said::Cannot, _) => {
+                        self.feed(keys, before, out);
+                        self.cut_with_signal(Reason::Gap, out);
+                    }
+                    (Said::Invalid | Said::Nothing, Contiguity::Asserted) => {
+                        self.feed(keys, before, out);
+                        self.cut_with_signal(Reason::Unasserted, out);
+                    }
+                    (Said::Invalid, Contiguity::Relayed) => {
+                        self.skip_lf = after.is_empty() && buf.last() == Some(&b'\r');
+                        self.feed(keys, before, out);
+                        self.feed(keys, after, out);
+                    }
+                    (Said::Nothing, Contiguity::Relayed) => {
+                        self.feed(keys, before, out);
+                        self.feed(keys, rest, out);
+                    }
+                }
+            }
+            HeadStep::NoEvent => match head.mode {
+                // The first block is larger than `max_hold`: no assertion is.
+                Contiguity::Asserted => {
+                    self.cut_with_signal(Reason::Unasserted, out);
+                }
+                Contiguity::Relayed => self.feed(keys, &buf, out),
+            },
+        }
     }
 
     /// End of stream: flush a held, unterminated block (clients discard it; no id to map).
@@ -113,11 +215,24 @@ impl StreamState {
     /// holds, e.g. a finished call's, with an empty 200.) A replay that stops after some of the
     /// recorded events is an ordinary early close and stays open for the next resume.
     pub fn finish(&mut self, out: &mut Vec<u8>) -> Flow {
+        if let Some(head) = self.head.take() {
+            // The head holds at most one unterminated block, which has no id to map.
+            if !self.cut {
+                match head.mode {
+                    Contiguity::Asserted => {
+                        self.cut_with_signal(Reason::Unasserted, out);
+                    }
+                    Contiguity::Relayed => {
+                        self.rewriter.push(&head.buf, out, &mut |_| IdAction::Keep);
+                    }
+                }
+            }
+        }
         if !self.cut {
             self.rewriter.finish(out);
             let empty_replay = self.ids.rewritten == 0 && !self.ids.expected.is_empty();
             if empty_replay && !self.rewriter.is_cut() {
-                return self.cut_with_signal(out);
+                return self.cut_with_signal(Reason::ReplayMismatch, out);
             }
         }
         self.after(out)
@@ -132,16 +247,18 @@ impl StreamState {
             // join it. The caller ends the stream instead, and the client drops the partial block.
             if self.rewriter.cut_mid_block() {
                 self.cut = true;
+                self.cut_reason = Some(Reason::ReplayMismatch);
                 return Flow::CutReplayMismatch;
             }
-            return self.cut_with_signal(out);
+            return self.cut_with_signal(Reason::ReplayMismatch, out);
         }
         Flow::Open
     }
 
-    fn cut_with_signal(&mut self, out: &mut Vec<u8>) -> Flow {
+    fn cut_with_signal(&mut self, reason: Reason, out: &mut Vec<u8>) -> Flow {
         self.cut = true;
-        out.extend_from_slice(control_event(Reason::ReplayMismatch).as_bytes());
+        self.cut_reason = Some(reason);
+        out.extend_from_slice(control_event(reason).as_bytes());
         Flow::CutReplayMismatch
     }
 
@@ -168,6 +285,186 @@ impl StreamState {
     /// Bytes held by the SSE parser (bounded by `max_hold`).
     pub fn held_bytes(&self) -> usize {
         self.rewriter.held_bytes()
+    }
+}
+
+/// The start of a continuation, held until its first event with an id.
+struct Head {
+    /// The replica's own id of the cursor (the `Last-Event-ID` the owner got).
+    cursor: String,
+    mode: Contiguity,
+    max_hold: usize,
+    /// Everything received so far (a leading BOM included): the first block, and what
+    /// followed it in the last chunk.
+    buf: Vec<u8>,
+}
+
+enum HeadStep {
+    /// The first block is not complete yet.
+    Wait,
+    /// The first block is `buf[start..end]` (only a BOM and blank lines before it).
+    First {
+        start: usize,
+        end: usize,
+        said: Said,
+    },
+    /// No complete block within `max_hold` bytes.
+    NoEvent,
+}
+
+/// What the first block of a continuation says about the replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    /// A valid assertion for this cursor: the replay is complete.
+    Complete,
+    /// A valid assertion for this cursor: the replica cannot replay from it.
+    Cannot,
+    /// An event of the extension's method that is not a valid assertion for this cursor
+    /// (another cursor, unknown version, bad fields). Dropped like an assertion, trusted as none.
+    Invalid,
+    /// Anything else (an ordinary event, a comment): the replica does not speak the extension.
+    Nothing,
+}
+
+/// One SSE block's fields that matter here.
+#[derive(Default)]
+struct Block {
+    id: Option<Vec<u8>>,
+    event: Vec<u8>,
+    data: Vec<u8>,
+    data_lines: usize,
+}
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+impl Head {
+    fn new(cursor: String, mode: Contiguity, max_hold: usize) -> Head {
+        Head {
+            cursor,
+            mode,
+            max_hold,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Reads the first block of `buf` by the WHATWG line rules (blank lines before it are
+    /// skipped). A CR at the end of `buf` ends its line at once, as the rewriter does; an LF
+    /// after it is then a blank line.
+    fn scan(&self) -> HeadStep {
+        let buf = self.buf.as_slice();
+        let mut at = 0;
+        let n = BOM.iter().zip(buf).take_while(|(a, b)| a == b).count();
+        if n == BOM.len() {
+            at = n;
+        } else if n == buf.len() {
+            return HeadStep::Wait;
+        }
+        let mut start = at;
+        let mut block = Block::default();
+        let mut lines = 0;
+        while let Some((line, next)) = line_at(buf, at) {
+            at = next;
+            if !line.is_empty() {
+                lines += 1;
+                field(&mut block, line);
+            } else if lines == 0 {
+                start = at;
+            } else {
+                let said = match block.id {
+                    Some(_) => self.judge(&block),
+                    None => Said::Nothing,
+                };
+                return HeadStep::First {
+                    start,
+                    end: at,
+                    said,
+                };
+            }
+        }
+        if buf.len() > self.max_hold {
+            return HeadStep::NoEvent;
+        }
+        HeadStep::Wait
+    }
+
+    fn judge(&self, block: &Block) -> Said {
+        #[derive(Deserialize)]
+        struct Message {
+            jsonrpc: String,
+            method: String,
+            params: Option<serde_json::Value>,
+        }
+        #[derive(Deserialize)]
+        struct Params {
+            v: u64,
+            after: String,
+            complete: bool,
+        }
+        if !(block.event.is_empty() || block.event == b"message") || block.data_lines == 0 {
+            return Said::Nothing;
+        }
+        let Ok(msg) = serde_json::from_slice::<Message>(&block.data) else {
+            return Said::Nothing;
+        };
+        if msg.method != ASSERTION_METHOD {
+            return Said::Nothing;
+        }
+        let params = msg
+            .params
+            .and_then(|p| serde_json::from_value::<Params>(p).ok());
+        let id = block.id.as_deref().unwrap_or_default();
+        match params {
+            Some(p)
+                if msg.jsonrpc == "2.0"
+                    && p.v == ASSERTION_VERSION
+                    && p.after == self.cursor
+                    && id == self.cursor.as_bytes() =>
+            {
+                if p.complete {
+                    Said::Complete
+                } else {
+                    Said::Cannot
+                }
+            }
+            _ => Said::Invalid,
+        }
+    }
+}
+
+/// The line of `buf` starting at `at` and where the next one starts; None while unterminated.
+fn line_at(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let rest = buf.get(at..)?;
+    let e = memchr::memchr2(b'\r', b'\n', rest)?;
+    let crlf = rest.get(e) == Some(&b'\r') && rest.get(e + 1) == Some(&b'\n');
+    let line = rest.get(..e)?;
+    Some((line, at + e + 1 + usize::from(crlf)))
+}
+
+fn field(block: &mut Block, line: &[u8]) {
+    if line.first() == Some(&b':') {
+        return;
+    }
+    let (name, value) = match memchr::memchr(b':', line) {
+        Some(c) => {
+            let v = line.get(c + 1..).unwrap_or_default();
+            (
+                line.get(..c).unwrap_or_default(),
+                v.strip_prefix(b" ").unwrap_or(v),
+            )
+        }
+        None => (line, &b""[..]),
+    };
+    match name {
+        b"id" if !value.contains(&0) => block.id = Some(value.to_vec()),
+        b"event" => block.event = value.to_vec(),
+        b"data" => {
+            if block.data_lines > 0 {
+                block.data.push(b'\n');
+            }
+            block.data.extend_from_slice(value);
+            block.data_lines += 1;
+        }
+        _ => {}
     }
 }
 
@@ -369,5 +666,182 @@ mod tests {
         let (out, _) = run(&mut s, &k, "id:\ndata: a\n\n");
         assert!(out.contains("data: a"));
         assert_eq!(s.rewritten(), 0);
+    }
+
+    fn assertion(after: &str, complete: bool) -> String {
+        format!(
+            "event: message\nid: {after}\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"{ASSERTION_METHOD}\",\"params\":{{\"v\":1,\"after\":\"{after}\",\"complete\":{complete},\"count\":2}}}}\n\n"
+        )
+    }
+
+    fn continued(mode: Contiguity) -> StreamState {
+        let expected = vec!["e8".to_string()];
+        StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096).with_contiguity(mode)
+    }
+
+    /// Feeds `input` split at `cut` (and once whole), then finishes; output and flow must not
+    /// depend on the split.
+    fn run_split(mode: Contiguity, input: &str) -> (String, Flow, Option<Reason>) {
+        let k = keys();
+        let mut whole: Option<(String, Flow, Option<Reason>)> = None;
+        for cut in 0..=input.len() {
+            let mut s = continued(mode);
+            let mut out = Vec::new();
+            s.push(&k, &input.as_bytes()[..cut], &mut out);
+            s.push(&k, &input.as_bytes()[cut..], &mut out);
+            let flow = s.finish(&mut out);
+            // Cursors differ only by nothing: same key, same seqs, so the text is comparable.
+            let got = (
+                String::from_utf8_lossy(&out).into_owned(),
+                flow,
+                s.cut_reason(),
+            );
+            match &whole {
+                None => whole = Some(got),
+                Some(w) => assert_eq!(w, &got, "split at {cut}"),
+            }
+        }
+        whole.unwrap_or_else(|| unreachable!())
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_complete_assertion_is_dropped_and_the_replay_continues_in_both_modes() {
+        let k = keys();
+        for mode in [Contiguity::Relayed, Contiguity::Asserted] {
+            let input = format!(
+                "\n{}id: e8\ndata: 8\n\nid: e9\ndata: 9\n\n",
+                assertion("e7", true)
+            );
+            let (out, flow, reason) = run_split(mode, &input);
+            assert_eq!((flow, reason), (Flow::Open, None), "{mode:?}");
+            assert!(
+                !out.contains(ASSERTION_METHOD),
+                "never reaches the client: {out}"
+            );
+            assert!(
+                out.starts_with('\n'),
+                "a blank line before it passes: {out:?}"
+            );
+            let seqs: Vec<u64> = ids_of(&out)
+                .iter()
+                .filter_map(|i| k.decode(i).ok())
+                .map(|c| c.seq)
+                .collect();
+            assert_eq!(seqs, vec![8, 9]);
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_replica_that_cannot_replay_yields_gap_before_anything_in_both_modes() {
+        for mode in [Contiguity::Relayed, Contiguity::Asserted] {
+            let input = format!("{}id: e1\ndata: other stream\n\n", assertion("e7", false));
+            let (out, flow, reason) = run_split(mode, &input);
+            assert_eq!((flow, reason), (Flow::CutReplayMismatch, Some(Reason::Gap)));
+            assert_eq!(out, control_event(Reason::Gap), "{mode:?}");
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn without_an_assertion_asserted_mode_says_unasserted_before_any_event() {
+        let input = "retry: 100\n\nid: e8\ndata: 8\n\nid: e9\ndata: 9\n\n";
+        let (out, flow, reason) = run_split(Contiguity::Asserted, input);
+        assert_eq!(
+            (flow, reason),
+            (Flow::CutReplayMismatch, Some(Reason::Unasserted))
+        );
+        assert_eq!(out, control_event(Reason::Unasserted));
+        // The assertion must be the first block: after a comment it is none.
+        let late = format!(": ping\n\n{}id: e8\ndata: 8\n\n", assertion("e7", true));
+        let (out, _, reason) = run_split(Contiguity::Asserted, &late);
+        assert_eq!(
+            (out, reason),
+            (control_event(Reason::Unasserted), Some(Reason::Unasserted))
+        );
+        // The same replay in relayed mode is today's evidence: it matches the records.
+        let (out, flow, _) = run_split(Contiguity::Relayed, input);
+        assert_eq!((flow, ids_of(&out).len()), (Flow::Open, 2));
+        // An empty continuation carries no assertion either.
+        let (out, flow, reason) = run_split(Contiguity::Asserted, ": ping\n\n");
+        assert_eq!(
+            (flow, reason),
+            (Flow::CutReplayMismatch, Some(Reason::Unasserted))
+        );
+        assert!(out.ends_with(&control_event(Reason::Unasserted)));
+        // An unterminated block at the end is no assertion.
+        let (out, _, reason) = run_split(Contiguity::Asserted, "id: e8\ndata: 8");
+        assert_eq!(
+            (out, reason),
+            (control_event(Reason::Unasserted), Some(Reason::Unasserted))
+        );
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn an_invalid_assertion_is_dropped_and_counts_as_none() {
+        let wrong_cursor = assertion("e6", true);
+        let v2 = assertion("e7", true).replace("\"v\":1", "\"v\":2");
+        let no_complete = assertion("e7", true).replace(",\"complete\":true", "");
+        let other_id = assertion("e7", true).replace("id: e7", "id: e5");
+        for bad in [wrong_cursor, v2, no_complete, other_id] {
+            let input = format!("{bad}id: e8\ndata: 8\n\n");
+            let (out, flow, _) = run_split(Contiguity::Relayed, &input);
+            assert_eq!((flow, ids_of(&out).len()), (Flow::Open, 1), "{bad}");
+            assert!(!out.contains(ASSERTION_METHOD));
+            let (out, _, reason) = run_split(Contiguity::Asserted, &input);
+            assert_eq!(reason, Some(Reason::Unasserted), "{bad}");
+            assert!(!out.contains(ASSERTION_METHOD) && !out.contains("data: 8"));
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn line_ends_bom_and_multi_line_data_are_read_like_the_rewriter_reads_them() {
+        let a = assertion("e7", true);
+        let crlf = a.replace('\n', "\r\n");
+        let cr = a.replace('\n', "\r");
+        let split_data = a.replace("data: {", "data: {\ndata: ");
+        for head in [crlf, cr, format!("\u{feff}{a}"), split_data] {
+            let input = format!("{head}id: e8\ndata: 8\n\n");
+            let (out, flow, reason) = run_split(Contiguity::Asserted, &input);
+            assert_eq!((flow, reason), (Flow::Open, None), "{head:?}");
+            assert_eq!(ids_of(&out).len(), 1, "{out:?}");
+            assert!(!out.contains(ASSERTION_METHOD));
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_head_larger_than_max_hold_without_an_event_is_no_assertion() {
+        let k = keys();
+        let big = format!("data: {}\n", "x".repeat(5000));
+        let mut s = continued(Contiguity::Asserted);
+        let mut out = Vec::new();
+        assert_eq!(
+            s.push(&k, big.as_bytes(), &mut out),
+            Flow::CutReplayMismatch
+        );
+        assert_eq!(s.cut_reason(), Some(Reason::Unasserted));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            control_event(Reason::Unasserted)
+        );
+        let mut s = continued(Contiguity::Relayed);
+        let mut out = Vec::new();
+        assert_eq!(s.push(&k, big.as_bytes(), &mut out), Flow::Open);
+        assert!(out.len() >= big.len(), "streams through as before");
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn fresh_streams_never_look_for_an_assertion() {
+        let k = keys();
+        let mut s = StreamState::fresh([1; 8], 1, StreamKind::Get, 4096)
+            .with_contiguity(Contiguity::Asserted);
+        let (out, flow) = run(&mut s, &k, &assertion("e7", false));
+        assert_eq!((flow, ids_of(&out).len()), (Flow::Open, 1));
+        assert_eq!(finish(&mut s).1, Flow::Open);
     }
 }

@@ -1,6 +1,7 @@
 """An MCP replica built from the real Python SDK (PyPI `mcp`, pinned in requirements.txt).
 
     .venv/bin/python tests/interop/py_server.py --port 9101 --name py1 [--retry-ms 200] [--idle-s 600]
+        [--store-limit N] [--contiguity]
 
 * The SDK's stateful Streamable HTTP leg (sessions live in this process) with a small `EventStore`
   (the SDK ships none) and `retry_interval`: priming events and `retry:` on 2025-11-25, and
@@ -10,6 +11,11 @@
   which session a cursor belongs to; it replays in insertion order.
 * Tool `progress_steps {steps, step_ms, close_every?, tag?}`: one progress notification per step, then
   a text result.
+* Tool `produce {n, step_ms?}`: n `notifications/message` on the session's standalone GET stream, numbered
+  per session (`data.n`), whether or not a client listens: the SDK stores them for a later replay.
+* `--store-limit N`: a trimming store instead, like the SDK's example store (`max_events_per_stream`):
+  the last N events per stream, evicted ids forgotten. `--contiguity`: the store wrapped by the
+  contiguity adapter (adapters/python).
 * `--idle-s`: the SDK's session idle timeout; an expired session answers 404.
 * Test hooks (not on /mcp): GET /_interop/state, POST /_interop/reset. Every response carries
   `x-replica: <name>`. Listens on 127.0.0.1 only.
@@ -18,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
+from collections import deque
+from pathlib import Path
 
 import anyio
 import uvicorn
@@ -32,6 +41,8 @@ ap.add_argument("--port", type=int, default=9101)
 ap.add_argument("--name", default="py")
 ap.add_argument("--retry-ms", type=int, default=200)
 ap.add_argument("--idle-s", type=float, default=600.0)
+ap.add_argument("--store-limit", type=int, default=0)
+ap.add_argument("--contiguity", action="store_true")
 args = ap.parse_args()
 NAME = args.name
 
@@ -64,7 +75,62 @@ class OrderedEventStore(EventStore):
         return stream_id
 
 
+class TrimmingEventStore(OrderedEventStore):
+    """The last `limit` events per stream; evicted ids are forgotten (the SDK example's deque)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.by_stream: dict[str, deque] = {}
+
+    async def store_event(self, stream_id, message):
+        eid = f"{stream_id}_{NAME}_{next(self.seq)}"
+        q = self.by_stream.setdefault(stream_id, deque())
+        if len(q) == self.limit:
+            self.events.pop(q.popleft(), None)
+        q.append(eid)
+        self.events[eid] = (stream_id, message)
+        return eid
+
+    async def replay_events_after(self, last_event_id, send_callback: EventCallback):
+        if last_event_id not in self.events:
+            return None
+        stream_id, _ = self.events[last_event_id]
+        ids = list(self.by_stream[stream_id])
+        for eid in ids[ids.index(last_event_id) + 1:]:
+            message = self.events[eid][1]
+            if message is not None:
+                await send_callback(EventMessage(message, eid))
+        return stream_id
+
+
+def event_store() -> EventStore:
+    store: EventStore = TrimmingEventStore(args.store_limit) if args.store_limit > 0 else OrderedEventStore()
+    if args.contiguity:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters" / "python" / "src"))
+        from mcp_resume_guard_contiguity import ContiguityEventStore
+
+        store = ContiguityEventStore(store)
+    return store
+
+
 mcp = MCPServer(f"interop-py-{NAME}")
+PRODUCED: dict[int, int] = {}
+
+
+@mcp.tool()
+async def produce(n: int, ctx: Context, step_ms: int = 0) -> str:
+    """Sends n notifications on the standalone GET stream, listened to or not."""
+    from mcp import types
+
+    key = id(getattr(ctx.session, "_connection", ctx.session))  # one per session, not per request
+    for _ in range(n):
+        if step_ms:
+            await anyio.sleep(step_ms / 1000)
+        PRODUCED[key] = PRODUCED.get(key, 0) + 1
+        await ctx.session.send_notification(types.LoggingMessageNotification(
+            params=types.LoggingMessageNotificationParams(level="info", data={"replica": NAME, "n": PRODUCED[key]})))
+    return f"produced {PRODUCED[key]}"
 
 
 @mcp.tool()
@@ -94,7 +160,7 @@ async def reset(_: Request) -> JSONResponse:
     return JSONResponse({})
 
 
-app = mcp.streamable_http_app(event_store=OrderedEventStore(), retry_interval=args.retry_ms,
+app = mcp.streamable_http_app(event_store=event_store(), retry_interval=args.retry_ms,
                               session_idle_timeout=args.idle_s)
 
 

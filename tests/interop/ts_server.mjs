@@ -1,6 +1,6 @@
 // An MCP replica built from the real TypeScript SDK (@modelcontextprotocol/sdk, pinned in package.json).
 //
-//   node ts_server.mjs --port 9101 --name r1 [--retry-ms 200]
+//   node ts_server.mjs --port 9101 --name r1 [--retry-ms 200] [--store-limit N] [--contiguity] [--keepalive-ms MS]
 //
 // * StreamableHTTPServerTransport per session (sessions live in this process only), with an event store and
 //   `retryInterval`: on 2025-11-25 the SDK writes a priming event (id + empty data) with `retry:`, and the
@@ -12,6 +12,11 @@
 //   split('_')[0] turns into '').
 // * Tool `progress_steps {steps, step_ms, close_every?, tag?}`: one progress notification per step, then a text
 //   result; `close_every: k` closes the SSE stream after every k-th step (server-side polling, 2025-11-25 only).
+// * Tool `produce {n, step_ms?}`: n `notifications/message` on the session's standalone GET stream, numbered
+//   per session (`data.n`), whether or not a client listens: the SDK stores them for a later replay.
+// * `--store-limit N`: a trimming store instead, like the SDKs' example stores: the last N events per stream,
+//   evicted ids forgotten, no getStreamIdForEventId. `--contiguity`: the store wrapped by the contiguity
+//   adapter (adapters/typescript). `--keepalive-ms`: the transport's SSE keep-alive interval.
 // * Test hooks, never on /mcp: GET /_interop/state (tool calls and the Last-Event-ID of every request),
 //   POST /_interop/expire?session=ID (forget a session: later requests get 404), POST /_interop/reset.
 // Listens on 127.0.0.1 only; every response carries `x-replica: <name>`.
@@ -23,12 +28,15 @@ import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
-  if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
+  if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]?.startsWith('--') ? true : all[i + 1]]);
   return acc;
 }, []));
 const PORT = Number(args.port ?? 9101);
 const NAME = args.name ?? `ts-${PORT}`;
 const RETRY_MS = Number(args['retry-ms'] ?? 200);
+const STORE_LIMIT = Number(args['store-limit'] ?? 0);
+const CONTIGUITY = 'contiguity' in args;
+const KEEPALIVE_MS = args['keepalive-ms'] === undefined ? undefined : Number(args['keepalive-ms']);
 
 class OrderedEventStore {
   constructor() {
@@ -58,12 +66,54 @@ class OrderedEventStore {
   }
 }
 
-const store = new OrderedEventStore();
+class TrimmingEventStore {
+  constructor(limit) {
+    this.limit = limit;
+    this.seq = 0;
+    this.events = new Map(); // eventId -> {streamId, message}
+    this.byStream = new Map(); // streamId -> [eventId], oldest first, at most `limit`
+  }
+  async storeEvent(streamId, message) {
+    const id = `${streamId}_${NAME}_${++this.seq}`;
+    this.events.set(id, { streamId, message });
+    if (!this.byStream.has(streamId)) this.byStream.set(streamId, []);
+    const ids = this.byStream.get(streamId);
+    ids.push(id);
+    while (ids.length > this.limit) this.events.delete(ids.shift());
+    return id;
+  }
+  async replayEventsAfter(lastEventId, { send }) {
+    const ev = this.events.get(lastEventId);
+    if (!ev) return '';
+    const ids = this.byStream.get(ev.streamId) ?? [];
+    for (const id of ids.slice(ids.indexOf(lastEventId) + 1)) {
+      const { message } = this.events.get(id);
+      if (message && Object.keys(message).length > 0) await send(id, message);
+    }
+    return ev.streamId;
+  }
+}
+
+const { withContiguity } = await import('../../adapters/typescript/index.js');
+const inner = STORE_LIMIT > 0 ? new TrimmingEventStore(STORE_LIMIT) : new OrderedEventStore();
+const store = CONTIGUITY ? withContiguity(inner) : inner;
 const transports = new Map(); // session id -> transport
 const state = { name: NAME, tool_calls: [], requests: [] };
 
 function newServer() {
-  const server = new McpServer({ name: `interop-ts-${NAME}`, version: '1.0.0' });
+  const server = new McpServer({ name: `interop-ts-${NAME}`, version: '1.0.0' }, { capabilities: { logging: {} } });
+  let produced = 0;
+  server.registerTool('produce', {
+    description: 'Sends n notifications on the standalone GET stream, listened to or not',
+    inputSchema: { n: z.number().int().min(1).max(10000), step_ms: z.number().int().min(0).max(1000).optional() },
+  }, async ({ n, step_ms }) => {
+    for (let i = 0; i < n; i++) {
+      if (step_ms) await new Promise(r => setTimeout(r, step_ms));
+      await server.server.notification({ method: 'notifications/message',
+        params: { level: 'info', data: { replica: NAME, n: ++produced } } });
+    }
+    return { content: [{ type: 'text', text: `produced ${produced}` }] };
+  });
   server.registerTool('progress_steps', {
     description: 'Streams one progress notification per step, then returns a result',
     inputSchema: { steps: z.number().int().min(1).max(100), step_ms: z.number().int().min(0).max(10000),
@@ -132,6 +182,7 @@ const httpServer = http.createServer(async (req, res) => {
         sessionIdGenerator: () => randomUUID(),
         eventStore: store,
         retryInterval: RETRY_MS,
+        keepAliveMs: KEEPALIVE_MS,
         onsessioninitialized: id => transports.set(id, transport),
       });
       transport.onclose = () => { if (transport.sessionId) transports.delete(transport.sessionId); };

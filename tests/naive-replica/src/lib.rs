@@ -72,6 +72,8 @@ OPTIONS:
                            repeatable or comma-separated [default: x-mcp-owner]
     --id-pad BYTES         pad every SSE event id to at least BYTES bytes
                            (`e<num>.xxx…`, for long-id tests) [default: 0]
+    --produce-while-away N a standalone stream whose client went away keeps producing
+                           N more events into the ring [default: 0]
     -h, --help             print this help
 
 ENDPOINTS:
@@ -90,6 +92,8 @@ pub struct Config {
     pub ring: usize,
     pub tick_ms: u64,
     pub path: String,
+    /// Events a standalone stream still produces after its client went away.
+    pub produce_while_away: u64,
     /// Lower-cased header names.
     pub owner_headers: Vec<String>,
     /// Minimum length of an SSE event id (0: `e<num>` as is).
@@ -108,6 +112,7 @@ impl Config {
             path: "/mcp".to_string(),
             owner_headers: vec!["x-mcp-owner".to_string()],
             id_pad: 0,
+            produce_while_away: 0,
         }
     }
 }
@@ -129,6 +134,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
     let mut path = "/mcp".to_string();
     let mut owner_headers: Vec<String> = Vec::new();
     let mut id_pad: usize = 0;
+    let mut produce_while_away: u64 = 0;
 
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -207,6 +213,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     return Err(format!("--id-pad {v:?}: at most 1048576 bytes"));
                 }
             }
+            "--produce-while-away" => {
+                let v = value()?;
+                produce_while_away = v
+                    .parse()
+                    .map_err(|e| format!("--produce-while-away {v:?}: not a count ({e})"))?;
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -222,6 +234,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
         path,
         owner_headers,
         id_pad,
+        produce_while_away,
     }))
 }
 
@@ -416,25 +429,35 @@ impl AppState {
     }
 
     /// Spawn the standalone-stream producer: a notification every `--tick-ms`, until the
-    /// client goes away, `limit` events were sent, or the process shuts down.
+    /// client goes away, `limit` events were sent, or the process shuts down. With
+    /// `--produce-while-away N` it goes on for N more events after the client went away, into
+    /// the ring only (as SDK servers with an event store do).
     fn spawn_live(&self, session: String, tx: mpsc::UnboundedSender<String>, limit: Option<u64>) {
         let state = self.clone();
         let stream_no = self.inner.streams.fetch_add(1, Ordering::Relaxed) + 1;
         let tick = Duration::from_millis(self.inner.cfg.tick_ms);
+        let away_budget = self.inner.cfg.produce_while_away;
         let mut shutdown = self.inner.shutdown.subscribe();
         tokio::spawn(async move {
             let mut n: u64 = 0;
+            // Events still to produce with nobody listening; None while the client is there.
+            let mut away: Option<u64> = None;
             loop {
-                if limit.is_some_and(|l| n >= l) {
+                if limit.is_some_and(|l| n >= l) || away == Some(0) {
                     break;
                 }
+                let listening = away.is_none();
                 tokio::select! {
                     _ = tokio::time::sleep(tick) => {}
-                    _ = tx.closed() => break,
+                    _ = tx.closed(), if listening => {
+                        away = Some(away_budget);
+                        continue;
+                    }
                     _ = shutdown.wait_for(|v| *v) => break,
                 }
-                if tx.is_closed() {
-                    break;
+                if away.is_none() && tx.is_closed() {
+                    away = Some(away_budget);
+                    continue;
                 }
                 n += 1;
                 let msg = json!({
@@ -446,8 +469,13 @@ impl AppState {
                     }
                 });
                 let sse = state.emit(&session, "get", &msg);
-                if tx.send(sse).is_err() {
-                    break;
+                match away.as_mut() {
+                    Some(left) => *left -= 1,
+                    None => {
+                        if tx.send(sse).is_err() {
+                            away = Some(away_budget);
+                        }
+                    }
                 }
             }
         });

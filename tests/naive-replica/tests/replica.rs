@@ -25,6 +25,10 @@ impl Replica {
     async fn start(name: &str, dir: &Path, ring: usize) -> Replica {
         let mut cfg = Config::new(name, dir);
         cfg.ring = ring;
+        Replica::with(cfg).await
+    }
+
+    async fn with(mut cfg: Config) -> Replica {
         cfg.tick_ms = 20;
         let state = AppState::new(cfg).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -688,6 +692,52 @@ async fn get_stream_stops_after_disconnect() {
     assert_eq!(r1.state.counter(), c1, "producer must have stopped");
 }
 
+/// `--produce-while-away N`: the stream goes on without its client, the ring moves past the
+/// cursor, and the resume continues silently with whatever survived.
+#[tokio::test]
+async fn produce_while_away_gives_the_silent_resume_into_a_later_tail() {
+    let dir = temp_dir("away");
+    let mut cfg = Config::new("r1", &dir);
+    cfg.ring = 8;
+    cfg.produce_while_away = 20;
+    let r1 = Replica::with(cfg).await;
+    let (_, sid) = initialize(r1.addr, "2025-06-18").await;
+    let mut s = TcpStream::connect(r1.addr).await.unwrap();
+    s.write_all(request_text(r1.addr, "GET", "/mcp", &[("Mcp-Session-Id", &sid)], None).as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("id: e3\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    // 20 more events at 20 ms, then the producer stops.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while r1.state.counter() < 23 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(r1.state.counter(), 23, "N more events, then it stops");
+    let r = http(
+        r1.addr,
+        "GET",
+        "/mcp?limit=0",
+        &[("Mcp-Session-Id", &sid), ("Last-Event-ID", "e3")],
+        None,
+    )
+    .await;
+    // e4..e15 are lost without a word: the replay starts at e16.
+    assert_eq!(r.ids(), ids(16..=23));
+    let first = &r.events()[0].1;
+    assert_eq!(first["params"]["data"]["n"], 16);
+}
+
 #[tokio::test]
 async fn seen_reset_and_ring_endpoints() {
     let dir = temp_dir("debug");
@@ -760,7 +810,7 @@ async fn shutdown_ends_open_streams() {
 fn cli_parses_and_rejects() {
     let args = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let Cli::Run(cfg) = parse_args(args(
-        "--listen 127.0.0.1:9101 --name r1 --state-dir /tmp/x --ring 8 --tick-ms 10 --path /rpc --owner-header X-A,x-b",
+        "--listen 127.0.0.1:9101 --name r1 --state-dir /tmp/x --ring 8 --tick-ms 10 --path /rpc --owner-header X-A,x-b --produce-while-away 7",
     ))
     .unwrap() else {
         panic!("expected a config");
@@ -769,6 +819,7 @@ fn cli_parses_and_rejects() {
     assert_eq!(cfg.name, "r1");
     assert_eq!(cfg.ring, 8);
     assert_eq!(cfg.tick_ms, 10);
+    assert_eq!(cfg.produce_while_away, 7);
     assert_eq!(cfg.path, "/rpc");
     assert_eq!(cfg.owner_headers, ["x-a", "x-b"]);
 
