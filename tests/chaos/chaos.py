@@ -19,8 +19,6 @@ import os
 import platform
 import random
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import threading

@@ -31,6 +31,17 @@ def python_sdk_ready() -> bool:
     return r.returncode == 0
 
 
+def require_sdks(node: bool = True, python: bool = True) -> None:
+    """A suite that needs the real SDKs fails without them: `make test` installs them, and a
+    skipped interop suite must never pass for a green run."""
+    missing = [what for what, need, ready in (
+        ("npm ci --prefix tests/interop (make interop-deps)", node, node_ready),
+        ("pip install -r tests/interop/requirements.txt (make interop-deps)", python, python_sdk_ready),
+    ) if need and not ready()]
+    if missing:
+        raise RuntimeError("the official MCP SDKs are not installed: " + "; ".join(missing))
+
+
 def start_ts_replica(port: int, name: str, retry_ms: int = 200) -> h.Proc:
     return h.Proc(f"ts-{name}", [NODE, INTEROP / "ts_server.mjs", "--port", port, "--name", name,
                                  "--retry-ms", retry_ms], port=port).start()

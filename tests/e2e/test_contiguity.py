@@ -22,8 +22,7 @@ STORE_LIMIT = 100
 ABSENCE = {"short": 5, "long": 150}
 SEEN_BEFORE = 3
 
-pytestmark = pytest.mark.skipif(not (i.node_ready() and i.python_sdk_ready()),
-                                reason="make interop-deps (TS and Python SDKs)")
+i.require_sdks(node=True, python=True)
 
 # What each scenario must give: contiguous, signal:<reason>, or silent.
 EXPECTED = {

@@ -12,7 +12,7 @@ import pytest
 import harness as h
 import interop as i
 
-pytestmark = pytest.mark.skipif(not i.python_sdk_ready(), reason="pip install -r tests/interop/requirements.txt")
+i.require_sdks(node=False, python=True)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import harness as h
 import interop as i
 
-pytestmark = pytest.mark.skipif(not i.node_ready(), reason="npm ci --prefix tests/interop (make interop-deps)")
+i.require_sdks(node=True, python=False)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import harness as h
 import interop as i
 
-pytestmark = pytest.mark.skipif(not (i.node_ready() and i.python_sdk_ready()), reason="make interop-deps")
+i.require_sdks(node=True, python=True)
 
 
 class Sdks:
