@@ -1,6 +1,6 @@
-//! The seed's decision procedure, as a pure function over what the store knows.
+//! The decision procedure (docs/design.md), as a pure function over what the store knows.
 //!
-//! Order matters and follows the seed: session, ownership, contiguity, incarnation.
+//! Order matters: session, ownership, contiguity, incarnation.
 //! The first failing condition names the reason.
 use crate::cursor::{session_binding, DecodedCursor, Keyring};
 use crate::ownership::{Reason, StreamKind};

@@ -412,7 +412,7 @@ def test_compose_services_and_ports():
         image = svc.get("image", "")
         if image and "${" not in image.split(":-")[0]:
             assert pinned(image), f"{name}: image {image} must be pinned"
-    # DESIGN.md's local topology.
+    # The local topology (README).
     assert published[10000] == published[9901] == "envoy"
     assert [published[p] for p in (9101, 9102, 9103)] == ["mcp-replica-1", "mcp-replica-2", "mcp-replica-3"]
     assert published[9200] == "mcp-ownership"

@@ -1,4 +1,4 @@
-"""The guard's request and response rules that are not one of the seed's scenarios:
+"""The guard's request and response rules that are not one of the failure scenarios (test_seed_scenarios.py):
 callout failures of every kind, replay verification, session end, no-cursor fast path."""
 import socket
 import socketserver

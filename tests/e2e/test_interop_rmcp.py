@@ -1,6 +1,6 @@
 """Interop with the official Rust SDK: rmcp 3.11.0 servers and rmcp's own client.
 
-The seed's deployment, built from a real SDK: three `rmcp-replica` processes (rmcp's
+The deployment of docs/problem.md, built from a real SDK: three `rmcp-replica` processes (rmcp's
 Streamable HTTP server with `LocalSessionManager`) share their sessions through rmcp's
 `SessionStore` (a shared directory), so any replica restores any session, while each
 replica's events stay in its own process. rmcp mints event ids `<index>/<http_request_id>`

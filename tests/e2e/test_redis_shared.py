@@ -78,7 +78,7 @@ class Shared:
             if p is not None:
                 p.stop()
         # Hand the session-wide replicas back as a fresh start would (`fresh` restarts them):
-        # some seed scenarios without the guard depend on the replicas' event counters, which
+        # some failure scenarios without the guard depend on the replicas' event counters, which
         # this module's traffic moves.
         for r in self.stack.replicas.values():
             r.stop()

@@ -1,8 +1,8 @@
-"""The seed's failures, reproduced without the guard and fixed with it.
+"""The failures of docs/problem.md, reproduced without the guard and fixed with it.
 
 Each scenario runs twice against the same three naive replicas: first with the guard
-removed from Envoy's filter chain, where the test asserts the failure the seed
-describes (so the test has teeth), then with the guard, where it asserts the fix:
+removed from Envoy's filter chain, where the test asserts the failure the problem
+statement describes (so the test has teeth), then with the guard, where it asserts the fix:
 a contiguous continuation from the owner, or an explicit signal.
 """
 import time
@@ -153,7 +153,7 @@ def test_lost_owner_without_guard_runs_side_effect_twice(fresh):
         again = c.call_tool("ledger_append", {"entry": entry, "steps": 1, "step_ms": 1})
         again.read_all()
         again.close()
-    assert count_entry(fresh, entry) == 2, "the seed's failure: a side-effecting call ran twice"
+    assert count_entry(fresh, entry) == 2, "the failure: a side-effecting call ran twice"
 
 
 def test_lost_owner_with_guard_runs_side_effect_once(fresh):
@@ -196,7 +196,7 @@ def test_legacy_cursor_on_post_without_guard_drops_the_intent(fresh):
     r.close()
     assert not any("result" in e.json() for e in got if e.event == "message")
     time.sleep(0.2)
-    assert count_entry(fresh, entry) == 0, "the seed's failure: the POST's intent was silently dropped"
+    assert count_entry(fresh, entry) == 0, "the failure: the POST's intent was silently dropped"
 
 
 def test_legacy_cursor_on_post_with_guard_is_stripped(fresh):
@@ -237,7 +237,7 @@ def test_trimmed_buffer_without_guard_replays_with_a_silent_gap(fresh):
     r.close()
     replayed = tick(got[0])
     assert replayed["stream"] == tick(first)["stream"]
-    assert replayed["n"] > tick(first)["n"] + 1, "the seed's silent gap: the tail replayed as if contiguous"
+    assert replayed["n"] > tick(first)["n"] + 1, "the silent gap: the tail replayed as if contiguous"
 
 
 def test_trimmed_buffer_with_guard_restarts_explicitly(fresh):
@@ -274,7 +274,7 @@ def test_superseded_without_guard_replays_another_stream(fresh):
     got = r.read(10)
     r.close()
     streams = {tick(e)["stream"] for e in got}
-    assert tick(new[0])["stream"] in streams, "the seed's fork: the old cursor replayed the new stream's events"
+    assert tick(new[0])["stream"] in streams, "the fork: the old cursor replayed the new stream's events"
 
 
 def test_superseded_with_guard_restarts_explicitly(fresh):
@@ -455,7 +455,7 @@ def test_owner_killed_with_guard_signals_then_restarts(fresh):
 # ---------------------------------------------------------------------------------------------
 
 def test_ownership_down_without_guard_nothing_checks(fresh):
-    # Without the guard nobody consults ownership: the reconnect is the seed's blind replay.
+    # Without the guard nobody consults ownership: the reconnect is a blind replay.
     test_lost_owner_without_guard_duplicates_ids(fresh)
 
 

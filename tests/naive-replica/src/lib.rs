@@ -1,9 +1,9 @@
 //! A deliberately **naive** MCP Streamable-HTTP replica.
 //!
-//! It reproduces, on purpose, the failures described in the seed problem statement, so
+//! It reproduces, on purpose, the failures described in docs/problem.md, so
 //! that the guard in front of it has something real to guard:
 //!
-//! * sessions live in a shared directory (the seed's "sessions were stored in Redis"),
+//! * sessions live in a shared directory ("sessions were stored in Redis"),
 //!   so every replica accepts every session;
 //! * event ids come from one **per-process** counter (`e1`, `e2`, …) shared by all the
 //!   streams of the process;
@@ -367,7 +367,7 @@ impl AppState {
     fn naive_replay(&self, session: &str, last_event_id: &str) -> Vec<String> {
         let mut log = lock(&self.inner.log);
         // Ids are per-process, so another session may own the same id here: look it up in
-        // this session's events only (what the seed's replica 2 does: it finds nothing).
+        // this session's events only (what replica 2 of docs/problem.md does: it finds nothing).
         if let Some(pos) = log
             .ring
             .iter()
@@ -393,7 +393,7 @@ impl AppState {
             .map(|e| e.sse.clone())
             .collect();
         if tail.is_empty() {
-            // Not ours: "resume" numbering right after it from our own counter (the seed:
+            // Not ours: "resume" numbering right after it from our own counter (docs/problem.md:
             // "began emitting new events starting at e8 from its own fresh counter").
             log.counter = k;
         } else {

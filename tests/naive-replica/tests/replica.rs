@@ -443,7 +443,7 @@ async fn ledger_append_streams_ids_from_the_process_counter() {
     assert_eq!(ring[6].stream_key, "post:8");
 }
 
-/// Seed case 1: the cursor lands on another replica, which has the session but not the
+/// Failure 1 (docs/problem.md): the cursor lands on another replica, which has the session but not the
 /// events, and "resumes" by continuing its own counter after the cursor.
 #[tokio::test]
 async fn resume_on_another_replica_bumps_its_counter() {
@@ -510,7 +510,7 @@ async fn resume_on_another_replica_bumps_its_counter() {
     assert_eq!(r.ids(), ids(11..=11));
 }
 
-/// Seed case 2: a POST carrying a stale Last-Event-ID is taken for a resumption and its
+/// Failure 2 (docs/problem.md): a POST carrying a stale Last-Event-ID is taken for a resumption and its
 /// tools/call is silently dropped.
 #[tokio::test]
 async fn post_with_last_event_id_drops_the_call() {

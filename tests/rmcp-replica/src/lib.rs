@@ -1,5 +1,5 @@
 //! `rmcp-replica`: an MCP server built on the official Rust SDK (`rmcp`, pinned to 3.11.0)
-//! and deployed the way the seed describes: several replicas share their *sessions* through
+//! and deployed the way docs/problem.md describes: several replicas share their *sessions* through
 //! a store (here a directory of JSON files, rmcp's `SessionStore` trait), while each replica's
 //! *events* stay in its own process (rmcp's `LocalSessionManager` cache).
 //!
