@@ -17,6 +17,8 @@ const HEADER_STATE_TYPE: &str =
     "envoy.extensions.http.stateful_session.header.v3.HeaderBasedSessionState";
 const ROUTER_TYPE: &str = "envoy.extensions.filters.http.router.v3.Router";
 const CLUSTER_TYPE: &str = "envoy.config.cluster.v3.Cluster";
+const HEADER_MUTATION_TYPE: &str =
+    "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation";
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -52,6 +54,27 @@ impl Report {
                 None
             }
         }
+    }
+
+    /// The request paths the MCP routes must cover: an exact `mcp_paths` entry with and without
+    /// one trailing slash (the guard takes both), a prefix as it is.
+    fn mcp_paths(&self, idx: Option<usize>) -> Vec<String> {
+        let paths = idx
+            .and_then(|i| self.configs.get(i))
+            .map(|(_, c)| c.paths.clone())
+            .unwrap_or_else(|| vec![PathMatch::Exact("/mcp".into())]);
+        let mut out = Vec::new();
+        for p in paths {
+            match p {
+                PathMatch::Exact(s) if s != "/" => {
+                    let slash = format!("{s}/");
+                    out.push(s);
+                    out.push(slash);
+                }
+                PathMatch::Exact(s) | PathMatch::Prefix(s) => out.push(s),
+            }
+        }
+        out
     }
 
     fn owner_header(&self, idx: Option<usize>) -> String {
@@ -138,6 +161,60 @@ fn is_guard_wasm(f: &Value) -> bool {
             .is_some_and(|p| p.ends_with("mcp_resume_guard.wasm"))
 }
 
+/// Is this HTTP filter a header_mutation that removes the owner header from responses?
+fn strips_owner_on_responses(f: &Value, owner_header: &str) -> bool {
+    let tc = f.get("typed_config").unwrap_or(&Value::Null);
+    type_of(tc) == HEADER_MUTATION_TYPE
+        && tc
+            .pointer("/mutations/response_mutations")
+            .and_then(Value::as_array)
+            .is_some_and(|ms| {
+                ms.iter().any(|m| {
+                    m.get("remove")
+                        .and_then(Value::as_str)
+                        .is_some_and(|h| h.eq_ignore_ascii_case(owner_header))
+                })
+            })
+}
+
+const NO_RESPONSE_STRIP: &str = "the guard removes it from responses itself, but put a \
+     header_mutation removing it (response_mutations: [remove: OWNER]) first in http_filters, so \
+     it acts last on every response, whatever filter or route added it (stateful_session echoes \
+     the host it chose)";
+
+fn no_response_strip(owner_header: &str) -> String {
+    format!(
+        "no header_mutation removes \"{owner_header}\" from responses: {}",
+        NO_RESPONSE_STRIP.replace("OWNER", owner_header)
+    )
+}
+
+/// The HttpConnectionManager's path hygiene: the MCP routes (and with them the owner pin) match
+/// the path Envoy routes on, the guard matches its own normalization of it; they agree only when
+/// Envoy normalizes too.
+fn path_hygiene(tc: &Value, at: &str, r: &mut Report) {
+    for key in ["normalize_path", "merge_slashes"] {
+        if tc.get(key).and_then(Value::as_bool) != Some(true) {
+            r.warn(
+                format!("{at}.{key}"),
+                "should be true: otherwise a spelling such as \"//mcp\" or \"/a/../mcp\" is an MCP \
+                 path to the guard but misses the MCP route, and with it the owner pin",
+            );
+        }
+    }
+    let esc = str_of(tc, "/path_with_escaped_slashes_action").unwrap_or("");
+    if !matches!(
+        esc,
+        "REJECT_REQUEST" | "UNESCAPE_AND_REDIRECT" | "UNESCAPE_AND_FORWARD"
+    ) {
+        r.warn(
+            format!("{at}.path_with_escaped_slashes_action"),
+            "should be REJECT_REQUEST: a path such as \"/mcp%2F\" is no MCP path to the guard or \
+             to Envoy's routes, but a replica may decode it to its MCP endpoint",
+        );
+    }
+}
+
 /// What a stateful_session config says, as far as the guard cares.
 fn check_strict_header(cfg: &Value, field: &str, owner_header: &str, r: &mut Report) {
     if cfg.get("strict").and_then(Value::as_bool) != Some(true) {
@@ -215,6 +292,16 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
             "must be false: a guard that failed to load must not let cursors through unchecked",
         );
     }
+    match str_of(wasm, "/failure_policy") {
+        None | Some("UNSPECIFIED" | "FAIL_CLOSED" | "FAIL_RELOAD") => {}
+        Some(other) => r.error(
+            format!("{gat}.typed_config.config.failure_policy"),
+            format!(
+                "must be FAIL_RELOAD or FAIL_CLOSED, got {other}: a guard that failed or crashed \
+                 must not let cursors through unchecked"
+            ),
+        ),
+    }
     let conf = &wasm["configuration"];
     let idx = match conf.get("value").and_then(Value::as_str) {
         Some(json) => r.plugin(
@@ -284,6 +371,26 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
             None
         }
     };
+    // The owner header out of every response: a header_mutation that runs on responses after
+    // stateful_session (before it in http_filters; the shipped configs put it first).
+    let strips = filters
+        .iter()
+        .position(|f| strips_owner_on_responses(f, &owner_header));
+    match strips {
+        None => r.warn(
+            format!("{at}.http_filters"),
+            no_response_strip(&owner_header),
+        ),
+        Some(h) if stateful.is_some_and(|s| h > s) => r.warn(
+            format!("{at}.http_filters[{h}]"),
+            format!(
+                "this header_mutation comes after the stateful_session, so on responses it acts \
+                 before stateful_session may add \"{owner_header}\": put it first"
+            ),
+        ),
+        Some(_) => {}
+    }
+    path_hygiene(tc, at, r);
 
     // The MCP routes: no retries, timeout 0s, the strict stateful_session in force.
     let Some(rc) = tc.get("route_config") else {
@@ -292,10 +399,7 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
         ));
         return true;
     };
-    let paths: Vec<PathMatch> = idx
-        .and_then(|i| r.configs.get(i))
-        .map(|(_, c)| c.paths.clone())
-        .unwrap_or_else(|| vec![PathMatch::Exact("/mcp".into())]);
+    let paths = r.mcp_paths(idx);
     let sf = stateful.and_then(|s| {
         filters
             .get(s)
@@ -310,14 +414,16 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
             );
         }
         let routes = arr(vh, "routes");
-        for p in &paths {
-            let path = match p {
-                PathMatch::Exact(s) | PathMatch::Prefix(s) => s.as_str(),
-            };
+        let mut seen = Vec::new();
+        for path in &paths {
             let Some(ri) = routes.iter().position(|rt| route_matches(rt, path)) else {
                 r.warn(&vat, format!("no route matches the MCP path {path}"));
                 continue;
             };
+            if seen.contains(&ri) {
+                continue;
+            }
+            seen.push(ri);
             let rat = format!("{vat}.routes[{ri}]");
             mcp_route(&routes[ri], vh, rc, &rat, sf.as_ref(), &owner_header, r);
         }
@@ -417,7 +523,10 @@ fn mcp_route(
         .or_else(|| {
             vh.pointer("/typed_per_filter_config")
                 .and_then(|m| m.get(name))
-                .map(|v| ("virtual host typed_per_filter_config".to_string(), v))
+                .map(|v| {
+                    let vat = rat.rsplit_once(".routes[").map_or(rat, |(v, _)| v);
+                    (format!("{vat}.typed_per_filter_config[\"{name}\"]"), v)
+                })
         });
     match per {
         Some((pat, v)) => {
@@ -443,6 +552,11 @@ fn mcp_route(
                 check_strict_header(ss, &format!("{pat}.stateful_session"), owner_header, r);
             } else if type_of(&inner) == STATEFUL_TYPE {
                 check_strict_header(&inner, &pat, owner_header, r);
+            } else {
+                r.error(
+                    format!("{pat}.stateful_session"),
+                    format!("missing: the strict pin on \"{owner_header}\" for the MCP route"),
+                );
             }
         }
         None => {
@@ -491,8 +605,8 @@ fn kube(docs: &[Doc], r: &mut Report) {
                 if str_of(v, "/spec/failStrategy") == Some("FAIL_OPEN") {
                     r.error(
                         format!("{at}.failStrategy"),
-                        "must be FAIL_CLOSE: a guard that failed to load must not let cursors \
-                         through unchecked",
+                        "must be FAIL_RELOAD or FAIL_CLOSE: a guard that failed to load or \
+                         crashed must not let cursors through unchecked",
                     );
                 }
                 match v.pointer("/spec/pluginConfig") {
@@ -524,26 +638,25 @@ fn kube(docs: &[Doc], r: &mut Report) {
         }
     }
     let owner_header = r.owner_header(idx);
-    let paths: Vec<String> = idx
-        .and_then(|i| r.configs.get(i))
-        .map(|(_, c)| {
-            c.paths
-                .iter()
-                .map(|p| match p {
-                    PathMatch::Exact(s) | PathMatch::Prefix(s) => s.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_else(|| vec!["/mcp".to_string()]);
+    let paths = r.mcp_paths(idx);
     let cluster = idx
         .and_then(|i| r.configs.get(i))
         .map(|(_, c)| c.ownership.cluster.clone());
     let has = |k: &str| objs.iter().any(|(kind, _, _)| *kind == k);
 
+    let efs: Vec<(&str, &Value)> = objs
+        .iter()
+        .filter(|(kind, _, _)| *kind == "EnvoyFilter")
+        .map(|(_, name, v)| (*name, *v))
+        .collect();
+    let pinned = if efs.is_empty() {
+        None
+    } else {
+        istio_envoyfilters(&efs, &owner_header, r)
+    };
     for (kind, name, v) in &objs {
         match *kind {
-            "EnvoyFilter" => istio_envoyfilter(name, v, &owner_header, r),
-            "VirtualService" => istio_virtualservice(name, v, &paths, r),
+            "VirtualService" => istio_virtualservice(name, v, &paths, pinned.as_deref(), r),
             "EnvoyPatchPolicy" => eg_patch_policy(name, v, &owner_header, cluster.as_deref(), r),
             "HTTPRoute" => eg_httproute(name, v, &paths, r),
             "BackendTrafficPolicy" if v.pointer("/spec/retry").is_some() => {
@@ -569,74 +682,172 @@ fn kube(docs: &[Doc], r: &mut Report) {
     }
 }
 
-fn istio_envoyfilter(name: &str, v: &Value, owner_header: &str, r: &mut Report) {
-    let patches = arr(&v["spec"], "configPatches");
-    for (i, p) in patches.iter().enumerate() {
-        let tc = p
-            .pointer("/patch/value/typed_config")
-            .unwrap_or(&Value::Null);
-        if type_of(tc) != STATEFUL_TYPE {
-            continue;
-        }
-        let at = format!("EnvoyFilter/{name}.spec.configPatches[{i}]");
-        if tc.get("session_state").is_some() {
-            check_strict_header(
-                tc,
-                &format!("{at}.patch.value.typed_config"),
-                owner_header,
-                r,
-            );
-        } else {
-            // No state of its own: an HTTP_ROUTE patch must pin the MCP route.
-            let filter = str_of(p, "/patch/value/name").unwrap_or("");
-            let per_route = patches.iter().enumerate().find_map(|(j, q)| {
-                let per = q
-                    .pointer("/patch/value/typed_per_filter_config")
-                    .and_then(|m| m.get(filter))?;
-                Some((j, per.clone()))
-            });
-            match per_route {
-                Some((j, per)) => match per.get("stateful_session") {
-                    Some(ss) => check_strict_header(
-                        ss,
-                        &format!(
-                            "EnvoyFilter/{name}.spec.configPatches[{j}].patch.value.\
-                             typed_per_filter_config[\"{filter}\"].stateful_session"
-                        ),
-                        owner_header,
-                        r,
-                    ),
-                    None => r.error(
-                        format!("EnvoyFilter/{name}.spec.configPatches[{j}]"),
-                        "the per-route config must carry the strict stateful_session",
-                    ),
-                },
-                None => r.error(
-                    format!("{at}.patch.value.typed_config"),
-                    format!(
-                        "has no session state, and no HTTP_ROUTE patch configures the strict pin \
-                         (header \"{owner_header}\") for \"{filter}\" on the MCP route"
-                    ),
-                ),
-            }
-        }
-        let op = str_of(p, "/patch/operation").unwrap_or("");
-        let sub = str_of(p, "/match/listener/filterChain/filter/subFilter/name").unwrap_or("");
-        let ok = (op == "INSERT_BEFORE" && sub == "envoy.filters.http.router")
-            || (op == "INSERT_AFTER" && sub.contains(GUARD));
-        if !ok {
-            r.error(
-                format!("{at}.patch.operation"),
-                "must put the stateful_session right before envoy.filters.http.router \
-                 (INSERT_BEFORE, subFilter envoy.filters.http.router), after the guard",
-            );
-        }
-        return;
+/// A StatefulSessionPerRoute that must carry the strict pin (Istio and Envoy Gateway patches).
+fn check_per_route_pin(per: &Value, pat: &str, owner_header: &str, r: &mut Report) {
+    if per.get("disabled").and_then(Value::as_bool) == Some(true) {
+        r.error(
+            pat,
+            "disables the owner pin: continuations would not reach their owner",
+        );
+    } else if let Some(ss) = per.get("stateful_session") {
+        check_strict_header(ss, &format!("{pat}.stateful_session"), owner_header, r);
+    } else {
+        r.error(
+            format!("{pat}.stateful_session"),
+            format!("missing: the strict pin on \"{owner_header}\""),
+        );
     }
-    r.error(
-        format!("EnvoyFilter/{name}.spec.configPatches"),
-        format!("missing: a strict stateful_session (header \"{owner_header}\")"),
-    );
+}
+
+/// One patch of an EnvoyFilter, with the path of its field.
+struct Patch<'a> {
+    at: String,
+    v: &'a Value,
+}
+
+/// Every configPatch of every EnvoyFilter given: the strict pin, the response header removal
+/// and the path hygiene may each live in any of them. Returns the names of the routes an
+/// HTTP_ROUTE patch pins, when the pin is per route (None: every route is pinned, or unknown).
+fn istio_envoyfilters(
+    efs: &[(&str, &Value)],
+    owner_header: &str,
+    r: &mut Report,
+) -> Option<Vec<String>> {
+    let patches: Vec<Patch> = efs
+        .iter()
+        .flat_map(|(name, v)| {
+            v.pointer("/spec/configPatches")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .map(move |(i, p)| Patch {
+                    at: format!("EnvoyFilter/{name}.spec.configPatches[{i}]"),
+                    v: p,
+                })
+        })
+        .collect();
+    let all = efs
+        .first()
+        .map(|(name, _)| format!("EnvoyFilter/{name}.spec.configPatches"))
+        .unwrap_or_default();
+
+    // Path normalization on the gateway's HttpConnectionManager.
+    let hcm_patch = patches.iter().find(|p| {
+        type_of(
+            p.v.pointer("/patch/value/typed_config")
+                .unwrap_or(&Value::Null),
+        ) == HCM_TYPE
+    });
+    match hcm_patch {
+        Some(p) => path_hygiene(
+            p.v.pointer("/patch/value/typed_config")
+                .unwrap_or(&Value::Null),
+            &format!("{}.patch.value.typed_config", p.at),
+            r,
+        ),
+        None => r.warn(
+            &all,
+            "no NETWORK_FILTER patch merges path normalization into the HttpConnectionManager \
+             (normalize_path, merge_slashes, path_with_escaped_slashes_action: REJECT_REQUEST): \
+             without it a spelling such as \"//mcp\" is an MCP path to the guard but misses the \
+             MCP route, and with it the owner pin",
+        ),
+    }
+
+    // The owner header out of every response, by a filter inserted first.
+    match patches.iter().find(|p| {
+        strips_owner_on_responses(
+            p.v.pointer("/patch/value").unwrap_or(&Value::Null),
+            owner_header,
+        )
+    }) {
+        None => r.warn(&all, no_response_strip(owner_header)),
+        Some(p) if str_of(p.v, "/patch/operation") != Some("INSERT_FIRST") => r.warn(
+            format!("{}.patch.operation", p.at),
+            "should be INSERT_FIRST: first in the chain, the header_mutation acts last on every \
+             response",
+        ),
+        Some(_) => {}
+    }
+
+    // The stateful_session filter, right before the router.
+    let Some(sp) = patches.iter().find(|p| {
+        type_of(
+            p.v.pointer("/patch/value/typed_config")
+                .unwrap_or(&Value::Null),
+        ) == STATEFUL_TYPE
+    }) else {
+        r.error(
+            &all,
+            format!("missing: a strict stateful_session (header \"{owner_header}\")"),
+        );
+        return None;
+    };
+    let op = str_of(sp.v, "/patch/operation").unwrap_or("");
+    let sub = str_of(sp.v, "/match/listener/filterChain/filter/subFilter/name").unwrap_or("");
+    if !((op == "INSERT_BEFORE" && sub == "envoy.filters.http.router")
+        || (op == "INSERT_AFTER" && sub.contains(GUARD)))
+    {
+        r.error(
+            format!("{}.patch.operation", sp.at),
+            "must put the stateful_session right before envoy.filters.http.router \
+             (INSERT_BEFORE, subFilter envoy.filters.http.router), after the guard",
+        );
+    }
+    let tc =
+        sp.v.pointer("/patch/value/typed_config")
+            .unwrap_or(&Value::Null);
+    if tc.get("session_state").is_some() {
+        check_strict_header(
+            tc,
+            &format!("{}.patch.value.typed_config", sp.at),
+            owner_header,
+            r,
+        );
+        return None;
+    }
+
+    // No state of its own: HTTP_ROUTE patches pin the MCP routes.
+    let filter = str_of(sp.v, "/patch/value/name").unwrap_or("");
+    let mut routes = Some(Vec::new());
+    let mut any = false;
+    for p in &patches {
+        let Some(per) =
+            p.v.pointer("/patch/value/typed_per_filter_config")
+                .and_then(|m| m.get(filter))
+        else {
+            continue;
+        };
+        any = true;
+        let pat = format!("{}.patch.value.typed_per_filter_config[\"{filter}\"]", p.at);
+        if str_of(p.v, "/applyTo") != Some("HTTP_ROUTE") {
+            r.error(
+                format!("{}.applyTo", p.at),
+                "must be HTTP_ROUTE: the pin is per route",
+            );
+        }
+        check_per_route_pin(per, &pat, owner_header, r);
+        match str_of(p.v, "/match/routeConfiguration/vhost/route/name") {
+            Some(n) => {
+                if let Some(rs) = routes.as_mut() {
+                    rs.push(n.to_string());
+                }
+            }
+            None => routes = None,
+        }
+    }
+    if !any {
+        r.error(
+            format!("{}.patch.value.typed_config", sp.at),
+            format!(
+                "has no session state, and no HTTP_ROUTE patch configures the strict pin \
+                 (header \"{owner_header}\") for \"{filter}\" on the MCP route"
+            ),
+        );
+        return None;
+    }
+    routes
 }
 
 fn covers(matches: &[Value], paths: &[String], uri_key: &str) -> bool {
@@ -663,8 +874,39 @@ fn covers(matches: &[Value], paths: &[String], uri_key: &str) -> bool {
     })
 }
 
-fn istio_virtualservice(name: &str, v: &Value, paths: &[String], r: &mut Report) {
-    for (i, h) in arr(&v["spec"], "http").iter().enumerate() {
+fn istio_virtualservice(
+    name: &str,
+    v: &Value,
+    paths: &[String],
+    pinned: Option<&[String]>,
+    r: &mut Report,
+) {
+    let http = arr(&v["spec"], "http");
+    // Istio takes the first http route that matches; that one must be a pinned route.
+    if let Some(pinned) = pinned {
+        for path in paths {
+            let Some(i) = http
+                .iter()
+                .position(|h| covers(&arr(h, "match"), std::slice::from_ref(path), "uri"))
+            else {
+                continue;
+            };
+            let got = str_of(&http[i], "/name");
+            if !got.is_some_and(|n| pinned.iter().any(|p| p == n)) {
+                r.error(
+                    format!("VirtualService/{name}.spec.http[{i}].name"),
+                    format!(
+                        "this route takes the MCP path {path}, so it must be a route the \
+                         EnvoyFilter's HTTP_ROUTE patch pins ({}), got {}: otherwise \
+                         continuations there have no owner pin",
+                        pinned.join(", "),
+                        got.unwrap_or("no name")
+                    ),
+                );
+            }
+        }
+    }
+    for (i, h) in http.iter().enumerate() {
         if !covers(&arr(h, "match"), paths, "uri") {
             continue;
         }
@@ -697,20 +939,31 @@ fn eg_patch_policy(
     cluster: Option<&str>,
     r: &mut Report,
 ) {
+    let all = format!("EnvoyPatchPolicy/{name}.spec.jsonPatches");
+    let patches = arr(&v["spec"], "jsonPatches");
     let mut stateful = false;
     let mut has_cluster = false;
-    for (i, p) in arr(&v["spec"], "jsonPatches").iter().enumerate() {
-        let at = format!("EnvoyPatchPolicy/{name}.spec.jsonPatches[{i}]");
+    let mut strips = false;
+    for (i, p) in patches.iter().enumerate() {
+        let at = format!("{all}[{i}]");
         let val = p.pointer("/operation/value").unwrap_or(&Value::Null);
+        strips |= strips_owner_on_responses(val, owner_header);
         let tc = val.get("typed_config").unwrap_or(&Value::Null);
         if type_of(tc) == STATEFUL_TYPE {
             stateful = true;
-            check_strict_header(
-                tc,
-                &format!("{at}.operation.value.typed_config"),
-                owner_header,
-                r,
-            );
+            let tat = format!("{at}.operation.value.typed_config");
+            if tc.get("session_state").is_some() {
+                check_strict_header(tc, &tat, owner_header, r);
+            } else {
+                eg_per_route_pin(
+                    &patches,
+                    &all,
+                    str_of(val, "/name").unwrap_or(""),
+                    &tat,
+                    owner_header,
+                    r,
+                );
+            }
         }
         if str_of(p, "/type").is_some_and(|t| t.ends_with(CLUSTER_TYPE))
             && str_of(p, "/operation/op") == Some("add")
@@ -728,10 +981,52 @@ fn eg_patch_policy(
             ),
         );
     }
+    if !strips {
+        r.warn(&all, no_response_strip(owner_header));
+    }
     if let (false, Some(c)) = (has_cluster, cluster) {
         r.error(
-            format!("EnvoyPatchPolicy/{name}.spec.jsonPatches"),
+            all,
             format!("missing: a patch adding the ownership cluster \"{c}\" (op add, path \"\")"),
+        );
+    }
+}
+
+/// A stateful_session with no state of its own: some patch must give a route the strict pin,
+/// as `.../typed_per_filter_config/<filter>`, `.../typed_per_filter_config` or a value holding it.
+fn eg_per_route_pin(
+    patches: &[Value],
+    all: &str,
+    filter: &str,
+    tat: &str,
+    owner_header: &str,
+    r: &mut Report,
+) {
+    let mut any = false;
+    for (j, p) in patches.iter().enumerate() {
+        let path = str_of(p, "/operation/path").unwrap_or("");
+        let val = p.pointer("/operation/value").unwrap_or(&Value::Null);
+        let per = if path.ends_with(&format!("/typed_per_filter_config/{filter}")) {
+            Some(val)
+        } else if path.ends_with("/typed_per_filter_config") {
+            val.get(filter)
+        } else {
+            val.pointer("/typed_per_filter_config")
+                .and_then(|m| m.get(filter))
+        };
+        if let Some(per) = per {
+            any = true;
+            let pat = format!("{all}[{j}].operation.value");
+            check_per_route_pin(per, &pat, owner_header, r);
+        }
+    }
+    if !any {
+        r.error(
+            tat,
+            format!(
+                "has no session state, and no patch configures the strict pin (header \
+                 \"{owner_header}\") for \"{filter}\" on the MCP route"
+            ),
         );
     }
 }

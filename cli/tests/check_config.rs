@@ -45,12 +45,66 @@ fn hcm(v: &mut Value) -> &mut Value {
     &mut v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 }
 
+const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+const STATEFUL: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession";
+const PER_ROUTE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSessionPerRoute";
+const HEADER_MUTATION: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation";
+
+/// The index in http_filters of the filter with this typed_config @type.
+fn filter_at(v: &mut Value, ty: &str) -> usize {
+    hcm(v)["http_filters"]
+        .as_array()
+        .and_then(|fs| fs.iter().position(|f| f["typed_config"]["@type"] == ty))
+        .unwrap_or(usize::MAX)
+}
+
+fn filter<'a>(v: &'a mut Value, ty: &str) -> &'a mut Value {
+    let i = filter_at(v, ty);
+    &mut hcm(v)["http_filters"][i]
+}
+
+fn drop_filter(v: &mut Value, ty: &str) {
+    if let Some(fs) = hcm(v)["http_filters"].as_array_mut() {
+        fs.retain(|f| f["typed_config"]["@type"] != ty);
+    }
+}
+
+fn routes(v: &mut Value) -> &mut Value {
+    &mut hcm(v)["route_config"]["virtual_hosts"][0]["routes"]
+}
+
+/// The index of the route matching exactly this path.
+fn route_at(v: &mut Value, path: &str) -> usize {
+    routes(v)
+        .as_array()
+        .and_then(|rs| rs.iter().position(|r| r["match"]["path"] == path))
+        .unwrap_or(usize::MAX)
+}
+
 fn mcp_route(v: &mut Value) -> &mut Value {
-    &mut hcm(v)["route_config"]["virtual_hosts"][0]["routes"][0]
+    let i = route_at(v, "/mcp");
+    &mut routes(v)[i]
+}
+
+/// The name the stateful_session filter goes by (and its per-route configs are keyed by).
+fn stateful_name(v: &mut Value) -> String {
+    filter(v, STATEFUL)["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The MCP route's per-route pin.
+fn pin(v: &mut Value) -> &mut Value {
+    let name = stateful_name(v);
+    &mut mcp_route(v)["typed_per_filter_config"][name.as_str()]
 }
 
 fn plugin(v: &mut Value) -> Value {
-    let s = hcm(v)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+    let s = filter(v, WASM)["typed_config"]["config"]["configuration"]["value"]
         .as_str()
         .unwrap_or("{}")
         .to_string();
@@ -58,7 +112,7 @@ fn plugin(v: &mut Value) -> Value {
 }
 
 fn set_plugin(v: &mut Value, p: &Value) {
-    hcm(v)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"] =
+    filter(v, WASM)["typed_config"]["config"]["configuration"]["value"] =
         Value::from(p.to_string());
 }
 
@@ -66,6 +120,21 @@ fn fails_naming(v: &Value, name: &str, field: &str) {
     let (code, out) = run(&["check-config", &write(name, v)]);
     assert_eq!(code, 1, "{name}: expected failure, got:\n{out}");
     assert!(out.contains(field), "{name}: no mention of {field}:\n{out}");
+}
+
+/// A `warning:` line mentioning this.
+fn has_warning(out: &str, warning: &str) -> bool {
+    out.lines()
+        .any(|l| l.starts_with("warning: ") && l.contains(warning))
+}
+
+fn passes_warning(v: &Value, name: &str, warning: &str) {
+    let (code, out) = run(&["check-config", &write(name, v)]);
+    assert_eq!(code, 0, "{name}: expected success, got:\n{out}");
+    assert!(
+        has_warning(&out, warning),
+        "{name}: no warning {warning}:\n{out}"
+    );
 }
 
 #[test]
@@ -79,6 +148,10 @@ fn shipped_configs_pass() {
         let (code, out) = run(&["check-config", f]);
         assert_eq!(code, 0, "{f}:\n{out}");
         assert!(out.contains("ok: "), "{f}:\n{out}");
+        // The Envoy files carry every defence: not even a warning.
+        if f.ends_with("envoy.yaml") || f.contains("ts-affinity") {
+            assert!(!out.contains("warning"), "{f}:\n{out}");
+        }
     }
     let istio = [
         "deploy/istio/wasmplugin.yaml",
@@ -89,6 +162,7 @@ fn shipped_configs_pass() {
     args.extend(istio);
     let (code, out) = run(&args);
     assert_eq!(code, 0, "istio:\n{out}");
+    assert!(!out.contains("warning"), "istio:\n{out}");
     let gw = root().join("deploy/envoy-gateway");
     if gw.exists() {
         let (code, out) = run(&["check-config", "deploy/envoy-gateway/mcp-resume-guard.yaml"]);
@@ -100,6 +174,7 @@ fn shipped_configs_pass() {
 fn the_plugin_json_alone_passes_and_a_short_key_fails() {
     let mut v = yaml("envoy/envoy.yaml");
     let p = plugin(&mut v);
+    assert!(p.get("ownership").is_some(), "no plugin config found: {p}");
     let (code, out) = run(&["check-config", &write("plugin.json", &p)]);
     assert_eq!(code, 0, "{out}");
     let mut short = p.clone();
@@ -123,14 +198,11 @@ fn broken_envoy_configs_fail_and_name_the_field() {
     fails_naming(&v, "retry.json", "routes[0].route.retry_policy");
 
     let mut v = base.clone();
-    let filters: Vec<Value> = hcm(&mut v)["http_filters"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f["name"] != "envoy.filters.http.stateful_session")
-        .collect();
-    hcm(&mut v)["http_filters"] = Value::from(filters);
+    hcm(&mut v)["route_config"]["virtual_hosts"][0]["retry_policy"] = json!({"retry_on": "5xx"});
+    fails_naming(&v, "vhretry.json", "virtual_hosts[0].retry_policy");
+
+    let mut v = base.clone();
+    drop_filter(&mut v, STATEFUL);
     fails_naming(
         &v,
         "nostateful.json",
@@ -157,19 +229,53 @@ fn broken_envoy_configs_fail_and_name_the_field() {
     mcp_route(&mut v)["route"]["timeout"] = Value::from("15s");
     fails_naming(&v, "timeout15.json", "routes[0].route.timeout: must be 0s");
 
+    // The /mcp/ route is an MCP route too (the guard takes both spellings).
     let mut v = base.clone();
-    hcm(&mut v)["http_filters"][1]["typed_config"]["strict"] = Value::from(false);
-    fails_naming(&v, "nostrict.json", "http_filters[1].typed_config.strict");
+    let i = route_at(&mut v, "/mcp/");
+    routes(&mut v)[i]["route"]["timeout"] = Value::from("15s");
+    fails_naming(
+        &v,
+        "slashtimeout.json",
+        &format!("routes[{i}].route.timeout: must be 0s"),
+    );
 
     let mut v = base.clone();
+    let (g, s) = (filter_at(&mut v, WASM), filter_at(&mut v, STATEFUL));
     if let Some(fs) = hcm(&mut v)["http_filters"].as_array_mut() {
-        fs.swap(0, 1);
+        fs.swap(g, s);
     }
     fails_naming(&v, "order.json", "comes before mcp_resume_guard");
 
     let mut v = base.clone();
-    hcm(&mut v)["http_filters"][0]["typed_config"]["config"]["fail_open"] = Value::from(true);
+    let r = filter_at(
+        &mut v,
+        "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+    );
+    if let Some(fs) = hcm(&mut v)["http_filters"].as_array_mut() {
+        let router = fs.remove(r);
+        fs.insert(0, router);
+    }
+    fails_naming(
+        &v,
+        "routerfirst.json",
+        "the router must be the last HTTP filter",
+    );
+
+    let mut v = base.clone();
+    filter(&mut v, WASM)["typed_config"]["config"]["fail_open"] = Value::from(true);
     fails_naming(&v, "failopen.json", "config.fail_open");
+
+    let mut v = base.clone();
+    filter(&mut v, WASM)["typed_config"]["config"]["failure_policy"] = Value::from("FAIL_OPEN");
+    fails_naming(
+        &v,
+        "failurepolicy.json",
+        "typed_config.config.failure_policy: must be FAIL_RELOAD or FAIL_CLOSED",
+    );
+    let mut v = base.clone();
+    filter(&mut v, WASM)["typed_config"]["config"]["failure_policy"] = Value::from("FAIL_CLOSED");
+    let (code, out) = run(&["check-config", &write("failclosed.json", &v)]);
+    assert_eq!(code, 0, "FAIL_CLOSED is fine:\n{out}");
 
     let mut v = base.clone();
     if let Some(cs) = v["static_resources"]["clusters"].as_array_mut() {
@@ -177,80 +283,385 @@ fn broken_envoy_configs_fail_and_name_the_field() {
     }
     fails_naming(&v, "nocluster.json", "ownership.cluster");
 
+    // The MCP route's pin: disabled, missing, not strict, on another header.
     let mut v = base.clone();
-    mcp_route(&mut v)["typed_per_filter_config"] = json!({
-        "envoy.filters.http.stateful_session": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSessionPerRoute",
-            "disabled": true
+    *pin(&mut v) = json!({"@type": PER_ROUTE, "disabled": true});
+    fails_naming(&v, "perroute.json", "routes[0].typed_per_filter_config");
+
+    let mut v = base.clone();
+    if let Some(m) = mcp_route(&mut v).as_object_mut() {
+        m.remove("typed_per_filter_config");
+    }
+    fails_naming(
+        &v,
+        "nopin.json",
+        "routes[0].typed_per_filter_config: missing: the stateful_session",
+    );
+
+    let mut v = base.clone();
+    let i = route_at(&mut v, "/mcp/");
+    if let Some(m) = routes(&mut v)[i].as_object_mut() {
+        m.remove("typed_per_filter_config");
+    }
+    fails_naming(
+        &v,
+        "noslashpin.json",
+        &format!("routes[{i}].typed_per_filter_config: missing"),
+    );
+
+    let mut v = base.clone();
+    let name = stateful_name(&mut v);
+    pin(&mut v)["stateful_session"]["strict"] = Value::from(false);
+    fails_naming(
+        &v,
+        "pinloose.json",
+        &format!("routes[0].typed_per_filter_config[\"{name}\"].stateful_session.strict"),
+    );
+
+    let mut v = base.clone();
+    pin(&mut v)["stateful_session"]["session_state"]["typed_config"]["name"] =
+        Value::from("x-other");
+    fails_naming(
+        &v,
+        "pinheader.json",
+        "stateful_session.session_state.typed_config.name: must be the plugin's owner_header",
+    );
+
+    let mut v = base.clone();
+    if let Some(m) = pin(&mut v).as_object_mut() {
+        m.remove("stateful_session");
+    }
+    fails_naming(
+        &v,
+        "pinempty.json",
+        "stateful_session: missing: the strict pin",
+    );
+
+    // Defence in depth: warnings, still exit 0, naming the field.
+    let mut v = base.clone();
+    drop_filter(&mut v, HEADER_MUTATION);
+    passes_warning(
+        &v,
+        "nomutation.json",
+        "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters: \
+         no header_mutation removes \"x-mcp-owner\" from responses",
+    );
+
+    let mut v = base.clone();
+    let (h, s) = (
+        filter_at(&mut v, HEADER_MUTATION),
+        filter_at(&mut v, STATEFUL),
+    );
+    if let Some(fs) = hcm(&mut v)["http_filters"].as_array_mut() {
+        let m = fs.remove(h);
+        fs.insert(s, m);
+    }
+    let h = filter_at(&mut v, HEADER_MUTATION);
+    passes_warning(
+        &v,
+        "latemutation.json",
+        &format!("typed_config.http_filters[{h}]: this header_mutation comes after"),
+    );
+
+    for (key, bad) in [
+        ("normalize_path", json!(false)),
+        ("merge_slashes", json!(false)),
+        ("path_with_escaped_slashes_action", json!("KEEP_UNCHANGED")),
+    ] {
+        let mut v = base.clone();
+        hcm(&mut v)[key] = bad;
+        passes_warning(
+            &v,
+            &format!("{key}.json"),
+            &format!("typed_config.{key}: should be"),
+        );
+    }
+}
+
+#[test]
+fn a_strict_pin_in_the_filter_itself_passes_and_is_checked() {
+    // The other shape (Envoy Gateway's): the pin in the stateful_session filter, every route
+    // pinned, no per-route config.
+    let mut v = yaml("envoy/envoy.yaml");
+    let state = pin(&mut v)["stateful_session"].clone();
+    let s = filter_at(&mut v, STATEFUL);
+    hcm(&mut v)["http_filters"][s]["typed_config"] = {
+        let mut t = state;
+        t["@type"] = Value::from(STATEFUL);
+        t
+    };
+    if let Some(rs) = routes(&mut v).as_array_mut() {
+        for r in rs {
+            if let Some(m) = r.as_object_mut() {
+                m.remove("typed_per_filter_config");
+            }
         }
-    });
-    fails_naming(&v, "perroute.json", "typed_per_filter_config");
+    }
+    let (code, out) = run(&["check-config", &write("filterpin.json", &v)]);
+    assert_eq!(code, 0, "{out}");
+    hcm(&mut v)["http_filters"][s]["typed_config"]["strict"] = Value::from(false);
+    fails_naming(
+        &v,
+        "filterpin-loose.json",
+        &format!("http_filters[{s}].typed_config.strict"),
+    );
 }
 
 #[test]
 fn per_route_strict_session_on_the_mcp_route_and_disabled_elsewhere_passes() {
-    // The shape with per-route config: the filter off by default, strict on /mcp only.
+    // The filter holds the strict pin but is disabled by default, enabled on /mcp only.
     let mut v = yaml("envoy/envoy.yaml");
-    let strict = hcm(&mut v)["http_filters"][1]["typed_config"].clone();
-    hcm(&mut v)["http_filters"][1]["disabled"] = Value::from(true);
+    let name = stateful_name(&mut v);
+    let state = pin(&mut v)["stateful_session"].clone();
+    let s = filter_at(&mut v, STATEFUL);
+    hcm(&mut v)["http_filters"][s]["typed_config"] = {
+        let mut t = state.clone();
+        t["@type"] = Value::from(STATEFUL);
+        t
+    };
+    hcm(&mut v)["http_filters"][s]["disabled"] = Value::from(true);
     let mut mcp = mcp_route(&mut v).clone();
-    mcp["match"] = json!({"path": "/mcp"});
-    mcp["typed_per_filter_config"] = json!({
-        "envoy.filters.http.stateful_session": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSessionPerRoute",
-            "stateful_session": strict
-        }
-    });
+    mcp["match"] = json!({"prefix": "/mcp"});
+    mcp["typed_per_filter_config"] =
+        json!({ name.as_str(): {"@type": PER_ROUTE, "stateful_session": state} });
     let mut other = mcp_route(&mut v).clone();
-    other["typed_per_filter_config"] = json!({
-        "envoy.filters.http.stateful_session": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSessionPerRoute",
-            "disabled": true
-        }
-    });
-    hcm(&mut v)["route_config"]["virtual_hosts"][0]["routes"] = json!([mcp, other]);
+    other["match"] = json!({"prefix": "/"});
+    other["typed_per_filter_config"] =
+        json!({ name.as_str(): {"@type": PER_ROUTE, "disabled": true} });
+    *routes(&mut v) = json!([mcp, other]);
     let (code, out) = run(&["check-config", &write("perroute-ok.json", &v)]);
     assert_eq!(code, 0, "{out}");
     // ...and without the per-route enable, the disabled filter is caught.
-    if let Some(m) = hcm(&mut v)["route_config"]["virtual_hosts"][0]["routes"][0].as_object_mut() {
+    if let Some(m) = routes(&mut v)[0].as_object_mut() {
         m.remove("typed_per_filter_config");
     }
     fails_naming(&v, "perroute-missing.json", "is disabled in http_filters");
 }
 
-#[test]
-fn broken_istio_objects_fail_and_name_the_field() {
-    let wp =
-        std::fs::read_to_string(root().join("deploy/istio/wasmplugin.yaml")).unwrap_or_default();
-    let vs = std::fs::read_to_string(root().join("deploy/istio/virtualservice.yaml"))
-        .unwrap_or_default();
-    let ef = std::fs::read_to_string(root().join("deploy/istio/envoyfilter-stateful-session.yaml"))
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("mcp-guard-istio-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let put = |name: &str, text: String| {
-        let p = dir.join(name);
+/// Istio objects, as YAML text, each changed by a closure and written out.
+struct Istio {
+    dir: PathBuf,
+    wp: String,
+    ef: String,
+    vs: String,
+}
+
+impl Istio {
+    fn new() -> Istio {
+        let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap_or_default();
+        let dir = std::env::temp_dir().join(format!("mcp-guard-istio-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        Istio {
+            dir,
+            wp: read("deploy/istio/wasmplugin.yaml"),
+            ef: read("deploy/istio/envoyfilter-stateful-session.yaml"),
+            vs: read("deploy/istio/virtualservice.yaml"),
+        }
+    }
+
+    fn put(&self, name: &str, text: &str) -> String {
+        let p = self.dir.join(name);
         let _ = std::fs::write(&p, text);
         p.display().to_string()
-    };
-    let vs_retry = put("vs.yaml", vs.replace("attempts: 0", "attempts: 2"));
-    let (code, out) = run(&["check-config", &put("wp.yaml", wp.clone()), &vs_retry]);
-    assert_eq!(code, 1, "{out}");
-    assert!(
-        out.contains("VirtualService/mcp-server.spec.http[0].retries.attempts"),
-        "{out}"
+    }
+
+    /// The EnvoyFilter with its configPatches changed.
+    fn ef_with(&self, f: impl FnOnce(&mut Vec<Value>)) -> String {
+        let mut v: Value = serde_yaml_ng::from_str(&self.ef).unwrap_or(Value::Null);
+        if let Some(ps) = v["spec"]["configPatches"].as_array_mut() {
+            f(ps);
+        }
+        v.to_string()
+    }
+
+    /// All three together, with the given replacements; (exit code, output).
+    fn run(&self, tag: &str, wp: &str, ef: &str, vs: &str) -> (i32, String) {
+        let files = [
+            self.put(&format!("{tag}-wp.yaml"), wp),
+            self.put(&format!("{tag}-ef.yaml"), ef),
+            self.put(&format!("{tag}-vs.yaml"), vs),
+        ];
+        let mut args = vec!["check-config"];
+        args.extend(files.iter().map(String::as_str));
+        run(&args)
+    }
+
+    fn fails(&self, tag: &str, wp: &str, ef: &str, vs: &str, field: &str) {
+        let (code, out) = self.run(tag, wp, ef, vs);
+        assert_eq!(code, 1, "{tag}: expected failure:\n{out}");
+        assert!(out.contains(field), "{tag}: no mention of {field}:\n{out}");
+    }
+
+    fn warns(&self, tag: &str, ef: &str, warning: &str) {
+        let (code, out) = self.run(tag, &self.wp, ef, &self.vs);
+        assert_eq!(code, 0, "{tag}: expected success:\n{out}");
+        assert!(
+            has_warning(&out, warning),
+            "{tag}: no warning {warning}:\n{out}"
+        );
+    }
+}
+
+fn is_type(p: &Value, ty: &str) -> bool {
+    p["patch"]["value"]["typed_config"]["@type"] == ty
+}
+
+fn is_route_patch(p: &Value) -> bool {
+    p["applyTo"] == "HTTP_ROUTE"
+}
+
+#[test]
+fn broken_istio_objects_fail_and_name_the_field() {
+    let i = Istio::new();
+    let (wp, ef, vs) = (i.wp.as_str(), i.ef.as_str(), i.vs.as_str());
+    let (code, out) = i.run("ok", wp, ef, vs);
+    assert_eq!(code, 0, "{out}");
+
+    i.fails(
+        "retry",
+        wp,
+        ef,
+        &vs.replace("attempts: 0", "attempts: 2"),
+        "VirtualService/mcp-server.spec.http[0].retries.attempts",
     );
-    let ef_loose = put("ef.yaml", ef.replace("strict: true", "strict: false"));
-    let (code, out) = run(&["check-config", &put("wp2.yaml", wp.clone()), &ef_loose]);
-    assert_eq!(code, 1, "{out}");
-    assert!(
-        out.contains("configPatches[0].patch.value.typed_config.strict"),
-        "{out}"
+    i.fails(
+        "loose",
+        wp,
+        &ef.replace("strict: true", "strict: false"),
+        vs,
+        "configPatches[1].patch.value.typed_per_filter_config[\"mcp_resume_guard.stateful_session\"]\
+         .stateful_session.strict",
     );
-    let wp_open = put("wp3.yaml", wp.replace("FAIL_CLOSE", "FAIL_OPEN"));
+    i.fails(
+        "header",
+        wp,
+        &ef.replace("name: x-mcp-owner", "name: x-other"),
+        vs,
+        "stateful_session.session_state.typed_config.name",
+    );
+    // The HTTP_ROUTE patch gone: the stateless filter pins nothing.
+    let no_route = i.ef_with(|ps| ps.retain(|p| !is_route_patch(p)));
+    i.fails(
+        "noroute",
+        wp,
+        &no_route,
+        vs,
+        "configPatches[0].patch.value.typed_config: has no session state, and no HTTP_ROUTE patch",
+    );
+    let disabled = i.ef_with(|ps| {
+        for p in ps.iter_mut().filter(|p| is_route_patch(p)) {
+            p["patch"]["value"]["typed_per_filter_config"]["mcp_resume_guard.stateful_session"] =
+                json!({"@type": PER_ROUTE, "disabled": true});
+        }
+    });
+    i.fails("disabled", wp, &disabled, vs, "disables the owner pin");
+    let no_stateful = i.ef_with(|ps| ps.retain(|p| !is_type(p, STATEFUL)));
+    i.fails(
+        "nostateful",
+        wp,
+        &no_stateful,
+        vs,
+        "EnvoyFilter/mcp-resume-guard-stateful-session.spec.configPatches: missing: a strict \
+         stateful_session",
+    );
+    let misplaced = i.ef_with(|ps| {
+        for p in ps.iter_mut().filter(|p| is_type(p, STATEFUL)) {
+            p["patch"]["operation"] = Value::from("INSERT_FIRST");
+        }
+    });
+    i.fails(
+        "misplaced",
+        wp,
+        &misplaced,
+        vs,
+        "configPatches[0].patch.operation",
+    );
+    // The VirtualService's MCP route renamed: the HTTP_ROUTE patch no longer reaches it.
+    i.fails(
+        "renamed",
+        wp,
+        ef,
+        &vs.replacen("- name: mcp\n", "- name: mcp-main\n", 1),
+        "VirtualService/mcp-server.spec.http[0].name: this route takes the MCP path /mcp",
+    );
+    for strategy in ["FAIL_CLOSE", "FAIL_RELOAD"] {
+        let (code, out) = i.run(strategy, &wp.replace("FAIL_RELOAD", strategy), ef, vs);
+        assert_eq!(code, 0, "{strategy}:\n{out}");
+    }
+    let wp_open = i.put("wp-open.yaml", &wp.replace("FAIL_RELOAD", "FAIL_OPEN"));
     let (code, out) = run(&["check-config", &wp_open]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("spec.failStrategy"), "{out}");
+    assert!(
+        out.contains("WasmPlugin/mcp-resume-guard.spec.failStrategy"),
+        "{out}"
+    );
+
+    // Defence in depth: warnings.
+    let no_mutation = i.ef_with(|ps| ps.retain(|p| !is_type(p, HEADER_MUTATION)));
+    i.warns(
+        "nomutation",
+        &no_mutation,
+        "EnvoyFilter/mcp-resume-guard-stateful-session.spec.configPatches: no header_mutation",
+    );
+    let late_mutation = i.ef_with(|ps| {
+        for p in ps.iter_mut().filter(|p| is_type(p, HEADER_MUTATION)) {
+            p["patch"]["operation"] = Value::from("INSERT_BEFORE");
+        }
+    });
+    i.warns(
+        "latemutation",
+        &late_mutation,
+        "configPatches[2].patch.operation: should be INSERT_FIRST",
+    );
+    let no_paths = i.ef_with(|ps| ps.retain(|p| p["applyTo"] != "NETWORK_FILTER"));
+    i.warns(
+        "nopaths",
+        &no_paths,
+        "no NETWORK_FILTER patch merges path normalization",
+    );
+    let keep = i.ef_with(|ps| {
+        for p in ps.iter_mut().filter(|p| p["applyTo"] == "NETWORK_FILTER") {
+            p["patch"]["value"]["typed_config"]["merge_slashes"] = Value::from(false);
+        }
+    });
+    i.warns(
+        "noslashes",
+        &keep,
+        "configPatches[3].patch.value.typed_config.merge_slashes: should be true",
+    );
+}
+
+#[test]
+fn broken_envoy_gateway_objects_fail_and_name_the_field() {
+    let text = std::fs::read_to_string(root().join("deploy/envoy-gateway/mcp-resume-guard.yaml"))
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("mcp-guard-eg-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let check = |name: &str, text: &str| {
+        let p = dir.join(name);
+        let _ = std::fs::write(&p, text);
+        run(&["check-config", &p.display().to_string()])
+    };
+    let (code, out) = check("ok.yaml", &text);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = check("loose.yaml", &text.replace("strict: true", "strict: false"));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("EnvoyPatchPolicy/mcp-resume-guard.spec.jsonPatches[2].operation.value.typed_config.strict"),
+        "{out}"
+    );
+    let (code, out) = check(
+        "open.yaml",
+        &text.replace("failOpen: false", "failOpen: true"),
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("spec.wasm[0].failOpen"), "{out}");
+    let (code, out) = check("timeout.yaml", &text.replace("request: 0s", "request: 15s"));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("HTTPRoute/mcp-server.spec.rules[0].timeouts.request"),
+        "{out}"
+    );
 }
 
 #[test]
