@@ -32,7 +32,9 @@ const RECORD_MAX_BYTES: usize = 64 * 1024;
 const MERGE_LOOKBACK: usize = 64;
 /// First retry delay ceiling after a failed batch; doubled per failure up to [`BACKOFF_MAX_MS`].
 const BACKOFF_FIRST_MS: u64 = 100;
-const BACKOFF_MAX_MS: u64 = 5_000;
+/// One second: a failing service sees at most about one batch a second per worker, and records
+/// queued while the store was away (sessions opened then) land within a second of its return.
+const BACKOFF_MAX_MS: u64 = 1_000;
 /// What one `long` entry adds besides its id's JSON: `{"seq":<20 digits>,"id":}` and a comma,
 /// plus the first entry's `,"long":[]`.
 const LONG_ENTRY_OVERHEAD: usize = 48;

@@ -306,7 +306,7 @@ def test_cli_inspects_and_asks_about_real_cursors(fresh, tmp_path):
     code, a = cli_json("inspect-cursor", "--config", cfg, "--session", sid, evs[0].id)
     assert code == 0 and a["valid"] and a["bound_to_session"], a
     assert a["kind"] == "get" and a["key_id"] == 1 and a["key_active"]
-    assert a["version"] in (1, 2) and re.fullmatch(r"[0-9a-f]{16}", a["incarnation"])
+    assert a["version"] == 3 and re.fullmatch(r"[0-9a-f]{16}", a["incarnation"])
     assert a["replica_event_id"] and a["replica_event_id"].startswith("e")
     _, b = cli_json("inspect-cursor", "--config", cfg, "--session", sid, evs[1].id)
     assert b["seq"] == a["seq"] + 1 and b["incarnation"] == a["incarnation"]
