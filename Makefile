@@ -12,15 +12,18 @@ ENVOY     := $(VENV)/bin/envoy
 PYTHON    := $(VENV)/bin/python
 TOOLS     := .tools
 WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
+NATIVE_DIR := target/native
+NATIVE    := $(NATIVE_DIR)/libmcp_resume_guard_native.so
 BINDIR    := target/debug
 UPSTREAMS ?=
 
-.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm build lint unit wasm-test validate e2e test demo clean bench bench-tools bench-smoke
+.PHONY: help tools rust-targets venv interop-deps redis wasm-bindgen wasm native build lint unit wasm-test validate e2e e2e-native test demo clean bench bench-tools bench-smoke
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours)"
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
 	@echo "make wasm    build $(WASM)"
+	@echo "make native  build $(NATIVE) (the Envoy dynamic module)"
 
 # ---- tools -----------------------------------------------------------------
 rust-targets:
@@ -68,6 +71,12 @@ wasm: rust-targets
 	cargo build --release --target wasm32-wasip1 -p mcp-resume-guard
 	@ls -l $(WASM)
 
+# The same guard as an Envoy dynamic module (native HTTP filter). Envoy finds it by name in
+# $ENVOY_DYNAMIC_MODULES_SEARCH_PATH; the `native` profile is release with unwinding panics.
+native:
+	cargo build --profile native -p mcp-resume-guard-native
+	@ls -l $(NATIVE)
+
 build: wasm
 	cargo build -p mcp-ownership -p naive-replica -p rmcp-replica
 
@@ -84,13 +93,18 @@ wasm-test: wasm-bindgen
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
 	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib
 
-validate: venv wasm
-	@for f in envoy/*.yaml; do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+validate: venv wasm native
+	@for f in envoy/*.yaml; do echo "validate $$f"; ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) \
+	  $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
 
-e2e: venv interop-deps build
+e2e: venv interop-deps build native
 	$(VENV)/bin/pytest -q tests/e2e
 
-test: tools lint unit wasm-test validate e2e bench-smoke
+# The seed scenarios and guard rules again, against the native build.
+e2e-native: venv build native
+	E2E_BUILD=native $(VENV)/bin/pytest -q tests/e2e/test_native.py tests/e2e/test_seed_scenarios.py tests/e2e/test_guard_rules.py
+
+test: tools lint unit wasm-test validate e2e e2e-native bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------
