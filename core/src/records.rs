@@ -1,22 +1,17 @@
-//! Records to the ownership cluster: queued per worker, sent in batches from the root
-//! context's tick, one batch in flight at a time, so relaying never waits on them.
-use crate::host;
-use crate::metrics::Metrics;
-use mcp_resume_core::config::Config;
-use mcp_resume_core::ownership::{Record, RecordBatch, RECORDS_PATH};
+//! Records to the ownership service: queued per worker, sent in batches from the worker's
+//! tick, one batch in flight at a time, so relaying never waits on them.
+use crate::config::Config;
+use crate::host::{Host, Stat};
+use crate::ownership::{Record, RecordBatch, RECORDS_PATH};
 use std::collections::VecDeque;
-use std::time::Duration;
 
 /// Ids one merged `Events` record may reach: keeps a record (and a queue of them) bounded.
 const MERGE_MAX_IDS: usize = 256;
 /// How many queued records a new `Events` record looks back through for its incarnation.
 const MERGE_LOOKBACK: usize = 64;
-/// Ids one batch may carry, whatever `max_batch` says: at most 4096 × ~130 bytes of JSON, well
-/// under the ownership service's 1 MiB body limit.
+/// Ids one batch may carry, whatever `max_batch` says.
 const BATCH_MAX_IDS: usize = 4096;
-/// Event ids queued per worker at most (besides `max_queue` records): a relay faster than the
-/// ownership service takes records must not grow the VM's memory without bound. Past it the
-/// oldest records are dropped and counted in `records_dropped`.
+/// Event ids queued per worker at most (besides `max_queue` records).
 const MAX_QUEUED_IDS: usize = 65_536;
 
 fn ids_of(r: &Record) -> usize {
@@ -26,33 +21,43 @@ fn ids_of(r: &Record) -> usize {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct RecordQueue {
     pending: VecDeque<Record>,
     /// The batch awaiting its answer, put back at the head if it fails.
     in_flight: Option<(u32, Vec<Record>)>,
     cluster: String,
     authority: String,
-    timeout: Duration,
+    timeout_ms: u64,
     max_batch: usize,
     max_queue: usize,
     /// Event ids in `pending`.
     queued_ids: usize,
-    /// Events rewritten since the last tick, for the `events_rewritten` stat.
-    pub rewritten: u64,
 }
 
 impl RecordQueue {
-    pub fn configure(&mut self, cfg: &Config) {
+    pub fn new(cfg: &Config) -> RecordQueue {
         let o = &cfg.ownership;
-        self.cluster = o.cluster.clone();
-        self.authority = o.authority.clone();
-        self.timeout = Duration::from_millis(o.timeout_ms.max(1000));
-        self.max_batch = o.max_batch;
-        self.max_queue = o.max_queue;
+        RecordQueue {
+            cluster: o.cluster.clone(),
+            authority: o.authority.clone(),
+            timeout_ms: o.timeout_ms.max(1000),
+            max_batch: o.max_batch,
+            max_queue: o.max_queue,
+            ..RecordQueue::default()
+        }
     }
 
-    pub fn push(&mut self, r: Record, m: &Metrics) {
+    /// Records waiting to be sent.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn push<H: Host>(&mut self, host: &mut H, r: Record) {
         // Events that continue a recently queued record of the same incarnation join it: one
         // record (and one session and incarnation key on the wire) per stream and flush, not per
         // chunk. Streams interleave, so look back a little; only records of the same incarnation
@@ -85,7 +90,7 @@ impl RecordQueue {
                     {
                         self.queued_ids += more.len();
                         ids.extend(more);
-                        self.enforce_bounds(m);
+                        self.enforce_bounds(host);
                         return;
                     }
                     _ => Record::Events {
@@ -100,23 +105,21 @@ impl RecordQueue {
         };
         self.queued_ids += ids_of(&r);
         self.pending.push_back(r);
-        self.enforce_bounds(m);
+        self.enforce_bounds(host);
     }
 
-    /// Drops the oldest records while the queue holds more than `max_queue` records or more
-    /// than [`MAX_QUEUED_IDS`] event ids.
-    fn enforce_bounds(&mut self, m: &Metrics) {
+    fn enforce_bounds<H: Host>(&mut self, host: &mut H) {
         while self.pending.len() > self.max_queue || self.queued_ids > MAX_QUEUED_IDS {
             let Some(r) = self.pending.pop_front() else {
                 self.queued_ids = 0;
                 break;
             };
             self.queued_ids = self.queued_ids.saturating_sub(ids_of(&r));
-            m.records_dropped.inc();
+            host.count(Stat::RecordsDropped, 1);
         }
     }
 
-    pub fn flush(&mut self, m: &Metrics) {
+    pub fn flush<H: Host>(&mut self, host: &mut H) {
         if self.in_flight.is_some() || self.pending.is_empty() {
             return;
         }
@@ -137,7 +140,7 @@ impl RecordQueue {
         let body = match serde_json::to_vec(&batch) {
             Ok(b) => b,
             Err(_) => {
-                m.records_dropped.add(n as u64);
+                host.count(Stat::RecordsDropped, n as u64);
                 return;
             }
         };
@@ -147,13 +150,20 @@ impl RecordQueue {
             (":authority", self.authority.as_str()),
             ("content-type", "application/json"),
         ];
-        match host::dispatch(&self.cluster, &headers, &body, self.timeout) {
+        match host.dispatch(&self.cluster, &headers, &body, self.timeout_ms) {
             Some(token) => self.in_flight = Some((token, batch.records)),
-            None => self.requeue(batch.records, m),
+            None => self.requeue(host, batch.records),
         }
     }
 
-    pub fn on_response(&mut self, token: u32, ok: bool, m: &Metrics) {
+    /// The answer to a records post: `status` is `None` when no response headers arrived.
+    pub fn on_response<H: Host>(
+        &mut self,
+        host: &mut H,
+        token: u32,
+        status: Option<u32>,
+        _body: Option<&[u8]>,
+    ) {
         let Some((want, records)) = self.in_flight.take() else {
             return;
         };
@@ -161,20 +171,20 @@ impl RecordQueue {
             self.in_flight = Some((want, records));
             return;
         }
-        if ok {
-            m.records_sent.add(records.len() as u64);
+        if status == Some(200) {
+            host.count(Stat::RecordsSent, records.len() as u64);
         } else {
-            m.records_failed.add(records.len() as u64);
-            self.requeue(records, m);
+            host.count(Stat::RecordsFailed, records.len() as u64);
+            self.requeue(host, records);
         }
     }
 
     /// Put a failed batch back at the head; records are idempotent, so a resend is safe.
-    fn requeue(&mut self, records: Vec<Record>, m: &Metrics) {
+    fn requeue<H: Host>(&mut self, host: &mut H, records: Vec<Record>) {
         for r in records.into_iter().rev() {
             self.queued_ids += ids_of(&r);
             self.pending.push_front(r);
         }
-        self.enforce_bounds(m);
+        self.enforce_bounds(host);
     }
 }
