@@ -111,6 +111,7 @@ pub const RECEIVED_RESPONSE_BODY: u32 = 2;
 // envoy_dynamic_module_type_log_level
 pub const LOG_INFO: u32 = 2;
 pub const LOG_WARN: u32 = 3;
+pub const LOG_ERROR: u32 = 4;
 pub const LOG_CRITICAL: u32 = 5;
 
 // envoy_dynamic_module_type_http_callout_init_result
@@ -130,6 +131,7 @@ pub const RESET_LOCAL: u32 = 0;
 
 // Statuses returned by the filter hooks (Envoy's Filter{Headers,Data,Trailers}Status).
 pub const HEADERS_CONTINUE: u32 = 0;
+pub const HEADERS_STOP_ITERATION: u32 = 1;
 /// Stops the whole chain until `continue_decoding` (what proxy-wasm's `Pause` does).
 pub const HEADERS_STOP_ALL_AND_WATERMARK: u32 = 4;
 pub const BODY_CONTINUE: u32 = 0;
@@ -140,6 +142,11 @@ pub const LOCAL_REPLY_CONTINUE: u32 = 0;
 extern "C" {
     pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
     pub fn envoy_dynamic_module_callback_is_validation_mode() -> bool;
+    /// Worker threads; main thread only (program init, config creation).
+    pub fn envoy_dynamic_module_callback_get_concurrency() -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_get_worker_index(
+        filter: HttpFilterEnvoyPtr,
+    ) -> u32;
 
     // ---- metrics (defined on the config, updated from a filter or the config) ----
     pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
@@ -165,6 +172,13 @@ extern "C" {
     ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_record_histogram_value(
         filter: HttpFilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+        config: HttpFilterConfigEnvoyPtr,
         id: usize,
         label_values: *mut ModuleBuffer,
         label_values_length: usize,
@@ -213,6 +227,10 @@ extern "C" {
     );
 
     // ---- bodies ----
+    pub fn envoy_dynamic_module_callback_http_get_body_size(
+        filter: HttpFilterEnvoyPtr,
+        body_type: u32,
+    ) -> usize;
     pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
         filter: HttpFilterEnvoyPtr,
         body_type: u32,

@@ -1,15 +1,15 @@
-//! The event hooks Envoy calls (`envoy_dynamic_module_on_*`).
-use crate::abi::{
-    self, EnvoyBuffer, HttpFilterConfigEnvoyPtr, HttpFilterEnvoyPtr, HttpHeader, ModuleBuffer,
-};
+//! The event hooks Envoy calls (`envoy_dynamic_module_on_*`). Each one catches panics, so none
+//! crosses into Envoy; a panic in a stream's hook resets that stream (fail closed).
+use crate::abi::{self, EnvoyBuffer, HttpFilterConfigEnvoyPtr, HttpFilterEnvoyPtr, HttpHeader};
+use crate::host::{callout_answer, log};
+use crate::module::{Filter, Guard, TICK};
+use mcp_resume_core::host::LogLevel;
 use std::ffi::c_void;
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-fn log(level: u32, msg: &str) {
-    // SAFETY: the buffer is valid for the call.
-    unsafe { abi::envoy_dynamic_module_callback_log(level, ModuleBuffer::of(msg.as_bytes())) }
-}
+/// The filter name this module answers to (`filter_name` in the Envoy config).
+const FILTER_NAME: &[u8] = b"mcp_resume_guard";
 
 /// Runs a hook body; a panic is logged and turned into `fallback`.
 fn guarded<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
@@ -17,16 +17,48 @@ fn guarded<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
         Ok(v) => v,
         Err(_) => {
             log(
-                abi::LOG_CRITICAL,
-                &format!("mcp-resume-guard: panic in {what}"),
+                LogLevel::Critical,
+                &format!("mcp-resume-guard: panic in {what} (caught)"),
             );
             fallback
         }
     }
 }
 
-struct Config;
-struct Filter;
+/// Runs a stream hook on its filter: counts the entry (a destroy from inside it is deferred
+/// until it returns), catches a panic (the stream is reset, `fallback` returned), and frees the
+/// filter if Envoy destroyed it meanwhile.
+///
+/// # Safety
+/// `ptr` is a filter made by `envoy_dynamic_module_on_http_filter_new` and not yet freed.
+unsafe fn with_filter<T: Copy>(
+    what: &str,
+    envoy: HttpFilterEnvoyPtr,
+    ptr: *const c_void,
+    fallback: T,
+    f: impl FnOnce(&Filter) -> T,
+) -> T {
+    if ptr.is_null() {
+        return fallback;
+    }
+    let filter = &*ptr.cast::<Filter>();
+    filter.enter();
+    let r = match catch_unwind(AssertUnwindSafe(|| f(filter))) {
+        Ok(v) => v,
+        Err(_) => {
+            log(
+                LogLevel::Critical,
+                &format!("mcp-resume-guard: panic in {what} (caught); resetting the stream"),
+            );
+            let _ = catch_unwind(AssertUnwindSafe(|| filter.fail_closed(envoy)));
+            fallback
+        }
+    };
+    if filter.leave() {
+        drop(Box::from_raw(ptr.cast_mut().cast::<Filter>()));
+    }
+    r
+}
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
@@ -35,14 +67,31 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
-    _config_envoy: HttpFilterConfigEnvoyPtr,
-    _name: EnvoyBuffer,
-    _config: EnvoyBuffer,
+    config_envoy: HttpFilterConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
 ) -> *const c_void {
     guarded("config_new", std::ptr::null(), || {
-        Box::into_raw(Box::new(Config))
-            .cast_const()
-            .cast::<c_void>()
+        // SAFETY: Envoy's buffers, valid during this hook.
+        let (name, json) = unsafe { (name.bytes(), config.bytes()) };
+        if name != FILTER_NAME {
+            log(
+                LogLevel::Critical,
+                &format!(
+                    "mcp-resume-guard: invalid config: filter_name: must be mcp_resume_guard, got {:?}",
+                    String::from_utf8_lossy(name)
+                ),
+            );
+            return std::ptr::null();
+        }
+        match Guard::new(config_envoy, json) {
+            Ok(g) => Box::into_raw(Box::new(g)).cast_const().cast::<c_void>(),
+            Err(e) => {
+                // Envoy refuses the config; the message names the field.
+                log(LogLevel::Critical, &format!("mcp-resume-guard: {e}"));
+                std::ptr::null()
+            }
+        }
     })
 }
 
@@ -50,19 +99,63 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
     guarded("config_destroy", (), || {
         if !config.is_null() {
-            // SAFETY: made by Box::into_raw in config_new; Envoy destroys it once.
-            drop(unsafe { Box::from_raw(config.cast_mut().cast::<Config>()) });
+            // SAFETY: made by Box::into_raw in config_new; Envoy destroys it once, after its
+            // filters.
+            let g = unsafe { Box::from_raw(config.cast_mut().cast::<Guard>()) };
+            g.shut_down();
         }
     })
 }
 
 #[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _config_envoy: HttpFilterConfigEnvoyPtr,
+    config: *const c_void,
+    event_id: u64,
+) {
+    guarded("config_scheduled", (), || {
+        if event_id == TICK && !config.is_null() {
+            // SAFETY: the live config (main thread).
+            unsafe { &*config.cast::<Guard>() }.tick();
+        }
+    })
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _config_envoy: HttpFilterConfigEnvoyPtr,
+    config: *const c_void,
+    callout_id: u64,
+    result: u32,
+    headers: *mut HttpHeader,
+    headers_size: usize,
+    body: *mut EnvoyBuffer,
+    body_size: usize,
+) {
+    guarded("config_http_callout_done", (), || {
+        if config.is_null() {
+            return;
+        }
+        // SAFETY: Envoy's buffers, valid during this hook; the live config (main thread).
+        let (status, body) =
+            unsafe { callout_answer(result, headers, headers_size, body, body_size) };
+        unsafe { &*config.cast::<Guard>() }.on_records_answer(callout_id, status, body);
+    })
+}
+
+#[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
-    _config: *const c_void,
-    _filter_envoy: HttpFilterEnvoyPtr,
+    config: *const c_void,
+    filter_envoy: HttpFilterEnvoyPtr,
 ) -> *const c_void {
     guarded("filter_new", std::ptr::null(), || {
-        Box::into_raw(Box::new(Filter))
+        if config.is_null() {
+            return std::ptr::null();
+        }
+        // SAFETY: the live config; Envoy keeps it alive for as long as this filter.
+        let g = unsafe { &*config.cast::<Guard>() };
+        Box::into_raw(Box::new(Filter::new(g, filter_envoy)))
             .cast_const()
             .cast::<c_void>()
     })
@@ -71,20 +164,85 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_void) {
     guarded("filter_destroy", (), || {
-        if !filter.is_null() {
-            // SAFETY: made by Box::into_raw in filter_new; Envoy destroys it once.
-            drop(unsafe { Box::from_raw(filter.cast_mut().cast::<Filter>()) });
+        if filter.is_null() {
+            return;
+        }
+        // SAFETY: made by Box::into_raw in filter_new. When a hook of this filter is running
+        // (Envoy destroys it from inside a local reply or reset), that hook frees it on return.
+        unsafe {
+            if (*filter.cast::<Filter>()).destroy() {
+                drop(Box::from_raw(filter.cast_mut().cast::<Filter>()));
+            }
         }
     })
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
     _end_of_stream: bool,
 ) -> u32 {
-    abi::HEADERS_CONTINUE
+    // Fallback on a panic: the stream was reset; stop it.
+    // SAFETY: `f` is this stream's filter.
+    unsafe {
+        with_filter(
+            "request_headers",
+            e,
+            f,
+            abi::HEADERS_STOP_ALL_AND_WATERMARK,
+            |f| f.request_headers(e),
+        )
+    }
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
+    callout_id: u64,
+    result: u32,
+    headers: *mut HttpHeader,
+    headers_size: usize,
+    body: *mut EnvoyBuffer,
+    body_size: usize,
+) {
+    // SAFETY: `f` is this stream's filter; Envoy's buffers are valid during this hook.
+    unsafe {
+        with_filter("http_callout_done", e, f, (), |f| {
+            let (status, body) = callout_answer(result, headers, headers_size, body, body_size);
+            f.callout_done(e, callout_id, status, body);
+        })
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    // SAFETY: `f` is this stream's filter.
+    unsafe {
+        with_filter("response_headers", e, f, abi::HEADERS_STOP_ITERATION, |f| {
+            f.response_headers(e)
+        })
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    // SAFETY: `f` is this stream's filter.
+    unsafe {
+        with_filter("response_body", e, f, abi::BODY_STOP_NO_BUFFER, |f| {
+            f.response_body(e, end_of_stream)
+        })
+    }
 }
 
 #[no_mangle]
@@ -105,48 +263,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
-    e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
-    _end_of_stream: bool,
-) -> u32 {
-    guarded("response_headers", abi::HEADERS_CONTINUE, || {
-        let mut upstream = EnvoyBuffer::NULL;
-        // SAFETY: `e` is the live filter of this hook; the result is read within it.
-        let addr = unsafe {
-            if abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
-                e,
-                abi::ATTRIBUTE_UPSTREAM_ADDRESS,
-                &mut upstream,
-            ) {
-                String::from_utf8_lossy(upstream.bytes()).into_owned()
-            } else {
-                "none".to_string()
-            }
-        };
-        // SAFETY: as above; the buffers are valid for the call.
-        unsafe {
-            abi::envoy_dynamic_module_callback_http_set_header(
-                e,
-                abi::RESPONSE_HEADERS,
-                ModuleBuffer::of(b"x-native-probe"),
-                ModuleBuffer::of(addr.as_bytes()),
-            );
-        }
-        abi::HEADERS_CONTINUE
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
-    _end_of_stream: bool,
-) -> u32 {
-    abi::BODY_CONTINUE
-}
-
-#[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     _e: HttpFilterEnvoyPtr,
     _f: *const c_void,
@@ -162,20 +278,18 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 }
 
 #[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     _e: HttpFilterEnvoyPtr,
     _f: *const c_void,
-    _callout_id: u64,
-    _result: u32,
-    _headers: *mut HttpHeader,
-    _headers_size: usize,
-    _body: *mut EnvoyBuffer,
-    _body_size: usize,
-) {
+    _response_code: u32,
+    _details: EnvoyBuffer,
+    _reset_imminent: bool,
+) -> u32 {
+    abi::LOCAL_REPLY_CONTINUE
 }
 
-// Streamed callouts, filter scheduling and watermarks are not used; Envoy requires the hooks.
+// Streamed callouts, per-stream scheduling, per-route config and watermarks are not used; Envoy
+// looks the hooks up when it loads the filter.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
     _e: HttpFilterEnvoyPtr,

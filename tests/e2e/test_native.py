@@ -35,8 +35,11 @@ def test_module_passes_traffic(fresh):
         c = h.Client()
         sid = c.initialize()
         assert sid
-        r = c.request("POST", {"jsonrpc": "2.0", "id": 9, "method": "tools/list"}, {"mcp-session-id": sid})
-        assert r.status == 200
-        assert r.header("x-native-probe") in {f"{h.HOST}:{p}" for p in h.REPLICA_PORTS}
+        s = c.get_stream()
+        assert s.status == 200 and s.is_sse
+        ev = s.read(1)
+        s.close()
+        # The id a client sees is a guard cursor, not the replica's own id.
+        assert ev and ev[0].id and len(ev[0].id) > 40, ev
     finally:
         env.stop()
