@@ -3,6 +3,7 @@ bad configuration is refused with the field named. The guard's behaviour is chec
 builds by test_seed_scenarios.py and test_guard_rules.py (E2E_BUILD=native)."""
 import subprocess
 
+import pytest
 import yaml
 
 import harness as h
@@ -24,6 +25,28 @@ def test_module_loads_in_validate_mode_with_matching_abi():
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "Dynamic module ABI version v0.2.0 matched" in out, out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"keys": [{"id": 1, "active": True, "secret": "c2hvcnQ="}]},
+     "invalid config: keys[0].secret: must decode to at least 32 bytes, got 5"),
+    ({"ownership": {"cluster": "mcp_ownership", "timeout_ms": 0}}, "ownership.timeout_ms"),
+    ({"no_such_field": 1}, "no_such_field"),
+])
+def test_bad_config_is_refused_naming_the_field(change, message):
+    r = validate(h.envoy_config(base=NATIVE, plugin_overrides=change), "native-bad")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert message in out, out
+
+
+def test_unknown_filter_name_is_refused():
+    cfg = h.envoy_config(base=NATIVE)
+    h.guard_filter(cfg)["typed_config"]["filter_name"] = "something_else"
+    r = validate(cfg, "native-bad-name")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "filter_name: must be mcp_resume_guard" in out, out
 
 
 def test_module_passes_traffic(fresh):
