@@ -104,6 +104,13 @@ impl Metrics {
     }
 }
 
+/// Shared-data slots for stream claims.
+const CLAIM_SLOTS: u64 = 1024;
+
+fn claim_key(incarnation: u64) -> String {
+    format!("mcp_resume_guard.claim.{}", incarnation % CLAIM_SLOTS)
+}
+
 /// The host as seen from one callback. `body_size` is the size of the body chunk being handled.
 pub struct ProxyHost<'m> {
     pub metrics: &'m Metrics,
@@ -200,10 +207,24 @@ impl Host for ProxyHost<'_> {
         }
     }
 
-    fn claim_stream(&mut self, _incarnation: u64, _claim: u64) {}
+    /// Claims live in the VM's shared data, seen by every worker of this plugin: a fixed set of
+    /// slots (shared data is never freed), each holding incarnation ‖ claim. A slot taken by
+    /// another incarnation forgets the older claim; forks are then caught by the replay check.
+    fn claim_stream(&mut self, incarnation: u64, claim: u64) {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&incarnation.to_be_bytes());
+        v[8..].copy_from_slice(&claim.to_be_bytes());
+        if let Err(s) = hc::set_shared_data(&claim_key(incarnation), Some(&v), None) {
+            warn("set_shared_data", s);
+        }
+    }
 
-    fn stream_claim(&self, _incarnation: u64) -> Option<u64> {
-        None
+    fn stream_claim(&self, incarnation: u64) -> Option<u64> {
+        let (v, _) = hc::get_shared_data(&claim_key(incarnation)).ok()?;
+        let v = v?;
+        let inc = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+        let claim = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+        (inc == incarnation).then_some(claim)
     }
 
     fn count(&mut self, stat: Stat, n: u64) {

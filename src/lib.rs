@@ -18,6 +18,10 @@ use std::time::Duration;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    // A panic aborts the VM (Envoy's failure policy decides what then); say where first.
+    std::panic::set_hook(Box::new(|info| {
+        host::log(LogLevel::Critical, &format!("mcp-resume-guard: panic: {info}"));
+    }));
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(GuardRoot::default()) });
 }}
 
@@ -122,35 +126,49 @@ impl Context for Guard {
 
 impl HttpContext for Guard {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
-        let headers = host::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        let headers = host::header_map(MapType::HttpRequestHeaders);
         let mut h = ProxyHost {
             metrics: &self.metrics,
             body_size: 0,
         };
         let mut w = self.worker.borrow_mut();
-        action(self.exchange.on_request_headers(&mut w, &mut h, &headers))
+        action(
+            self.exchange
+                .on_request_headers(&mut w, &mut h, headers.as_deref()),
+        )
     }
 
     fn on_http_response_headers(&mut self, _n: usize, _eos: bool) -> Action {
-        let headers = host::header_map(MapType::HttpResponseHeaders).unwrap_or_default();
         let mut h = ProxyHost {
             metrics: &self.metrics,
             body_size: 0,
         };
         let mut w = self.worker.borrow_mut();
-        action(self.exchange.on_response_headers(&mut w, &mut h, &headers))
+        if !self.exchange.wants_response_headers() {
+            // No map read: only the owner header goes.
+            self.exchange.on_response_headers_unread(&mut w, &mut h);
+            return Action::Continue;
+        }
+        let headers = host::header_map(MapType::HttpResponseHeaders);
+        action(
+            self.exchange
+                .on_response_headers(&mut w, &mut h, headers.as_deref()),
+        )
     }
 
     fn on_http_response_body(&mut self, size: usize, eos: bool) -> Action {
         if !self.exchange.wants_body() {
             return Action::Continue;
         }
-        let chunk = host::response_body(size).unwrap_or_default();
+        let chunk = host::response_body(size);
         let mut h = ProxyHost {
             metrics: &self.metrics,
             body_size: size,
         };
         let mut w = self.worker.borrow_mut();
-        action(self.exchange.on_response_body(&mut w, &mut h, &chunk, eos))
+        action(
+            self.exchange
+                .on_response_body(&mut w, &mut h, chunk.as_deref(), eos),
+        )
     }
 }

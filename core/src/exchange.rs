@@ -13,7 +13,7 @@ use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, Decod
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
 use crate::host::{CalloutFailure, Host, Stat};
 use crate::ownership::{
-    Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
+    check_version, Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
 };
 use crate::records::RecordQueue;
 use crate::stream::{control_event, Flow, StreamState};
@@ -21,6 +21,8 @@ use base64::Engine as _;
 
 /// The response header that says a cursor was not honoured.
 pub const MCP_RESUME_HEADER: &str = "mcp-resume";
+/// Recorded as the version of a session whose `MCP-Protocol-Version` a record cannot carry.
+pub const INVALID_VERSION: &str = "invalid";
 /// The worker's scratch buffer is dropped after a chunk that grew it beyond this.
 const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 
@@ -38,19 +40,26 @@ pub enum Action {
 #[derive(Debug)]
 pub struct Worker {
     pub config: Config,
+    /// `authorization` of callouts, when a token is configured.
+    auth: Option<String>,
     records: RecordQueue,
     scratch: Vec<u8>,
     /// Events rewritten since the last tick, added to the stat once per tick.
     rewritten: u64,
+    /// Continuations claimed on this worker so far: a fresh stream asks the host about forks
+    /// only when this moved.
+    claims: u64,
 }
 
 impl Worker {
     pub fn new(config: Config) -> Worker {
         Worker {
             records: RecordQueue::new(&config),
+            auth: config.ownership_authorization(),
             config,
             scratch: Vec::new(),
             rewritten: 0,
+            claims: 0,
         }
     }
 
@@ -89,11 +98,54 @@ impl Worker {
 struct RequestInfo {
     mcp: bool,
     method: String,
-    session_id: Option<String>,
+    /// Raw bytes: session ids are hashed as they are. `None` when absent or repeated.
+    session_id: Option<Vec<u8>>,
     protocol_version: Option<String>,
     /// `Mcp-Session-Id` of the response: an SSE `initialize` response relays its events
     /// before any request carried the session id.
-    response_session_id: Option<String>,
+    response_session_id: Option<Vec<u8>>,
+}
+
+/// The request headers the exchange reads, from one pass over the map. Repeated headers the
+/// exchange must read as one value are counted, so an ambiguous request is refused by name.
+#[derive(Default)]
+struct RequestView<'h> {
+    path: Option<&'h [u8]>,
+    method: Option<&'h [u8]>,
+    session_id: Option<&'h [u8]>,
+    session_ids: usize,
+    last_event_id: Option<&'h [u8]>,
+    last_event_ids: usize,
+    version: Option<&'h [u8]>,
+    versions: usize,
+    owner_header: bool,
+}
+
+impl<'h> RequestView<'h> {
+    fn read<K: AsRef<str>, V: AsRef<[u8]>>(h: &'h [(K, V)], owner_header: &str) -> Self {
+        let mut r = RequestView::default();
+        for (k, v) in h {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            let first = |slot: &mut Option<&'h [u8]>, n: &mut usize| {
+                *n += 1;
+                slot.get_or_insert(v);
+            };
+            if k.eq_ignore_ascii_case(":path") {
+                r.path.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case(":method") {
+                r.method.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case("mcp-session-id") {
+                first(&mut r.session_id, &mut r.session_ids);
+            } else if k.eq_ignore_ascii_case("last-event-id") {
+                first(&mut r.last_event_id, &mut r.last_event_ids);
+            } else if k.eq_ignore_ascii_case("mcp-protocol-version") {
+                first(&mut r.version, &mut r.versions);
+            } else if k.eq_ignore_ascii_case(owner_header) {
+                r.owner_header = true;
+            }
+        }
+        r
+    }
 }
 
 /// The callout as a small state machine keyed by its token.
@@ -141,6 +193,10 @@ pub struct Exchange {
     cut_sent: bool,
     /// Store keys of this stream's session and incarnation, computed once per stream.
     record_keys: Option<(String, String)>,
+    /// This continuation's claim on its incarnation (see [`Host::claim_stream`]).
+    claim: Option<u64>,
+    /// The worker's claim count when a fresh stream last looked.
+    claims_seen: u64,
 }
 
 impl Default for Exchange {
@@ -170,42 +226,67 @@ impl Exchange {
             control_pending: None,
             cut_sent: false,
             record_keys: None,
+            claim: None,
+            claims_seen: 0,
         }
     }
 
     /// Whether the adapter must read the next body chunk and pass it in (otherwise it passes
     /// through untouched and need not be read at all).
     pub fn wants_body(&self) -> bool {
-        self.stream.is_some() || self.control_pending.is_some()
+        self.stream.is_some() || self.control_pending.is_some() || self.cut_sent
     }
 
+    /// The request headers, or `None` when the host could not read them.
+    ///
+    /// Order: the owner header is removed on every path, before the path is matched; then only
+    /// MCP paths go on. A request whose headers cannot be read may carry a cursor or a pin, so it
+    /// is answered locally (`host_error`).
     pub fn on_request_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
         &mut self,
         w: &mut Worker,
         host: &mut H,
-        headers: &[(K, V)],
+        headers: Option<&[(K, V)]>,
     ) -> Action {
+        let Some(headers) = headers else {
+            host.remove_request_header(&w.config.owner_header);
+            host.remove_request_header("last-event-id");
+            host.count(Stat::HostErrors, 1);
+            host.count(Stat::Refused(Reason::HostError), 1);
+            self.req.mcp = true;
+            self.reject(w, host, Reason::HostError);
+            return Action::Pause;
+        };
         let cfg = &w.config;
-        let path = header(headers, ":path").map(lossy).unwrap_or_default();
+        let h = RequestView::read(headers, &cfg.owner_header);
+        // Only the guard may pin a replica, on any path: a client must not choose its pod.
+        if h.owner_header {
+            host.remove_request_header(&cfg.owner_header);
+            host.count(Stat::OwnerHeaderRemoved, 1);
+        }
+        let path = h.path.map(String::from_utf8_lossy).unwrap_or_default();
         if !cfg.is_mcp_path(&path) {
             return Action::Continue;
         }
         self.req.mcp = true;
-        // Only the guard may pin a replica: a client must not choose its pod.
-        if header(headers, &cfg.owner_header).is_some() {
-            host.remove_request_header(&cfg.owner_header);
-            host.count(Stat::OwnerHeaderRemoved, 1);
-        }
-        self.req.method = header(headers, ":method").map(lossy).unwrap_or_default();
-        self.req.session_id = header(headers, "mcp-session-id").map(lossy);
-        self.req.protocol_version = header(headers, "mcp-protocol-version").map(lossy);
-        let Some(last_event_id) = header(headers, "last-event-id").map(lossy) else {
+        self.req.method = h.method.map(lossy).unwrap_or_default();
+        // A repeated session id is ambiguous: nothing is recorded or bound for it.
+        self.req.session_id = h
+            .session_id
+            .filter(|_| h.session_ids == 1)
+            .map(<[u8]>::to_vec);
+        self.req.protocol_version = h.version.map(lossy);
+        let Some(last_event_id) = h.last_event_id else {
             return Action::Continue;
         };
         host.count(Stat::CursorsSeen, 1);
+        if h.last_event_ids > 1 || h.session_ids > 1 || h.versions > 1 {
+            // Which value would the replica read? Not a question to guess at.
+            return self.refuse(w, host, Reason::DuplicateHeader, None);
+        }
         let req = CursorRequest {
             is_get: self.req.method == "GET",
-            last_event_id: &last_event_id,
+            last_event_id,
             session_id: self.req.session_id.as_deref(),
             protocol_version: self.req.protocol_version.as_deref(),
         };
@@ -256,15 +337,39 @@ impl Exchange {
         }
     }
 
+    /// Whether the adapter must read the response headers and pass them to
+    /// [`Exchange::on_response_headers`]; otherwise it calls
+    /// [`Exchange::on_response_headers_unread`].
+    pub fn wants_response_headers(&self) -> bool {
+        self.req.mcp && !matches!(self.phase, Phase::Replied)
+    }
+
+    /// Response headers the exchange does not need to read (not an MCP request, or a local
+    /// reply): the owner header is still removed, so no response carries it.
+    pub fn on_response_headers_unread<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        host.remove_response_header(&w.config.owner_header);
+    }
+
+    /// The response headers, or `None` when the host could not read them.
     pub fn on_response_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
         &mut self,
         w: &mut Worker,
         host: &mut H,
-        headers: &[(K, V)],
+        headers: Option<&[(K, V)]>,
     ) -> Action {
-        if !self.req.mcp || matches!(self.phase, Phase::Replied) {
+        if !self.wants_response_headers() {
+            self.on_response_headers_unread(w, host);
             return Action::Continue;
         }
+        let Some(headers) = headers else {
+            // Status, type and session unknown: ids could not be rewritten nor the replay
+            // checked. Fail closed; the owner keeps its log, so nothing is recorded lost.
+            host.remove_response_header(&w.config.owner_header);
+            host.count(Stat::HostErrors, 1);
+            host.count(Stat::Refused(Reason::HostError), 1);
+            self.reject(w, host, Reason::HostError);
+            return Action::Continue;
+        };
         // stateful_session echoes the chosen host to clients; the owner never leaks.
         if header(headers, &w.config.owner_header).is_some() {
             host.remove_response_header(&w.config.owner_header);
@@ -273,7 +378,13 @@ impl Exchange {
             .and_then(|s| std::str::from_utf8(s).ok())
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
-        self.req.response_session_id = header(headers, "mcp-session-id").map(lossy);
+        let sids = headers
+            .iter()
+            .filter(|(k, _)| k.as_ref().eq_ignore_ascii_case("mcp-session-id"))
+            .count();
+        self.req.response_session_id = header(headers, "mcp-session-id")
+            .filter(|_| sids == 1)
+            .map(<[u8]>::to_vec);
         if let Phase::Continuing { cursor, owner, .. } = &self.phase {
             // Strict stateful_session answers 503 when the owner is down or gone; a 4xx is the
             // owner's own answer (404: session gone) and passes through.
@@ -309,7 +420,7 @@ impl Exchange {
         &mut self,
         w: &mut Worker,
         host: &mut H,
-        chunk: &[u8],
+        chunk: Option<&[u8]>,
         eos: bool,
     ) -> Action {
         if !self.wants_body() {
@@ -327,26 +438,19 @@ impl Exchange {
         if let Some(reason) = self.control_pending.take() {
             out.extend_from_slice(control_event(reason).as_bytes());
         }
-        let mut flow = Flow::Open;
-        if let Some(stream) = self.stream.as_mut() {
-            flow = stream.push(&w.config.keyring, chunk, &mut out);
-            if eos {
-                flow = stream.finish(&mut out);
+        match chunk {
+            None => {
+                // The chunk is lost: what follows would not be contiguous. Cut, say so.
+                host.count(Stat::HostErrors, 1);
+                self.cut(&mut out, Reason::HostError);
             }
-        } else {
-            out.extend_from_slice(chunk);
-        }
-        if flow == Flow::CutReplayMismatch {
-            self.cut_sent = true;
-        }
-        if flow == Flow::CutReplayMismatch && !matches!(self.phase, Phase::Replied) {
-            // Tell the cluster once; the control event is already in `out`.
-            if let Phase::Continuing { cursor, .. } =
-                std::mem::replace(&mut self.phase, Phase::Replied)
-            {
-                host.count(Stat::ReplayMismatch, 1);
-                self.record_stream_lost(w, host, &cursor);
+            Some(_) if self.forked(w, host) => {
+                // A newer continuation of this incarnation owns it now (newest wins): this one
+                // ends, explicitly, and records nothing more (the owner's log is fine).
+                host.count(Stat::Forked, 1);
+                self.cut(&mut out, Reason::Forked);
             }
+            Some(chunk) => self.relay(w, host, chunk, eos, &mut out),
         }
         host.replace_body_chunk(&out);
         // Keep the worker's buffer, unless one huge chunk made it large.
@@ -356,6 +460,73 @@ impl Exchange {
         w.scratch = out;
         self.flush_relayed(w, host);
         Action::Continue
+    }
+
+    fn relay<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        chunk: &[u8],
+        eos: bool,
+        out: &mut Vec<u8>,
+    ) {
+        let mut flow = Flow::Open;
+        if let Some(stream) = self.stream.as_mut() {
+            flow = stream.push(&w.config.keyring, chunk, out);
+            if eos {
+                flow = stream.finish(out);
+            }
+        } else {
+            out.extend_from_slice(chunk);
+        }
+        if flow == Flow::CutReplayMismatch {
+            self.cut_sent = true;
+            // Tell the cluster once; the control event is already in `out`.
+            if let Phase::Continuing { cursor, .. } =
+                std::mem::replace(&mut self.phase, Phase::Replied)
+            {
+                host.count(Stat::ReplayMismatch, 1);
+                self.record_stream_lost(w, host, &cursor);
+            }
+        }
+    }
+
+    /// Ends the stream after the control event for `reason` (left out when the output so far
+    /// ends inside an event: the next chunk resets the stream instead).
+    fn cut(&mut self, out: &mut Vec<u8>, reason: Reason) {
+        let mid_block = self
+            .stream
+            .as_ref()
+            .is_some_and(StreamState::output_mid_block);
+        if !mid_block {
+            out.extend_from_slice(control_event(reason).as_bytes());
+        }
+        self.cut_sent = true;
+        self.phase = Phase::Replied;
+        if let Some(s) = self.stream.as_mut() {
+            // Nothing of this chunk was relayed: nothing more to record.
+            let _ = s.take_relayed();
+        }
+        self.stream = None;
+        self.control_pending = None;
+    }
+
+    /// Has a newer continuation of this stream's incarnation taken it over? A continuation asks
+    /// the host on every chunk; a fresh stream (older than any continuation of it) only after
+    /// a continuation was claimed on this worker.
+    fn forked<H: Host>(&mut self, w: &Worker, host: &mut H) -> bool {
+        let Some(stream) = self.stream.as_ref() else {
+            return false;
+        };
+        let inc = stream.incarnation();
+        match self.claim {
+            Some(mine) => host.stream_claim(inc).is_some_and(|c| c != mine),
+            None if self.claims_seen == w.claims => false,
+            None => {
+                self.claims_seen = w.claims;
+                host.stream_claim(inc).is_some()
+            }
+        }
     }
 
     /// Refuse a cursor: strip it and forward (restart), or answer locally (reject).
@@ -412,10 +583,10 @@ impl Exchange {
         w: &mut Worker,
         host: &mut H,
         cursor: DecodedCursor,
-        session_id: &str,
+        session_id: &[u8],
     ) -> Action {
         let query = ResumeQuery {
-            session: session_key(session_id.as_bytes()),
+            session: session_key(session_id),
             incarnation: incarnation_hex(cursor.incarnation),
             kind: cursor.kind,
             seq: cursor.seq,
@@ -425,12 +596,15 @@ impl Exchange {
             Err(_) => return self.callout_failed(w, host, cursor.kind, CalloutFailure::Encode),
         };
         let o = &w.config.ownership;
-        let headers = [
+        let mut headers = vec![
             (":method", "POST"),
             (":path", RESUME_PATH),
             (":authority", o.authority.as_str()),
             ("content-type", "application/json"),
         ];
+        if let Some(a) = &w.auth {
+            headers.push(("authorization", a.as_str()));
+        }
         match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
             Some(token) => {
                 host.count(Stat::Callouts, 1);
@@ -471,11 +645,17 @@ impl Exchange {
                 self.refuse(w, host, reason, Some(cursor.kind))
             }
             Some(ResumeVerdict::Continue {
-                owner, expected, ..
+                owner,
+                expected,
+                resume_id,
+                ..
             }) => {
-                let Some(replica_id) = cursor.replica_event_id.clone() else {
+                // A long replica id is not in the cursor; the store keeps the newest ones.
+                let Some(replica_id) = cursor.replica_event_id.clone().or(resume_id) else {
                     return self.refuse(w, host, Reason::UnknownStream, Some(cursor.kind));
                 };
+                let mut cursor = cursor;
+                cursor.replica_event_id = Some(replica_id.clone());
                 let pin = base64::engine::general_purpose::STANDARD.encode(owner.as_bytes());
                 host.set_request_header("last-event-id", &replica_id);
                 host.set_request_header(&w.config.owner_header, &pin);
@@ -499,37 +679,32 @@ impl Exchange {
         let req_sid = self.req.session_id.as_deref();
         match (req_sid, self.req.response_session_id.as_deref()) {
             (None, Some(new_sid)) if (200..300).contains(&status) => {
-                let version = self
-                    .req
-                    .protocol_version
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_VERSION.to_string());
-                Self::push_record(
-                    w,
-                    host,
-                    Record::SessionOpen {
-                        session: session_key(new_sid.as_bytes()),
-                        version,
-                    },
-                );
+                // A client's header must never make the record invalid: a value the record
+                // cannot carry is recorded as "invalid" (the session still opens).
+                let version = match self.req.protocol_version.as_deref() {
+                    None => DEFAULT_VERSION.to_string(),
+                    Some(v) if check_version("version", v).is_ok() => v.to_string(),
+                    Some(_) => INVALID_VERSION.to_string(),
+                };
+                let r = Record::SessionOpen {
+                    session: session_key(new_sid),
+                    version,
+                };
+                Self::push_record(w, host, r);
             }
-            (Some(sid), _) if status == 404 => Self::push_record(
-                w,
-                host,
-                Record::SessionEnd {
-                    session: session_key(sid.as_bytes()),
+            (Some(sid), _) if status == 404 => {
+                let r = Record::SessionEnd {
+                    session: session_key(sid),
                     why: SessionEnd::Expired,
-                },
-            ),
+                };
+                Self::push_record(w, host, r);
+            }
             (Some(sid), _) if self.req.method == "DELETE" && (200..300).contains(&status) => {
-                Self::push_record(
-                    w,
-                    host,
-                    Record::SessionEnd {
-                        session: session_key(sid.as_bytes()),
-                        why: SessionEnd::Terminated,
-                    },
-                )
+                let r = Record::SessionEnd {
+                    session: session_key(sid),
+                    why: SessionEnd::Terminated,
+                };
+                Self::push_record(w, host, r);
             }
             _ => {}
         }
@@ -537,7 +712,7 @@ impl Exchange {
 
     /// The session this response belongs to: the request's, or the one an `initialize`
     /// response just created.
-    fn session_id(&self) -> Option<&str> {
+    fn session_id(&self) -> Option<&[u8]> {
         self.req
             .session_id
             .as_deref()
@@ -547,19 +722,29 @@ impl Exchange {
     /// A 2xx SSE response: open (or continue) an incarnation and start rewriting.
     fn open_stream<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
         // One SHA-256 of the session id gives both the cursor binding and the store key.
-        let sid = self.session_id().map(str::to_owned);
-        let (binding, skey) = session_binding_and_key(sid.as_deref().unwrap_or("").as_bytes());
+        let has_sid = self.session_id().is_some();
+        let (binding, skey) = session_binding_and_key(self.session_id().unwrap_or_default());
         let cfg = &w.config;
         let max_hold = cfg.max_event_hold_bytes;
+        self.claims_seen = w.claims;
         let stream = match &self.phase {
             Phase::Continuing {
                 cursor, expected, ..
-            } => StreamState::continuation(
-                cursor,
-                expected.clone(),
-                cfg.suppress_cursor_echo,
-                max_hold,
-            ),
+            } => {
+                // Newest wins: this continuation takes the incarnation over from any older
+                // stream of it, which ends with the `forked` control event at its next chunk.
+                let claim = host.random_u64();
+                host.claim_stream(cursor.incarnation, claim);
+                w.claims = w.claims.wrapping_add(1);
+                self.claims_seen = w.claims;
+                self.claim = Some(claim);
+                StreamState::continuation(
+                    cursor,
+                    expected.clone(),
+                    cfg.suppress_cursor_echo,
+                    max_hold,
+                )
+            }
             _ => {
                 let kind = if self.req.method == "GET" {
                     StreamKind::Get
@@ -567,7 +752,7 @@ impl Exchange {
                     StreamKind::Request
                 };
                 let inc = host.random_u64();
-                if let (Some(_), Some(owner)) = (&sid, host.upstream_address()) {
+                if let (true, Some(owner)) = (has_sid, host.upstream_address()) {
                     let r = Record::StreamOpen {
                         session: skey.clone(),
                         incarnation: incarnation_hex(inc),
@@ -584,7 +769,7 @@ impl Exchange {
             }
         };
         // Without a session nothing is recorded: such a stream cannot be resumed anyway.
-        if sid.is_some() {
+        if has_sid {
             self.record_keys = Some((skey, incarnation_hex(stream.incarnation())));
         }
         host.remove_response_header("content-length");
@@ -599,26 +784,18 @@ impl Exchange {
             return;
         };
         w.rewritten += ids.len() as u64;
-        let Some((session, incarnation)) = self.record_keys.clone() else {
+        let Some((session, incarnation)) = &self.record_keys else {
             return;
         };
-        Self::push_record(
-            w,
-            host,
-            Record::Events {
-                session,
-                incarnation,
-                first_seq,
-                ids,
-            },
-        );
+        w.records
+            .push_events(host, session, incarnation, first_seq, ids);
     }
 
     /// The continued incarnation's log is lost: later cursors for it restart at once.
     fn record_stream_lost<H: Host>(&self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
         if let Some(sid) = self.req.session_id.as_deref() {
             let r = Record::StreamLost {
-                session: session_key(sid.as_bytes()),
+                session: session_key(sid),
                 incarnation: incarnation_hex(cursor.incarnation),
             };
             Self::push_record(w, host, r);

@@ -10,6 +10,7 @@ pub mod decision;
 pub mod exchange;
 pub mod host;
 pub mod ownership;
+pub mod path;
 pub mod records;
 pub mod sse;
 pub mod stream;

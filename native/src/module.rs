@@ -300,7 +300,7 @@ impl Filter {
         let headers = read_headers(envoy, abi::REQUEST_HEADERS);
         let mut h = self.host(envoy, true);
         let mut w = self.guard().worker(self.worker);
-        let mut action = ex.on_request_headers(&mut w, &mut h, &headers);
+        let mut action = ex.on_request_headers(&mut w, &mut h, headers.as_deref());
         if let Some((id, status, body)) = self.inline_answer.borrow_mut().take() {
             if let Ok(token) = u32::try_from(id) {
                 ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
@@ -341,10 +341,15 @@ impl Filter {
             // The guard's own local reply on its way out: it passes untouched.
             return abi::HEADERS_CONTINUE;
         };
-        let headers = read_headers(envoy, abi::RESPONSE_HEADERS);
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
-        ex.on_response_headers(&mut w, &mut h, &headers);
+        if ex.wants_response_headers() {
+            let headers = read_headers(envoy, abi::RESPONSE_HEADERS);
+            ex.on_response_headers(&mut w, &mut h, headers.as_deref());
+        } else {
+            // No map read: only the owner header goes.
+            ex.on_response_headers_unread(&mut w, &mut h);
+        }
         if h.out.replied {
             abi::HEADERS_STOP_ITERATION
         } else {
@@ -368,16 +373,9 @@ impl Filter {
                 Ok(b) => b,
                 Err(_) => &mut own,
             };
-            if !read_received_body(envoy, buf) {
-                h.log(
-                    LogLevel::Error,
-                    "mcp-resume-guard: host call get body failed",
-                );
-                h.count(Stat::HostErrors, 1);
-                h.reset_response();
-                return;
-            }
-            ex.on_response_body(&mut w, &mut h, buf, eos);
+            // A chunk that cannot be read is the exchange's to fail closed on.
+            let read = read_received_body(envoy, buf);
+            ex.on_response_body(&mut w, &mut h, read.then_some(&buf[..]), eos);
             if buf.capacity() > CHUNK_KEEP_BYTES {
                 *buf = Vec::new();
             }
@@ -416,12 +414,14 @@ impl Filter {
 }
 
 /// All headers of one map, copied: Envoy's buffers may move once a header is set or removed.
-fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Vec<(String, Vec<u8>)> {
+/// `None` when Envoy could not give them (a request or response always has pseudo-headers, so
+/// an empty map is a failure too).
+fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Option<Vec<(String, Vec<u8>)>> {
     // SAFETY: the live filter of the running hook; `raw` has room for `n` headers.
     unsafe {
         let n = abi::envoy_dynamic_module_callback_http_get_headers_size(envoy, kind);
         if n == 0 {
-            return Vec::new();
+            return None;
         }
         let mut raw = vec![
             HttpHeader {
@@ -433,14 +433,16 @@ fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Vec<(String, Vec<u8>)> 
             n
         ];
         if !abi::envoy_dynamic_module_callback_http_get_headers(envoy, kind, raw.as_mut_ptr()) {
-            return Vec::new();
+            return None;
         }
-        raw.iter()
-            .map(|h| {
-                let (k, v) = h.key_value();
-                (String::from_utf8_lossy(k).into_owned(), v.to_vec())
-            })
-            .collect()
+        Some(
+            raw.iter()
+                .map(|h| {
+                    let (k, v) = h.key_value();
+                    (String::from_utf8_lossy(k).into_owned(), v.to_vec())
+                })
+                .collect(),
+        )
     }
 }
 

@@ -276,6 +276,7 @@ pub fn validate_record(i: usize, r: &Record) -> Result<(), ApiError> {
             incarnation,
             first_seq,
             ids,
+            ..
         } => {
             check_session(&f("session"), session)?;
             check_incarnation(&f("incarnation"), incarnation)?;
@@ -358,6 +359,7 @@ pub async fn records<S: Store>(
     apply(&st, &batch.records).await?;
     Ok(Json(RecordAck {
         applied: batch.records.len(),
+        rejected: Vec::new(),
     }))
 }
 
@@ -374,7 +376,10 @@ pub async fn owners_gone<S: Store>(
     check_owner("owner", &body.owner)?;
     let records = [Record::OwnerGone { owner: body.owner }];
     apply(&st, &records).await?;
-    Ok(Json(RecordAck { applied: 1 }))
+    Ok(Json(RecordAck {
+        applied: 1,
+        rejected: Vec::new(),
+    }))
 }
 
 async fn apply<S: Store>(st: &AppState<S>, records: &[Record]) -> Result<(), ApiError> {

@@ -202,6 +202,7 @@ impl Inner {
                 incarnation,
                 first_seq,
                 ids,
+                ..
             } => {
                 let tick = self.next_tick();
                 let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);

@@ -105,6 +105,7 @@ fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
             owner: inc.owner,
             expected: inc.expected,
             head: inc.facts.head,
+            resume_id: None,
         },
         // `decide` never says Ok without an incarnation; fail closed if it ever did.
         (Ok(()), None) => ResumeVerdict::NewStream {

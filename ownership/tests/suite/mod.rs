@@ -76,6 +76,7 @@ pub fn events(session: &str, inc: &str, first: u64, last: u64) -> Record {
         incarnation: inc.into(),
         first_seq: first,
         ids: (first..=last).map(id).collect(),
+        long: vec![],
     }
 }
 
@@ -162,6 +163,7 @@ pub fn cont(owner: &str, expected: Vec<String>, head: u64) -> ResumeVerdict {
         owner: owner.into(),
         expected,
         head,
+        resume_id: None,
     }
 }
 
@@ -685,6 +687,7 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
             incarnation: A.into(),
             first_seq: 11,
             ids: odd.clone(),
+            long: vec![],
         }],
     )
     .await;
