@@ -108,13 +108,15 @@ test: tools lint unit wasm-test validate e2e e2e-native bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------
-# `make bench`: bare Envoy vs the proxy-wasm floor vs the guard; writes BENCHMARKS.md and
+# `make bench`: bare Envoy vs the proxy-wasm floor vs the guard (Wasm and native); writes BENCHMARKS.md and
 # bench/plots/*.png (full run, <= 15 min). `BENCH_QUICK=1 make bench` (< 2 min, debug builds)
 # writes target/bench-smoke/ instead; `make test` runs it as a smoke test (no timing checks).
 MATPLOTLIB_VERSION ?= 3.9.2
 BENCH_TARGET ?= target
 BENCH_PROFILE = $(if $(BENCH_QUICK),debug,release)
 BENCH_CARGO   = $(if $(BENCH_QUICK),,--release)
+BENCH_NATIVE_PROFILE = $(if $(BENCH_QUICK),debug,native)
+BENCH_NATIVE_CARGO   = $(if $(BENCH_QUICK),,--profile native)
 BENCH_OUT     = $(if $(BENCH_QUICK),target/bench-smoke,$(BENCH_TARGET)/bench-full)
 BENCH_REPORT  = $(if $(BENCH_QUICK),target/bench-smoke/BENCHMARKS.md,BENCHMARKS.md)
 BENCH_PLOTS   = $(if $(BENCH_QUICK),target/bench-smoke/plots,bench/plots)
@@ -133,7 +135,9 @@ bench: bench-tools wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) FLOOR_MODE=getset cargo build --release --target wasm32-wasip1 -p bench-floor-filter
 	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-copy.wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_NATIVE_CARGO) -p mcp-resume-guard-native
 	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
+	  --native-dir $(BENCH_TARGET)/$(BENCH_NATIVE_PROFILE) \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
 	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
 	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS)

@@ -62,6 +62,11 @@ unsafe fn with_filter<T: Copy>(
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
+    // A panic's message and place go to Envoy's log (this module's own std; Envoy's stderr may
+    // be nobody's).
+    std::panic::set_hook(Box::new(|info| {
+        log(LogLevel::Critical, &format!("mcp-resume-guard: {info}"));
+    }));
     abi::ABI_VERSION.as_ptr().cast::<c_char>()
 }
 

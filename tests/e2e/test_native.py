@@ -2,6 +2,7 @@
 bad configuration is refused with the field named. The guard's behaviour is checked against both
 builds by test_seed_scenarios.py and test_guard_rules.py (E2E_BUILD=native)."""
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -75,3 +76,33 @@ def test_native_config_differs_from_the_wasm_one_only_in_the_guard_filter():
         hcm = h._hcm(cfg)
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "mcp_resume_guard"]
     assert wasm == native
+
+
+def test_newer_continuation_ends_the_older_stream_with_forked(fresh):
+    """Two live streams of one incarnation: the newer continuation wins, the older one is told
+    `forked` and ends (the claim is shared by the build's host: shared data or the module's map)."""
+    fresh.use(guard=True)
+    c = h.Client()
+    c.initialize()
+    first = c.get_stream()
+    assert first.status == 200
+    evs = first.read(3)
+    assert len(evs) == 3
+    second = c.get_stream(last_event_id=evs[1].id)
+    assert second.status == 200 and second.header("mcp-resume") is None
+    assert len(second.read(2)) == 2
+    # Bounded: without the fork rule the older stream would go on relaying (the replica keeps it).
+    rest = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(rest) < 50:
+        ev = first.next_event()
+        if ev is None:
+            break
+        rest.append(ev)
+        if ev.event == "mcp-resume":
+            break
+    first.close()
+    second.close()
+    assert rest and rest[-1].event == "mcp-resume", [e.event for e in rest]
+    assert rest[-1].json() == {"resumed": False, "reason": "forked"}
+
