@@ -609,7 +609,8 @@ def write_report(res, path, plots_rel):
     a("Envoy runs with `--concurrency 1`; *bare* = no Wasm filter, *floor* = the empty Rust proxy-wasm filter "
       "`bench/floor-filter`, *guard* = `mcp_resume_guard.wasm` with the config of `envoy/envoy.yaml` and the "
       "ownership service (embedded store) running" + (", *native* = the same guard as an Envoy dynamic module "
-      "(`libmcp_resume_guard_native.so`, `envoy/envoy-native.yaml`; its floor is *bare*: no VM)"
+      "(`libmcp_resume_guard_native.so`, `envoy/envoy-native.yaml`; its floor is *bare*: no VM"
+      + ("; a debug build in quick mode" if res.get("quick") else "") + ")"
       if "native" in res.get("b1", {}).get("post_json", {}) else "") + ". The Envoys have the same listener, routes, "
       "`stateful_session` and clusters. CPU = utime+stime of the Envoy process from `/proc/<pid>/stat` "
       f"(clock ticks of {1000 // CLK_TCK} ms) over the measured window, divided by requests or events completed.")
