@@ -1,10 +1,9 @@
-//! The part of Envoy's dynamic-module C ABI (Envoy 1.40, `source/extensions/dynamic_modules/abi.h`)
-//! that the guard uses: types, and the callbacks Envoy exports to modules. The event hooks the
-//! module exports are in `hooks.rs`.
+//! The part of Envoy 1.40's dynamic-module C ABI (ABI version v0.2.0) that the guard uses: types,
+//! and the callbacks Envoy exports to modules (checked against the symbols the `envoy` binary
+//! exports). The event hooks the module exports are in `hooks.rs`.
 //!
 //! C enums are passed as `u32` (they are `int`-sized on every platform Envoy supports); only the
 //! values used here are named.
-#![allow(non_camel_case_types)]
 
 use std::os::raw::{c_char, c_void};
 

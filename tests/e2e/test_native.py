@@ -54,7 +54,7 @@ def test_module_passes_traffic(fresh):
     if fresh.envoy is not None:
         fresh.envoy.stop()
         fresh.envoy = None
-    env = h.Envoy("envoy-native-probe", h.envoy_config(base=NATIVE)).start()
+    env = h.Envoy("envoy-native-traffic", h.envoy_config(base=NATIVE)).start()
     try:
         c = h.Client()
         sid = c.initialize()
