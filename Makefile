@@ -14,19 +14,22 @@ ENVOY     := $(VENV)/bin/envoy
 PYTHON    := $(VENV)/bin/python
 TOOLS     := .tools
 WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
+NATIVE_DIR := target/native
+NATIVE    := $(NATIVE_DIR)/libmcp_resume_guard_native.so
 BINDIR    := target/debug
 UPSTREAMS ?=
 CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm build cli lint unit wasm-test validate rules adapters-test e2e test demo clean bench bench-tools bench-smoke chaos chaos-smoke fuzz fuzz-tools fuzz-merge
+.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke chaos chaos-smoke fuzz fuzz-tools fuzz-merge
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
 	@echo "             CONFIG=plugin.json to run your plugin config, STORE=memory|redis://HOST:PORT|redis-cluster://...)"
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
 	@echo "make wasm    build $(WASM)"
+	@echo "make native  build $(NATIVE) (the Envoy dynamic module)"
 	@echo "make chaos   soak the whole system under seeded faults (CHAOS_S=600 CHAOS_CLIENTS=50 CHAOS_SEED=1)"
 	@echo "make fuzz    run every fuzz target for FUZZ_S seconds (default 60) on nightly"
 
@@ -84,6 +87,12 @@ wasm: rust-targets
 	cargo build --release --target wasm32-wasip1 -p mcp-resume-guard
 	@ls -l $(WASM)
 
+# The same guard as an Envoy dynamic module (native HTTP filter). Envoy finds it by name in
+# $ENVOY_DYNAMIC_MODULES_SEARCH_PATH; the `native` profile is release with unwinding panics.
+native:
+	cargo build --profile native -p mcp-resume-guard-native
+	@ls -l $(NATIVE)
+
 build: wasm
 	cargo build -p mcp-ownership -p naive-replica -p rmcp-replica -p mcp-guard
 
@@ -104,8 +113,9 @@ wasm-test: wasm-bindgen
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
 	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib
 
-validate: venv wasm cli
-	@for f in envoy/*.yaml; do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; \
+validate: venv wasm native cli
+	@for f in envoy/*.yaml; do echo "validate $$f"; ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) \
+	  $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; \
 	  $(BINDIR)/mcp-guard check-config $$f || exit 1; done
 
 # Alert rules: syntax and unit tests (observability/prometheus/*.test.yaml).
@@ -113,7 +123,7 @@ rules: prometheus
 	promtool check rules $(RULES)/mcp-resume-guard.rules.yaml
 	cd $(RULES) && promtool test rules mcp-resume-guard.rules.test.yaml
 
-e2e: venv interop-deps build
+e2e: venv interop-deps build native
 	$(VENV)/bin/pytest -q tests/e2e
 
 # The contiguity adapters' own tests (adapters/), against the SDKs installed for tests/interop.
@@ -121,17 +131,23 @@ adapters-test: interop-deps
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} node --test adapters/typescript/test/
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q adapters/python/tests
 
-test: tools lint unit wasm-test validate rules adapters-test e2e chaos-smoke bench-smoke
+# The seed scenarios and guard rules again, against the native build.
+e2e-native: venv build native
+	E2E_BUILD=native $(VENV)/bin/pytest -q tests/e2e/test_native.py tests/e2e/test_seed_scenarios.py tests/e2e/test_guard_rules.py
+
+test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke
 	@echo "make test: all green"
 
 # ---- benchmarks ------------------------------------------------------------
-# `make bench`: bare Envoy vs the proxy-wasm floor vs the guard; writes BENCHMARKS.md and
+# `make bench`: bare Envoy vs the proxy-wasm floor vs the guard (Wasm and native); writes BENCHMARKS.md and
 # bench/plots/*.png (full run, <= 15 min). `BENCH_QUICK=1 make bench` (< 2 min, debug builds)
 # writes target/bench-smoke/ instead; `make test` runs it as a smoke test (no timing checks).
 MATPLOTLIB_VERSION ?= 3.9.2
 BENCH_TARGET ?= target
 BENCH_PROFILE = $(if $(BENCH_QUICK),debug,release)
 BENCH_CARGO   = $(if $(BENCH_QUICK),,--release)
+BENCH_NATIVE_PROFILE = $(if $(BENCH_QUICK),debug,native)
+BENCH_NATIVE_CARGO   = $(if $(BENCH_QUICK),,--profile native)
 BENCH_OUT     = $(if $(BENCH_QUICK),target/bench-smoke,$(BENCH_TARGET)/bench-full)
 BENCH_REPORT  = $(if $(BENCH_QUICK),target/bench-smoke/BENCHMARKS.md,BENCHMARKS.md)
 BENCH_PLOTS   = $(if $(BENCH_QUICK),target/bench-smoke/plots,bench/plots)
@@ -150,7 +166,9 @@ bench: bench-tools wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) FLOOR_MODE=getset cargo build --release --target wasm32-wasip1 -p bench-floor-filter
 	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-copy.wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_NATIVE_CARGO) -p mcp-resume-guard-native
 	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
+	  --native-dir $(BENCH_TARGET)/$(BENCH_NATIVE_PROFILE) \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
 	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
 	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS)

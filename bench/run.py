@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""`make bench` driver: runs B1-B5 against bare Envoy, the proxy-wasm floor and the guard,
-alternating configurations round by round, and writes BENCHMARKS.md, results.json and plots.
+"""`make bench` driver: runs B1-B5 against bare Envoy, the proxy-wasm floor and the guard (and, with
+--native-dir, the guard's native build), alternating configurations round by round, and writes
+BENCHMARKS.md, results.json and plots.
 
 Every process is started here and stopped by pid. Ports: 14000-14999 on 127.0.0.1 only.
 Primary figure: Envoy CPU time (utime+stime from /proc/<pid>/stat) per request or event.
@@ -117,6 +118,8 @@ def rss(pid):
 # ---- Envoy configurations -----------------------------------------------------------------
 
 EXTRA_WASM: dict[str, Path] = {}
+# The directory holding libmcp_resume_guard_native.so, when the native column is measured.
+NATIVE_DIR: Path | None = None
 
 
 def envoy_cfg(kind, guard_wasm, floor_wasm):
@@ -129,7 +132,15 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
     hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
     filters = hcm["http_filters"]
     g = next(f for f in filters if f["name"] == "mcp_resume_guard")
-    if kind == "bare":
+    if kind == "native":
+        # The dynamic-module filter of envoy/envoy-native.yaml with this config's plugin JSON.
+        with open(ROOT / "envoy" / "envoy-native.yaml") as f:
+            ncfg = yaml.safe_load(f)
+        nhcm = ncfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        n = next(f for f in nhcm["http_filters"] if f["name"] == "mcp_resume_guard")
+        n["typed_config"]["filter_config"]["value"] = g["typed_config"]["config"]["configuration"]["value"]
+        hcm["http_filters"] = [n if f is g else f for f in filters]
+    elif kind == "bare":
         hcm["http_filters"] = [f for f in filters if f is not g]
     elif kind == "floor" or (kind in EXTRA_WASM and not kind.startswith("guard")):
         c = g["typed_config"]["config"]
@@ -191,9 +202,10 @@ class Envoy(Proc):
     def start(self):
         wait_free(self.port)
         wait_free(self.admin)
+        env = {**os.environ, "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(NATIVE_DIR)} if NATIVE_DIR else None
         with open(self.log_path, "ab") as lf:
             self.p = subprocess.Popen(self.args, stdout=lf, stderr=subprocess.STDOUT, cwd=ROOT,
-                                      start_new_session=True)
+                                      start_new_session=True, env=env)
         end = time.monotonic() + 30
         while time.monotonic() < end:
             if self.p.poll() is not None:
@@ -214,7 +226,7 @@ class Envoy(Proc):
             for line in r.read().decode().splitlines():
                 k, _, v = line.partition(": ")
                 if v.strip().isdigit():
-                    out[k.removeprefix("wasmcustom.")] = int(v)
+                    out[k.removeprefix("wasmcustom.").removeprefix("dynamicmodulescustom.")] = int(v)
             return out
 
 
@@ -340,7 +352,8 @@ def summarize(runs, key, extra=()):
         for e in extra:
             out[c][e] = med([r.get(e) for r in rs])
     # Ratios round by round, then the median (the pairs ran back to back).
-    for a, b in (("guard", "floor"), ("floor", "bare"), ("guard", "bare"), ("copy", "floor"), ("guard", "copy")):
+    for a, b in (("guard", "floor"), ("floor", "bare"), ("guard", "bare"), ("copy", "floor"), ("guard", "copy"),
+                 ("native", "floor"), ("native", "guard"), ("native", "bare")):
         if a in runs and b in runs:
             ratios = [x[key] / y[key] for x, y in zip(runs[a], runs[b]) if x[key] and y[key]]
             out[f"{a}/{b}"] = med(ratios)
@@ -578,7 +591,8 @@ def write_report(res, path, plots_rel):
       "`bench/OPTIMIZATIONS.md`.")
     a("")
     a(f"Run: {res['started']} UTC, {res['duration_s']:.0f} s, mode **{'quick' if res['quick'] else 'full'}**, "
-      f"{res['rounds']} rounds per benchmark, configurations alternated (bare, floor, guard, bare, …); "
+      f"{res['rounds']} rounds per benchmark, configurations alternated "
+      f"({', '.join(res.get('configs', ['bare', 'floor', 'guard']))}, bare, …); "
       "figures are medians over rounds, ratios are medians of per-round ratios.")
     a("")
     a("## Machine")
@@ -594,7 +608,10 @@ def write_report(res, path, plots_rel):
     a("")
     a("Envoy runs with `--concurrency 1`; *bare* = no Wasm filter, *floor* = the empty Rust proxy-wasm filter "
       "`bench/floor-filter`, *guard* = `mcp_resume_guard.wasm` with the config of `envoy/envoy.yaml` and the "
-      "ownership service (embedded store) running. The three Envoys have the same listener, routes, "
+      "ownership service (embedded store) running" + (", *native* = the same guard as an Envoy dynamic module "
+      "(`libmcp_resume_guard_native.so`, `envoy/envoy-native.yaml`; its floor is *bare*: no VM"
+      + ("; a debug build in quick mode" if res.get("quick") else "") + ")"
+      if "native" in res.get("b1", {}).get("post_json", {}) else "") + ". The Envoys have the same listener, routes, "
       "`stateful_session` and clusters. CPU = utime+stime of the Envoy process from `/proc/<pid>/stat` "
       f"(clock ticks of {1000 // CLK_TCK} ms) over the measured window, divided by requests or events completed.")
     a("")
@@ -620,7 +637,9 @@ def write_report(res, path, plots_rel):
         r = b1[kind]
         for c in CONFIGS:
             ratio = {"bare": "", "floor": f"floor/bare {fmt(r['floor/bare'])}",
-                     "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**, p99 {fmt(r.get('fixed_p99_ratio'), 3)}"}[c]
+                     "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**, p99 {fmt(r.get('fixed_p99_ratio'), 3)}",
+                     "native": f"native/bare **{fmt(r.get('native/bare'), 3)}**, "
+                               f"native/guard {fmt(r.get('native/guard'), 3)}"}.get(c, "")
             a(f"| {label} | {c} | {fmt(r[c]['cpu_us_per_req'])} | {fmt(r[c]['rps'], 0)} | {fmt(r[c]['p50_us'], 0)} / "
               f"{fmt(r[c]['p99_us'], 0)} | {fmt(r[c].get('fixed_p50_us'), 0)} / {fmt(r[c].get('fixed_p99_us'), 0)} | {ratio} |")
     a("")
@@ -633,10 +652,12 @@ def write_report(res, path, plots_rel):
         a("| event size | config | CPU µs/event | events/s | MB/s | ratio |")
         a("| --- | --- | --- | --- | --- | --- |")
         for size, r in res[mode].items():
-            for c in [x for x in ("bare", "floor", "copy", "guard") if x in r]:
+            for c in [x for x in ("bare", "floor", "copy", "guard", "native") if x in r]:
                 ratio = {"bare": "", "floor": f"floor/bare {fmt(r['floor/bare'])}",
                          "copy": f"copy/floor {fmt(r.get('copy/floor'), 3)}",
-                         "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**"}[c]
+                         "guard": f"guard/floor **{fmt(r['guard/floor'], 3)}**",
+                         "native": f"native/bare **{fmt(r.get('native/bare'), 3)}**, "
+                                   f"native/guard {fmt(r.get('native/guard'), 3)}"}[c]
                 a(f"| {size} B | {c} | {fmt(r[c]['cpu_us_per_event'], 3)} | {fmt(r[c]['events_per_s'], 0)} | "
                   f"{fmt(r[c]['mb_per_s'], 1)} | {ratio} |")
         if "copy" in next(iter(res[mode].values()), {}):
@@ -762,11 +783,11 @@ def plots(res, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     out_dir.mkdir(parents=True, exist_ok=True)
-    colors = {"bare": "#999999", "floor": "#4c72b0", "copy": "#8da0cb", "guard": "#dd8452"}
+    colors = {"bare": "#999999", "floor": "#4c72b0", "copy": "#8da0cb", "guard": "#dd8452", "native": "#55a868"}
 
     def bars(ax, groups, key, ylabel, title, log=False):
         labels = list(groups)
-        cs = [c for c in ("bare", "floor", "copy", "guard") if c in groups[labels[0]]]
+        cs = [c for c in ("bare", "floor", "copy", "guard", "native") if c in groups[labels[0]]]
         w = 0.8 / len(cs)
         for i, c in enumerate(cs):
             ax.bar([x + (i - (len(cs) - 1) / 2) * w for x in range(len(labels))],
@@ -883,7 +904,14 @@ def main():
     ap.add_argument("--copy-wasm", type=Path, default=None,
                     help="the floor filter built with FLOOR_MODE=getset: B2's 'copy' configuration")
     ap.add_argument("--sizes", default="")
+    ap.add_argument("--native-dir", type=Path, default=None,
+                    help="directory of libmcp_resume_guard_native.so: adds the 'native' configuration")
     a = ap.parse_args()
+    if a.native_dir:
+        global NATIVE_DIR
+        NATIVE_DIR = a.native_dir.resolve()
+        PORTS["native"] = (14080, 14081)
+        CONFIGS.append("native")
     for i, x in enumerate(a.extra):
         name, _, path = x.partition("=")
         EXTRA_WASM[name] = Path(path).resolve()
@@ -906,7 +934,7 @@ def main():
     global BIN_DIR
     BIN_DIR = bin_dir
     res = {"quick": quick, "rounds": rounds, "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-           "machine_start": machine(a.envoy)}
+           "machine_start": machine(a.envoy), "configs": list(CONFIGS)}
     t0 = time.monotonic()
     procs = []
     only = set(filter(None, a.only.split(",")))

@@ -8,6 +8,8 @@ use crate::source::Doc;
 
 pub const GUARD: &str = "mcp_resume_guard";
 const WASM_TYPE: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
+const DYNAMIC_MODULE_TYPE: &str =
+    "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
 const HCM_TYPE: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const STATEFUL_TYPE: &str = "envoy.extensions.filters.http.stateful_session.v3.StatefulSession";
@@ -148,10 +150,16 @@ pub fn duration_secs(v: &Value) -> Option<f64> {
     s.parse::<f64>().ok()
 }
 
+/// The guard's native build: a dynamic-module filter whose `filter_name` is the guard's.
+fn is_guard_native(f: &Value) -> bool {
+    let tc = f.get("typed_config").unwrap_or(&Value::Null);
+    type_of(tc) == DYNAMIC_MODULE_TYPE && str_of(tc, "/filter_name") == Some(GUARD)
+}
+
 fn is_guard_wasm(f: &Value) -> bool {
     let tc = f.get("typed_config").unwrap_or(&Value::Null);
     if type_of(tc) != WASM_TYPE {
-        return false;
+        return is_guard_native(f);
     }
     let c = tc.get("config").unwrap_or(&Value::Null);
     f.get("name").and_then(Value::as_str) == Some(GUARD)
@@ -302,15 +310,20 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
             ),
         ),
     }
-    let conf = &wasm["configuration"];
+    // The plugin JSON: the Wasm filter's `configuration`, or the native build's `filter_config`.
+    let (conf, conf_at) = if is_guard_native(&filters[g]) {
+        (
+            &filters[g]["typed_config"]["filter_config"],
+            "typed_config.filter_config",
+        )
+    } else {
+        (&wasm["configuration"], "typed_config.config.configuration")
+    };
     let idx = match conf.get("value").and_then(Value::as_str) {
-        Some(json) => r.plugin(
-            &format!("{gat}.typed_config.config.configuration.value"),
-            json,
-        ),
+        Some(json) => r.plugin(&format!("{gat}.{conf_at}.value"), json),
         None => {
             r.error(
-                format!("{gat}.typed_config.config.configuration"),
+                format!("{gat}.{conf_at}"),
                 "missing: a google.protobuf.StringValue holding the plugin JSON",
             );
             None

