@@ -196,9 +196,11 @@ fn store_spec(value: &str) -> Result<StoreSpec, String> {
         mcp_ownership::redis::parse_url(value).map_err(|e| format!("--store: {e}"))?;
         Ok(StoreSpec::Redis(value.to_owned()))
     } else {
-        Err("--store: expected `memory`, `redis://HOST:PORT` (or rediss://) or \
+        Err(
+            "--store: expected `memory`, `redis://HOST:PORT` (or rediss://) or \
              `redis-cluster://HOST:PORT[,HOST:PORT…]` (or rediss-cluster://)"
-            .to_owned())
+                .to_owned(),
+        )
     }
 }
 

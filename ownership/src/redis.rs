@@ -165,7 +165,8 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// Where `--store` points, parsed.
+/// Where `--store` points, parsed (made once per store: size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Single(redis::Client),
     Cluster(ClusterClient),
@@ -240,8 +241,17 @@ impl Link {
         let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
             || e.to_string().contains("READONLY")
             || e.to_string().contains("ReadOnly");
-        if let (true, Link::Single { client, config, conn }) = (readonly, self) {
-            if let Ok(fresh) = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+        if let (
+            true,
+            Link::Single {
+                client,
+                config,
+                conn,
+            },
+        ) = (readonly, self)
+        {
+            if let Ok(fresh) =
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             {
                 *lock(conn) = fresh;
             }
@@ -556,10 +566,7 @@ impl RedisStore {
                 .arg(format!("{base}:i:{inc}"))
                 .arg(format!("{base}:w:{inc}"))
                 .arg(format!("{base}:l:{inc}")),
-            None => c
-                .arg(2)
-                .arg(format!("{base}:s"))
-                .arg(format!("{base}:n")),
+            None => c.arg(2).arg(format!("{base}:s")).arg(format!("{base}:n")),
         };
     }
 
@@ -752,8 +759,9 @@ impl RedisStore {
 
     fn wait_cmd(&self, replicas: u32) -> Cmd {
         let mut c = redis::cmd("WAIT");
-        // Within the operation's bound (0 would mean forever).
-        c.arg(replicas).arg(ms(self.opts.op_timeout).max(1));
+        // Well within the operation's bound, so the answer says why (0 would mean forever).
+        c.arg(replicas)
+            .arg((ms(self.opts.op_timeout) * 2 / 3).max(1));
         c
     }
 
@@ -764,7 +772,7 @@ impl RedisStore {
                 what,
                 format!(
                     "{acked} of {wait} replicas acknowledged within {} ms",
-                    self.opts.op_timeout.as_millis()
+                    (ms(self.opts.op_timeout) * 2 / 3).max(1)
                 ),
             ));
         }
@@ -1055,7 +1063,14 @@ impl RedisStore {
             .arg(self.limits.max_window)
             .arg(self.keep_ms());
         let reply = self
-            .exec("snapshot", &[Placed { key: base.clone(), cmd: c }], false)
+            .exec(
+                "snapshot",
+                &[Placed {
+                    key: base.clone(),
+                    cmd: c,
+                }],
+                false,
+            )
             .await?
             .into_iter()
             .next()

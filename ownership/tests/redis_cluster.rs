@@ -71,7 +71,9 @@ fn cluster_urls() {
         assert!(e.contains("redis-cluster://HOST:PORT"), "{bad}: {e}");
     }
     // A password in the URL is never shown.
-    let e = parse_url("redis-cluster://u:secret-pw@h:1/0").err().unwrap();
+    let e = parse_url("redis-cluster://u:secret-pw@h:1/0")
+        .err()
+        .unwrap();
     assert!(!e.contains("secret-pw"), "{e}");
     let e = RedisStore::new(
         "redis-cluster://127.0.0.1:7000",
@@ -110,7 +112,11 @@ async fn sessions_spread_over_primaries_each_on_one_slot() {
         );
         let base = s.session_base(&key);
         let (master, slot) = c.owner_of(&format!("{base}:s"));
-        for k in [format!("{base}:n"), format!("{base}:i:{A}"), format!("{base}:w:{A}")] {
+        for k in [
+            format!("{base}:n"),
+            format!("{base}:i:{A}"),
+            format!("{base}:w:{A}"),
+        ] {
             assert_eq!(c.owner_of(&k), (master, slot), "{k}");
             assert_eq!(
                 cluster::cli(master, &["exists", &k]).trim(),
@@ -133,12 +139,20 @@ async fn unreachable_cluster_fails_fast() {
         op_timeout: Duration::from_millis(150),
         ..RedisOptions::default()
     };
-    let s = RedisStore::new("redis-cluster://127.0.0.1:1,127.0.0.1:2", Limits::default(), opts)
-        .unwrap();
+    let s = RedisStore::new(
+        "redis-cluster://127.0.0.1:1,127.0.0.1:2",
+        Limits::default(),
+        opts,
+    )
+    .unwrap();
     for _ in 0..3 {
         let t = std::time::Instant::now();
         let e = s.health().await.unwrap_err();
-        assert!(t.elapsed() < Duration::from_millis(400), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
         assert!(e.to_string().contains("redis"), "{e}");
         assert!(s.apply(&[open(S1)], T0).await.is_err());
     }

@@ -19,6 +19,7 @@ pub fn offset() -> u16 {
 
 pub struct Cluster {
     pub ports: Vec<u16>,
+    want_masters: usize,
     pub dir: PathBuf,
     nodes: Mutex<Vec<(u16, Child)>>,
 }
@@ -47,6 +48,7 @@ impl Cluster {
         std::fs::create_dir_all(&dir).unwrap();
         let c = Cluster {
             ports: ports.clone(),
+            want_masters: masters,
             dir,
             nodes: Mutex::new(Vec::new()),
         };
@@ -102,7 +104,8 @@ impl Cluster {
     }
 
     /// Every live node says `cluster_state:ok`, every replica is in sync with its primary,
-    /// and all nodes agree on who the primaries are.
+    /// and all nodes agree on who the primaries are (as many as at the start: a primary that
+    /// comes back after a failover turns into a replica).
     pub fn wait_ok(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
@@ -120,11 +123,15 @@ impl Cluster {
                 !r.contains("role:slave") || r.contains("master_link_status:up")
             });
             let views: Vec<Vec<u16>> = live.iter().map(|p| self.masters_seen_by(*p)).collect();
-            let agree = views.windows(2).all(|w| w[0] == w[1]);
+            let agree = views.windows(2).all(|w| w[0] == w[1])
+                && views.iter().all(|v| v.len() == self.want_masters);
             if ok && synced && agree && !live.is_empty() {
                 return;
             }
-            assert!(Instant::now() < deadline, "cluster not ok within {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "cluster not ok within {timeout:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -138,7 +145,13 @@ impl Cluster {
                 if !flags.contains("master") || flags.contains("fail") {
                     return None;
                 }
-                f.get(1)?.split('@').next()?.rsplit(':').next()?.parse().ok()
+                f.get(1)?
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
             })
             .collect();
         out.sort_unstable();
@@ -218,7 +231,11 @@ impl Cluster {
     }
 
     pub fn url(&self, scheme: &str) -> String {
-        let hosts: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         format!("{scheme}://{}", hosts.join(","))
     }
 }
