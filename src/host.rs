@@ -1,13 +1,25 @@
-//! Host calls that never panic: failures are logged and read as "absent".
+//! The proxy-wasm implementation of the core's [`Host`]: every call goes to the proxy-wasm ABI
+//! and never panics (the trait helpers of the proxy-wasm crate unwrap); failures are logged.
+use mcp_resume_core::host::{Host, LogLevel, Stat, CALLOUT_MS};
 use proxy_wasm::hostcalls as hc;
-use proxy_wasm::types::{BufferType, LogLevel, MapType};
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::time::{Duration, UNIX_EPOCH};
 
-pub fn log(level: LogLevel, msg: &str) {
-    let _ = hc::log(level, msg);
+fn level(l: LogLevel) -> proxy_wasm::types::LogLevel {
+    use proxy_wasm::types::LogLevel as P;
+    match l {
+        LogLevel::Info => P::Info,
+        LogLevel::Warn => P::Warn,
+        LogLevel::Error => P::Error,
+        LogLevel::Critical => P::Critical,
+    }
 }
 
-fn warn(what: &str, status: proxy_wasm::types::Status) {
+pub fn log(l: LogLevel, msg: &str) {
+    let _ = hc::log(level(l), msg);
+}
+
+fn warn(what: &str, status: Status) {
     log(
         LogLevel::Warn,
         &format!("mcp-resume-guard: host call {what} failed: {status:?}"),
@@ -27,122 +39,13 @@ pub fn set_tick_period(p: Duration) {
     }
 }
 
-pub fn now_ms() -> u64 {
-    hc::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// A fresh incarnation id. WASI `random_get` works in Envoy's V8; fall back to the clock.
-pub fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    match getrandom::fill(&mut b) {
-        Ok(()) => u64::from_le_bytes(b),
-        Err(_) => now_ms().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
-    }
-}
-
-/// All headers of a map in one host call (one allocation in the VM instead of one per value).
-/// Values stay bytes: a header value that is not UTF-8 must not panic the VM.
-pub struct Headers(Vec<(String, Vec<u8>)>);
-
-impl Headers {
-    /// The first value of `name` (lowercase, as Envoy keeps header names), lossily as UTF-8.
-    pub fn get(&self, name: &str) -> Option<String> {
-        self.0
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.0.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
-    }
-}
-
-pub fn request_headers() -> Headers {
-    Headers(
-        hc::get_map_bytes(MapType::HttpRequestHeaders)
-            .ok()
-            .unwrap_or_default(),
-    )
-}
-
-pub fn response_headers() -> Headers {
-    Headers(
-        hc::get_map_bytes(MapType::HttpResponseHeaders)
-            .ok()
-            .unwrap_or_default(),
-    )
-}
-
-pub fn set_request_header(name: &str, value: &str) {
-    if let Err(s) = hc::set_map_value(MapType::HttpRequestHeaders, name, Some(value)) {
-        warn("set request header", s);
-    }
-}
-
-pub fn set_response_header(name: &str, value: &str) {
-    if let Err(s) = hc::set_map_value(MapType::HttpResponseHeaders, name, Some(value)) {
-        warn("set response header", s);
-    }
-}
-
-pub fn remove_request_header(name: &str) {
-    if let Err(s) = hc::remove_map_value(MapType::HttpRequestHeaders, name) {
-        warn("remove request header", s);
-    }
-}
-
-pub fn remove_response_header(name: &str) {
-    if let Err(s) = hc::remove_map_value(MapType::HttpResponseHeaders, name) {
-        warn("remove response header", s);
-    }
-}
-
-pub fn response_body(size: usize) -> Vec<u8> {
-    hc::get_buffer(BufferType::HttpResponseBody, 0, size)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
-}
-
-pub fn set_response_body(size: usize, body: &[u8]) {
-    if let Err(s) = hc::set_buffer(BufferType::HttpResponseBody, 0, size, body) {
-        warn("set response body", s);
-    }
-}
-
-pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) {
-    if let Err(s) = hc::send_http_response(status, headers.to_vec(), Some(body)) {
-        warn("send_http_response", s);
-    }
-}
-
-pub fn reset_response() {
-    if let Err(s) = hc::reset_http_response() {
-        warn("reset_http_response", s);
-    }
-}
-
-pub fn resume_request() {
-    if let Err(s) = hc::resume_http_request() {
-        warn("resume_http_request", s);
-    }
-}
-
-pub fn dispatch(
-    cluster: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    timeout: Duration,
-) -> Option<u32> {
-    match hc::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout) {
-        Ok(token) => Some(token),
+/// All headers of a map in one host call. Values stay bytes: a value that is not UTF-8 must
+/// not panic the VM. `None` when the host could not give them.
+pub fn header_map(map: MapType) -> Option<Vec<(String, Vec<u8>)>> {
+    match hc::get_map_bytes(map) {
+        Ok(h) => Some(h),
         Err(s) => {
-            warn("dispatch_http_call", s);
+            warn("get header map", s);
             None
         }
     }
@@ -162,10 +65,187 @@ pub fn call_body(size: usize) -> Option<Vec<u8>> {
         .flatten()
 }
 
-/// `ip:port` of the replica that served this request.
-pub fn upstream_address() -> Option<String> {
-    hc::get_property(vec!["upstream", "address"])
-        .ok()
-        .flatten()
-        .and_then(|b| String::from_utf8(b).ok())
+pub fn response_body(size: usize) -> Option<Vec<u8>> {
+    match hc::get_buffer(BufferType::HttpResponseBody, 0, size) {
+        Ok(b) => Some(b.unwrap_or_default()),
+        Err(s) => {
+            warn("get response body", s);
+            None
+        }
+    }
+}
+
+/// Metric ids, one per [`Stat`] in [`Stat::all`] order; 0 where the host refused to define one
+/// (then updates are no-ops).
+pub struct Metrics {
+    counters: Vec<u32>,
+    callout_ms: u32,
+}
+
+fn define(kind: MetricType, name: &str) -> u32 {
+    match hc::define_metric(kind, &format!("mcp_resume_guard.{name}")) {
+        Ok(id) => id,
+        Err(_) => {
+            log(LogLevel::Warn, &format!("cannot define metric {name}"));
+            0
+        }
+    }
+}
+
+impl Metrics {
+    pub fn define() -> Metrics {
+        Metrics {
+            counters: Stat::all()
+                .into_iter()
+                .map(|s| define(MetricType::Counter, &s.name()))
+                .collect(),
+            callout_ms: define(MetricType::Histogram, CALLOUT_MS),
+        }
+    }
+}
+
+/// Shared-data slots for stream claims.
+const CLAIM_SLOTS: u64 = 1024;
+
+fn claim_key(incarnation: u64) -> String {
+    format!("mcp_resume_guard.claim.{}", incarnation % CLAIM_SLOTS)
+}
+
+/// The host as seen from one callback. `body_size` is the size of the body chunk being handled.
+pub struct ProxyHost<'m> {
+    pub metrics: &'m Metrics,
+    pub body_size: usize,
+}
+
+impl Host for ProxyHost<'_> {
+    fn now_ms(&self) -> u64 {
+        hc::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// WASI `random_get` works in Envoy's V8; fall back to the clock.
+    fn random_u64(&mut self) -> u64 {
+        let mut b = [0u8; 8];
+        match getrandom::fill(&mut b) {
+            Ok(()) => u64::from_le_bytes(b),
+            Err(_) => self.now_ms().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        hc::get_property(vec!["upstream", "address"])
+            .ok()
+            .flatten()
+            .and_then(|b| String::from_utf8(b).ok())
+    }
+
+    fn set_request_header(&mut self, name: &str, value: &str) {
+        if let Err(s) = hc::set_map_value(MapType::HttpRequestHeaders, name, Some(value)) {
+            warn("set request header", s);
+        }
+    }
+
+    fn remove_request_header(&mut self, name: &str) {
+        if let Err(s) = hc::remove_map_value(MapType::HttpRequestHeaders, name) {
+            warn("remove request header", s);
+        }
+    }
+
+    fn set_response_header(&mut self, name: &str, value: &str) {
+        if let Err(s) = hc::set_map_value(MapType::HttpResponseHeaders, name, Some(value)) {
+            warn("set response header", s);
+        }
+    }
+
+    fn remove_response_header(&mut self, name: &str) {
+        if let Err(s) = hc::remove_map_value(MapType::HttpResponseHeaders, name) {
+            warn("remove response header", s);
+        }
+    }
+
+    fn send_local_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        if let Err(s) = hc::send_http_response(u32::from(status), headers.to_vec(), Some(body)) {
+            warn("send_http_response", s);
+        }
+    }
+
+    fn resume_request(&mut self) {
+        if let Err(s) = hc::resume_http_request() {
+            warn("resume_http_request", s);
+        }
+    }
+
+    fn replace_body_chunk(&mut self, body: &[u8]) {
+        if let Err(s) = hc::set_buffer(BufferType::HttpResponseBody, 0, self.body_size, body) {
+            warn("set response body", s);
+        }
+    }
+
+    fn reset_response(&mut self) {
+        if let Err(s) = hc::reset_http_response() {
+            warn("reset_http_response", s);
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        let timeout = Duration::from_millis(timeout_ms);
+        match hc::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout) {
+            Ok(token) => Some(token),
+            Err(s) => {
+                warn("dispatch_http_call", s);
+                None
+            }
+        }
+    }
+
+    /// Claims live in the VM's shared data, seen by every worker of this plugin: a fixed set of
+    /// slots (shared data is never freed), each holding incarnation ‖ claim. A slot taken by
+    /// another incarnation forgets the older claim; forks are then caught by the replay check.
+    fn claim_stream(&mut self, incarnation: u64, claim: u64) {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&incarnation.to_be_bytes());
+        v[8..].copy_from_slice(&claim.to_be_bytes());
+        if let Err(s) = hc::set_shared_data(&claim_key(incarnation), Some(&v), None) {
+            warn("set_shared_data", s);
+        }
+    }
+
+    fn stream_claim(&self, incarnation: u64) -> Option<u64> {
+        let (v, _) = hc::get_shared_data(&claim_key(incarnation)).ok()?;
+        let v = v?;
+        let inc = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+        let claim = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+        (inc == incarnation).then_some(claim)
+    }
+
+    fn count(&mut self, stat: Stat, n: u64) {
+        let id = self
+            .metrics
+            .counters
+            .get(stat.index())
+            .copied()
+            .unwrap_or(0);
+        if id != 0 {
+            let _ = hc::increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn observe_callout_ms(&mut self, ms: u64) {
+        if self.metrics.callout_ms != 0 {
+            let _ = hc::record_metric(self.metrics.callout_ms, ms);
+        }
+    }
+
+    fn log(&mut self, l: LogLevel, msg: &str) {
+        log(l, msg);
+    }
 }

@@ -62,6 +62,9 @@ pub struct Ownership {
     /// Records kept while the service is unreachable; older ones are dropped (and counted).
     #[serde(default = "default_max_queue")]
     pub max_queue: usize,
+    /// Sent as `authorization: Bearer <token>` on every callout and record post.
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 fn default_authority() -> String {
@@ -96,7 +99,8 @@ pub struct KeyConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    /// MCP endpoint paths (exact match, query ignored); a trailing `*` makes a prefix.
+    /// MCP endpoint paths, matched after normalization (exact, or with one trailing slash); a
+    /// trailing `*` makes a prefix.
     #[serde(default = "default_paths")]
     pub mcp_paths: Vec<String>,
     pub ownership: Ownership,
@@ -136,12 +140,7 @@ fn default_true() -> bool {
     true
 }
 
-/// A path matcher from `mcp_paths`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathMatch {
-    Exact(String),
-    Prefix(String),
-}
+pub use crate::path::PathMatch;
 
 /// The validated configuration the filter runs with.
 #[derive(Debug)]
@@ -206,10 +205,7 @@ impl Config {
             if !p.starts_with('/') {
                 return Err(err(format!("mcp_paths[{i}]"), "must start with '/'"));
             }
-            paths.push(match p.strip_suffix('*') {
-                Some(prefix) => PathMatch::Prefix(prefix.to_string()),
-                None => PathMatch::Exact(p.clone()),
-            });
+            paths.push(PathMatch::parse(p));
         }
         let o = &raw.ownership;
         if o.cluster.is_empty() {
@@ -235,6 +231,18 @@ impl Config {
                 "ownership.max_queue",
                 "must be at least ownership.max_batch",
             ));
+        }
+        if let Some(t) = &o.token {
+            // RFC 6750 b64token: what may follow "Bearer " without quoting.
+            let ok = !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b));
+            if !ok {
+                return Err(err(
+                    "ownership.token",
+                    "must be a non-empty bearer token (letters, digits and -._~+/=)",
+                ));
+            }
         }
         if !is_header_name(&raw.owner_header) {
             return Err(err("owner_header", "must be a lowercase HTTP header name"));
@@ -262,13 +270,15 @@ impl Config {
         })
     }
 
-    /// Is this request path (query included or not) an MCP endpoint?
+    /// Is this request path an MCP endpoint? Matched after normalization ([`crate::path`]).
     pub fn is_mcp_path(&self, path: &str) -> bool {
-        let path = path.split('?').next().unwrap_or(path);
-        self.paths.iter().any(|m| match m {
-            PathMatch::Exact(p) => path == p,
-            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
-        })
+        let path = crate::path::normalize(path);
+        self.paths.iter().any(|m| m.matches(&path))
+    }
+
+    /// The `authorization` header value of ownership requests, when a token is configured.
+    pub fn ownership_authorization(&self) -> Option<String> {
+        self.ownership.token.as_ref().map(|t| format!("Bearer {t}"))
     }
 
     /// The policy for a refused cursor of this kind (`None`: the guard could not read it).
@@ -376,6 +386,10 @@ mod tests {
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn errors_name_the_field() {
         assert_eq!(field_of(&json(r#","bogus":1"#)), "bogus");
+        assert_eq!(
+            field_of(r#"{"ownership":{"cluster":"c","token":"a b"},"keys":[]}"#),
+            "ownership.token"
+        );
         assert_eq!(field_of(&json(r#","policy":{"other":1}"#)), "policy.other");
         assert_eq!(field_of(&json(r#","reject_status":404"#)), "reject_status");
         assert_eq!(field_of(&json(r#","reject_status":"x""#)), "reject_status");

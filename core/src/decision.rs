@@ -92,8 +92,10 @@ pub fn version_resumable(version: Option<&str>) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub struct CursorRequest<'a> {
     pub is_get: bool,
-    pub last_event_id: &'a str,
-    pub session_id: Option<&'a str>,
+    /// Raw header bytes: a value that is not UTF-8 is not a cursor of this guard.
+    pub last_event_id: &'a [u8],
+    /// Raw header bytes, hashed as they are (never converted lossily).
+    pub session_id: Option<&'a [u8]>,
     pub protocol_version: Option<&'a str>,
 }
 
@@ -119,14 +121,17 @@ pub fn check_locally(keys: &Keyring, req: &CursorRequest<'_>) -> LocalVerdict {
         // Legacy clients carry cursors across sessions, even on POST: never let one eat a body.
         return refuse(Reason::PostCursor, None);
     }
-    let cursor = match keys.decode(req.last_event_id) {
+    let Ok(text) = std::str::from_utf8(req.last_event_id) else {
+        return refuse(Reason::ForeignCursor, None);
+    };
+    let cursor = match keys.decode(text) {
         Ok(c) => c,
         Err(_) => return refuse(Reason::ForeignCursor, None),
     };
     let kind = Some(cursor.kind);
     match req.session_id {
         None => refuse(Reason::SessionInactive, kind),
-        Some(sid) if session_binding(sid.as_bytes()) != cursor.session => {
+        Some(sid) if session_binding(sid) != cursor.session => {
             refuse(Reason::SessionMismatch, kind)
         }
         Some(_) => LocalVerdict::Ask(cursor),
@@ -271,8 +276,8 @@ mod tests {
             keys,
             &CursorRequest {
                 is_get,
-                last_event_id: lei,
-                session_id: sid,
+                last_event_id: lei.as_bytes(),
+                session_id: sid.map(str::as_bytes),
                 protocol_version: v,
             },
         )

@@ -1,31 +1,33 @@
-//! Wire types shared by the filter and the ownership service (HTTP/JSON), their limits and
-//! their validation (one definition, used by the guard before queueing and by the service).
-use std::borrow::Cow;
-use std::net::SocketAddr;
-
+//! Wire types shared by the filter and the ownership service (HTTP/JSON), with their limits
+//! and the one validation both sides apply ([`Record::validate`]).
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::net::SocketAddr;
 
-/// The service answers 413 above it.
+/// `POST /v1/records` bodies above this are refused with 413.
 pub const MAX_RECORDS_BODY_BYTES: usize = 1 << 20;
-/// The service answers 400 above it.
+/// Records per batch; the service answers 400 above it.
 pub const MAX_BATCH_RECORDS: usize = 10_000;
-/// An entry of `Events.ids` (the recorded form).
+/// Bytes of one entry of `Events.ids` (the recorded form, [`recorded_id`]).
 pub const MAX_EVENT_ID_BYTES: usize = 128;
-/// A full long id kept for resumption.
+/// Bytes of a full long id kept for resumption (`Events.long`); longer ids are digest-only.
 pub const MAX_LONG_ID_BYTES: usize = 64 * 1024;
 /// Full long ids the store keeps per incarnation (the newest).
 pub const LONG_IDS_KEPT: usize = 16;
+/// Bytes of a protocol version string.
 pub const MAX_VERSION_BYTES: usize = 64;
-/// Sequence numbers stay within JSON's exactly representable integers, which also keeps every
-/// `seq + 1` far from overflow.
+/// Sequence numbers stay within JSON's exactly representable integers (2^53 - 1), which also
+/// keeps every `seq + 1` far from overflow.
 pub const MAX_SEQ: u64 = (1 << 53) - 1;
-/// Session store keys: lowercase hex digits.
-pub const SESSION_KEY_HEX: usize = 32;
-/// Incarnation ids: lowercase hex digits.
-pub const INCARNATION_HEX: usize = 16;
+/// Length of a session key: lowercase hex of 16 bytes.
+pub const SESSION_KEY_CHARS: usize = 32;
+/// Length of an incarnation id: lowercase hex of 8 bytes.
+pub const INCARNATION_CHARS: usize = 16;
+/// The first character of a recorded digest; an id that starts with it is recorded by digest.
+pub const DIGEST_MARK: char = '~';
 
 /// Which kind of SSE stream an incarnation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,10 +81,16 @@ pub enum Reason {
     PostCursor,
     /// A continuation replayed something other than the recorded next event.
     ReplayMismatch,
+    /// A newer continuation of the same incarnation took the stream over (newest wins).
+    Forked,
+    /// The request repeated `Last-Event-ID`, `Mcp-Session-Id` or `MCP-Protocol-Version`.
+    DuplicateHeader,
+    /// The proxy could not give the guard the request's or response's headers or body.
+    HostError,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 14] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -94,6 +102,9 @@ impl Reason {
         Reason::NotResumableVersion,
         Reason::PostCursor,
         Reason::ReplayMismatch,
+        Reason::Forked,
+        Reason::DuplicateHeader,
+        Reason::HostError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -109,6 +120,9 @@ impl Reason {
             Reason::NotResumableVersion => "not_resumable_version",
             Reason::PostCursor => "post_cursor",
             Reason::ReplayMismatch => "replay_mismatch",
+            Reason::Forked => "forked",
+            Reason::DuplicateHeader => "duplicate_header",
+            Reason::HostError => "host_error",
         }
     }
 }
@@ -147,8 +161,8 @@ pub enum ResumeVerdict {
         expected: Vec<String>,
         /// Recorded head sequence number of the incarnation.
         head: u64,
-        /// Full replica id of the cursor's own seq, when that id was long and the store still
-        /// keeps it (the last [`LONG_IDS_KEPT`] long ids of the incarnation).
+        /// The full replica id of the cursor's own seq, when it was too long to be embedded in
+        /// the cursor and the store still keeps it (the last [`LONG_IDS_KEPT`] long ids).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resume_id: Option<String>,
     },
@@ -196,15 +210,15 @@ pub enum Record {
         /// even when records arrive out of order.
         opened_ms: u64,
     },
-    /// Events relayed: seq `first_seq + i` carried replica event id `ids[i]`, in its
-    /// [`recorded_id`] form.
+    /// Events relayed: seq `first_seq + i` carried replica event id `ids[i]`, in recorded form
+    /// ([`recorded_id`]).
     Events {
         session: String,
         incarnation: String,
         first_seq: u64,
         ids: Vec<String>,
-        /// Full ids of those seqs whose recorded form is a digest (at most
-        /// [`MAX_LONG_ID_BYTES`]; longer ones are digest-only).
+        /// Full ids of those seqs whose id was longer than [`MAX_EVENT_ID_BYTES`] (and at most
+        /// [`MAX_LONG_ID_BYTES`]), oldest first, so a cursor at one of them can still resume.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         long: Vec<LongId>,
     },
@@ -228,7 +242,7 @@ pub struct RecordBatch {
     pub records: Vec<Record>,
 }
 
-/// The full replica id of one seq of an `Events` record whose recorded form is a digest.
+/// A full long replica id of one seq.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LongId {
@@ -236,7 +250,7 @@ pub struct LongId {
     pub id: String,
 }
 
-/// `POST /v1/records` answer.
+/// `POST /v1/records` answer: the valid records were applied, the invalid ones are named.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordAck {
     pub applied: usize,
@@ -244,17 +258,18 @@ pub struct RecordAck {
     pub rejected: Vec<RejectedRecord>,
 }
 
-/// A record of a batch that was not applied, and why.
+/// One record of a batch the service did not apply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RejectedRecord {
+    /// Position in the batch's `records`.
     pub index: usize,
-    /// `bad_field`.
+    /// A named problem, e.g. `bad_field`.
     pub error: String,
-    /// `records[3].ids[0]: …`.
+    /// e.g. `records[3].ids[0]: 200 bytes, at most 128`.
     pub detail: String,
 }
 
-/// A field problem in one record: `field` is relative to the record, e.g. "ids[3]" or "version".
+/// A field problem in one record; `field` is relative to the record, e.g. `ids[3]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
     pub field: String,
@@ -267,32 +282,7 @@ impl std::fmt::Display for FieldError {
     }
 }
 
-/// Length of a digest recorded form: `~` + base64url-nopad of 32 bytes.
-const DIGEST_FORM_BYTES: usize = 44;
-
-/// The recorded form of a replica event id: the id itself when it is at most
-/// [`MAX_EVENT_ID_BYTES`] and does not start with '~'; otherwise "~" +
-/// base64url-nopad(SHA-256(id)) (44 chars).
-pub fn recorded_id(id: &str) -> Cow<'_, str> {
-    if id.len() <= MAX_EVENT_ID_BYTES && !id.starts_with('~') {
-        Cow::Borrowed(id)
-    } else {
-        let mut out = String::with_capacity(DIGEST_FORM_BYTES);
-        out.push('~');
-        URL_SAFE_NO_PAD.encode_string(Sha256::digest(id.as_bytes()), &mut out);
-        Cow::Owned(out)
-    }
-}
-
-/// A short, safe rendering of a bad value for an error detail.
-fn shown(s: &str) -> String {
-    let cut: String = s.chars().take(48).collect();
-    if cut.len() < s.len() {
-        format!("{cut:?}…")
-    } else {
-        format!("{cut:?}")
-    }
-}
+impl std::error::Error for FieldError {}
 
 fn field_error(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
     FieldError {
@@ -301,45 +291,67 @@ fn field_error(field: impl Into<String>, detail: impl Into<String>) -> FieldErro
     }
 }
 
+/// The recorded form of a replica event id: the id itself when it is at most
+/// [`MAX_EVENT_ID_BYTES`] long and does not start with [`DIGEST_MARK`]; otherwise `~` followed
+/// by the unpadded base64url of its SHA-256 (44 characters). Any id thus has a bounded record,
+/// and two ids have the same recorded form only if they are equal (or collide in SHA-256).
+pub fn recorded_id(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_EVENT_ID_BYTES && !id.starts_with(DIGEST_MARK) {
+        return Cow::Borrowed(id);
+    }
+    let mut s = String::with_capacity(44);
+    s.push(DIGEST_MARK);
+    URL_SAFE_NO_PAD.encode_string(Sha256::digest(id.as_bytes()), &mut s);
+    Cow::Owned(s)
+}
+
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// A session store key: [`SESSION_KEY_HEX`] lowercase hex digits.
-fn check_session(field: &str, s: &str) -> Result<(), FieldError> {
-    if is_lower_hex(s, SESSION_KEY_HEX) {
-        Ok(())
+/// A short, safe rendering of a bad value for an error detail.
+pub fn shown(s: &str) -> String {
+    let cut: String = s.chars().take(48).collect();
+    if cut.len() < s.len() {
+        format!("{cut:?}…")
     } else {
-        Err(field_error(
-            field,
-            format!(
-                "expected {SESSION_KEY_HEX} lowercase hex digits, got {}",
-                shown(s)
-            ),
-        ))
+        format!("{cut:?}")
     }
 }
 
-/// An incarnation id: [`INCARNATION_HEX`] lowercase hex digits.
-fn check_incarnation(field: &str, s: &str) -> Result<(), FieldError> {
-    if is_lower_hex(s, INCARNATION_HEX) {
-        Ok(())
-    } else {
-        Err(field_error(
-            field,
-            format!(
-                "expected {INCARNATION_HEX} lowercase hex digits, got {}",
-                shown(s)
-            ),
-        ))
+/// A session key: [`SESSION_KEY_CHARS`] lowercase hex digits.
+pub fn check_session(field: &str, s: &str) -> Result<(), FieldError> {
+    if is_lower_hex(s, SESSION_KEY_CHARS) {
+        return Ok(());
     }
+    Err(field_error(
+        field,
+        format!(
+            "expected {SESSION_KEY_CHARS} lowercase hex digits, got {}",
+            shown(s)
+        ),
+    ))
+}
+
+/// An incarnation id: [`INCARNATION_CHARS`] lowercase hex digits.
+pub fn check_incarnation(field: &str, s: &str) -> Result<(), FieldError> {
+    if is_lower_hex(s, INCARNATION_CHARS) {
+        return Ok(());
+    }
+    Err(field_error(
+        field,
+        format!(
+            "expected {INCARNATION_CHARS} lowercase hex digits, got {}",
+            shown(s)
+        ),
+    ))
 }
 
 /// `ip:port` in canonical form, since the owner string is an identity (OwnerGone matches it
 /// byte for byte) and Envoy's `upstream.address` is canonical.
-fn check_owner(field: &str, s: &str) -> Result<(), FieldError> {
+pub fn check_owner(field: &str, s: &str) -> Result<(), FieldError> {
     match s.parse::<SocketAddr>() {
         Ok(a) if a.to_string() == s && a.port() != 0 => Ok(()),
         _ => Err(field_error(
@@ -352,25 +364,46 @@ fn check_owner(field: &str, s: &str) -> Result<(), FieldError> {
     }
 }
 
+pub fn check_seq(field: &str, seq: u64) -> Result<(), FieldError> {
+    if seq <= MAX_SEQ {
+        return Ok(());
+    }
+    Err(field_error(field, format!("{seq} exceeds {MAX_SEQ}")))
+}
+
+/// A protocol version as recorded: 1..=[`MAX_VERSION_BYTES`] printable ASCII characters.
+pub fn check_version(field: &str, v: &str) -> Result<(), FieldError> {
+    let printable = v.bytes().all(|b| b.is_ascii_graphic());
+    if !v.is_empty() && v.len() <= MAX_VERSION_BYTES && printable {
+        return Ok(());
+    }
+    Err(field_error(
+        field,
+        format!(
+            "expected 1..={MAX_VERSION_BYTES} printable ASCII characters, got {}",
+            shown(v)
+        ),
+    ))
+}
+
+impl ResumeQuery {
+    pub fn validate(&self) -> Result<(), FieldError> {
+        check_session("session", &self.session)?;
+        check_incarnation("incarnation", &self.incarnation)?;
+        check_seq("seq", self.seq)
+    }
+}
+
 impl Record {
-    /// Every field within its shape and limits. Used by the guard before queueing a record
-    /// and by the service before applying it.
+    /// Checks the record against the service's limits. The guard runs it before queueing a
+    /// record (an invalid one is never sent); the service runs it on every record it receives.
     pub fn validate(&self) -> Result<(), FieldError> {
         match self {
             Record::SessionOpen { session, version } => {
                 check_session("session", session)?;
-                let printable = version.bytes().all(|b| b.is_ascii_graphic());
-                if version.is_empty() || version.len() > MAX_VERSION_BYTES || !printable {
-                    return Err(field_error(
-                        "version",
-                        format!(
-                            "expected 1..={MAX_VERSION_BYTES} printable ASCII characters, got {}",
-                            shown(version)
-                        ),
-                    ));
-                }
+                check_version("version", version)
             }
-            Record::SessionEnd { session, .. } => check_session("session", session)?,
+            Record::SessionEnd { session, .. } => check_session("session", session),
             Record::StreamOpen {
                 session,
                 incarnation,
@@ -379,7 +412,7 @@ impl Record {
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)?;
-                check_owner("owner", owner)?;
+                check_owner("owner", owner)
             }
             Record::Events {
                 session,
@@ -390,6 +423,7 @@ impl Record {
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)?;
+                check_seq("first_seq", *first_seq)?;
                 let last = first_seq.saturating_add((ids.len() as u64).saturating_sub(1));
                 if last > MAX_SEQ {
                     return Err(field_error(
@@ -397,75 +431,55 @@ impl Record {
                         format!("first_seq + number of ids exceeds {MAX_SEQ}"),
                     ));
                 }
-                for (j, id) in ids.iter().enumerate() {
-                    if id.len() > MAX_EVENT_ID_BYTES {
-                        return Err(field_error(
-                            format!("ids[{j}]"),
-                            format!(
-                                "{} bytes, at most {MAX_EVENT_ID_BYTES} (longer ids are recorded by digest)",
-                                id.len()
-                            ),
-                        ));
-                    }
-                    if id.starts_with('~') && id.len() != DIGEST_FORM_BYTES {
-                        return Err(field_error(
-                            format!("ids[{j}]"),
-                            format!(
-                                "starts with '~' but is not a digest form, got {}",
-                                shown(id)
-                            ),
-                        ));
-                    }
-                }
-                if long.len() > ids.len() {
+                if let Some((j, id)) = ids
+                    .iter()
+                    .enumerate()
+                    .find(|(_, id)| id.len() > MAX_EVENT_ID_BYTES)
+                {
                     return Err(field_error(
-                        "long",
-                        format!("{} entries for {} ids", long.len(), ids.len()),
+                        format!("ids[{j}]"),
+                        format!("{} bytes, at most {MAX_EVENT_ID_BYTES}", id.len()),
                     ));
                 }
+                let mut prev: Option<u64> = None;
                 for (j, l) in long.iter().enumerate() {
+                    let f = |name: &str| format!("long[{j}].{name}");
                     let at = l
                         .seq
                         .checked_sub(*first_seq)
-                        .and_then(|i| usize::try_from(i).ok())
-                        .and_then(|i| ids.get(i));
+                        .and_then(|i| usize::try_from(i).ok().and_then(|i| ids.get(i)));
                     let Some(recorded) = at else {
-                        return Err(field_error(
-                            format!("long[{j}].seq"),
-                            format!("{} is not a seq of this record", l.seq),
-                        ));
+                        return Err(field_error(f("seq"), "not a seq of this record's ids"));
                     };
-                    if l.id.len() > MAX_LONG_ID_BYTES {
+                    if prev.is_some_and(|p| l.seq <= p) {
+                        return Err(field_error(f("seq"), "seqs must increase"));
+                    }
+                    prev = Some(l.seq);
+                    if l.id.len() <= MAX_EVENT_ID_BYTES || l.id.len() > MAX_LONG_ID_BYTES {
                         return Err(field_error(
-                            format!("long[{j}].id"),
-                            format!("{} bytes, at most {MAX_LONG_ID_BYTES}", l.id.len()),
+                            f("id"),
+                            format!(
+                                "{} bytes, expected {}..={MAX_LONG_ID_BYTES}",
+                                l.id.len(),
+                                MAX_EVENT_ID_BYTES + 1
+                            ),
                         ));
                     }
-                    let form = recorded_id(&l.id);
-                    if form == l.id.as_str() {
-                        return Err(field_error(
-                            format!("long[{j}].id"),
-                            "a short id is recorded as itself, not as a long id",
-                        ));
-                    }
-                    if form != recorded.as_str() {
-                        return Err(field_error(
-                            format!("long[{j}].id"),
-                            format!("its digest differs from ids[{}]", l.seq - first_seq),
-                        ));
+                    if recorded_id(&l.id) != recorded.as_str() {
+                        return Err(field_error(f("id"), "does not match the recorded digest"));
                     }
                 }
+                Ok(())
             }
             Record::StreamLost {
                 session,
                 incarnation,
             } => {
                 check_session("session", session)?;
-                check_incarnation("incarnation", incarnation)?;
+                check_incarnation("incarnation", incarnation)
             }
-            Record::OwnerGone { owner } => check_owner("owner", owner)?,
+            Record::OwnerGone { owner } => check_owner("owner", owner),
         }
-        Ok(())
     }
 }
 

@@ -223,6 +223,12 @@ impl Rewriter {
         self.cut_mid_block
     }
 
+    /// True when the output so far ends inside a block (one being streamed, not held): anything
+    /// appended now would join it.
+    pub fn output_mid_block(&self) -> bool {
+        self.in_block && self.streaming
+    }
+
     /// Bytes currently buffered (held block content and id values); at most about 2 × `max_hold`.
     pub fn held_bytes(&self) -> usize {
         self.hold.len() + self.line_id.len() + self.block_id.len()

@@ -1,6 +1,6 @@
 //! One SSE response as the guard relays it: ids rewritten to cursors, replay checked.
 use crate::cursor::{Cursor, DecodedCursor, Keyring};
-use crate::ownership::{Reason, StreamKind};
+use crate::ownership::{recorded_id, Reason, StreamKind};
 use crate::sse::{IdAction, Rewriter};
 use std::collections::VecDeque;
 
@@ -155,6 +155,11 @@ impl StreamState {
         Some((first, ids))
     }
 
+    /// True when the output so far ends inside an event, so nothing may be appended to it.
+    pub fn output_mid_block(&self) -> bool {
+        self.rewriter.output_mid_block()
+    }
+
     /// Events rewritten so far.
     pub fn rewritten(&self) -> u64 {
         self.ids.rewritten
@@ -172,13 +177,15 @@ impl IdMap {
             // An empty id resets the client's cursor; nothing to bind.
             return IdAction::Keep;
         }
+        // The records hold ids in recorded form (a digest for long ones).
+        let recorded = || recorded_id(id);
         if let Some(echo) = self.echo.take() {
-            if echo == id && self.expected.front().map(String::as_str) != Some(id) {
+            if echo == id && self.expected.front().map(String::as_str) != Some(&*recorded()) {
                 return IdAction::DropEvent;
             }
         }
         if let Some(want) = self.expected.pop_front() {
-            if want != id {
+            if want != *recorded() {
                 return IdAction::Cut;
             }
         }

@@ -289,7 +289,7 @@ async fn a_bad_record_is_named_and_the_others_apply() {
         (
             json!({"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["a"],
                    "long": [{"seq": 1, "id": "y".repeat(200)}]}),
-            "long[0].id: its digest differs",
+            "long[0].id: does not match the recorded digest",
         ),
         (
             json!({"type": "events", "session": S1, "incarnation": A, "first_seq": 1, "ids": ["a"],

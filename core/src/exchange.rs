@@ -1,0 +1,831 @@
+//! The guard's per-request protocol as a host-free state machine.
+//!
+//! An adapter feeds plain events in (request headers, callout answer, response headers, body
+//! chunk; per worker: tick and record answers) and the exchange acts through a [`Host`]. It
+//! owns every rule of the exchange: which cursors are refused and how, the callout and its
+//! verdict, session-lifecycle and stream records, opening or continuing a stream, owner
+//! failure, cuts.
+//!
+//! Headers arrive as one slice of `(name, value)` pairs per direction (names as the proxy keeps
+//! them, values as raw bytes), read once per direction.
+use crate::config::{Config, Policy};
+use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, DecodedCursor};
+use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
+use crate::host::{CalloutFailure, Host, Stat};
+use crate::ownership::{
+    check_version, Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
+};
+use crate::records::RecordQueue;
+use crate::stream::{control_event, Flow, StreamState};
+use base64::Engine as _;
+
+/// The response header that says a cursor was not honoured.
+pub const MCP_RESUME_HEADER: &str = "mcp-resume";
+/// Recorded as the version of a session whose `MCP-Protocol-Version` a record cannot carry.
+pub const INVALID_VERSION: &str = "invalid";
+/// The worker's scratch buffer is dropped after a chunk that grew it beyond this.
+const SCRATCH_KEEP_BYTES: usize = 1 << 20;
+
+/// What the proxy does with the request or response after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    /// Hold the request until the callout answers (or a local reply was sent).
+    Pause,
+}
+
+/// Per-worker state: the configuration, the record queue and one output buffer lent to
+/// whichever stream's chunk is being rewritten (callbacks never nest), so an open stream keeps
+/// no buffer of its own.
+#[derive(Debug)]
+pub struct Worker {
+    pub config: Config,
+    /// `authorization` of callouts, when a token is configured.
+    auth: Option<String>,
+    records: RecordQueue,
+    scratch: Vec<u8>,
+    /// Events rewritten since the last tick, added to the stat once per tick.
+    rewritten: u64,
+    /// Continuations claimed on this worker so far: a fresh stream asks the host about forks
+    /// only when this moved.
+    claims: u64,
+}
+
+impl Worker {
+    pub fn new(config: Config) -> Worker {
+        Worker {
+            records: RecordQueue::new(&config),
+            auth: config.ownership_authorization(),
+            config,
+            scratch: Vec::new(),
+            rewritten: 0,
+            claims: 0,
+        }
+    }
+
+    /// How often the adapter should call [`Worker::on_tick`].
+    pub fn tick_ms(&self) -> u64 {
+        self.config.ownership.flush_ms
+    }
+
+    /// Periodic work: stats batched in the VM, and the next record batch.
+    pub fn on_tick<H: Host>(&mut self, host: &mut H) {
+        let n = std::mem::take(&mut self.rewritten);
+        if n > 0 {
+            host.count(Stat::EventsRewritten, n);
+        }
+        self.records.flush(host);
+    }
+
+    /// The answer to a record batch (`status` `None`: no response headers).
+    pub fn on_records_response<H: Host>(
+        &mut self,
+        host: &mut H,
+        token: u32,
+        status: Option<u32>,
+        body: Option<&[u8]>,
+    ) {
+        self.records.on_response(host, token, status, body);
+    }
+
+    /// Records waiting to be sent.
+    pub fn queued_records(&self) -> usize {
+        self.records.len()
+    }
+}
+
+#[derive(Debug, Default)]
+struct RequestInfo {
+    mcp: bool,
+    method: String,
+    /// Raw bytes: session ids are hashed as they are. `None` when absent or repeated.
+    session_id: Option<Vec<u8>>,
+    protocol_version: Option<String>,
+    /// `Mcp-Session-Id` of the response: an SSE `initialize` response relays its events
+    /// before any request carried the session id.
+    response_session_id: Option<Vec<u8>>,
+}
+
+/// The request headers the exchange reads, from one pass over the map. Repeated headers the
+/// exchange must read as one value are counted, so an ambiguous request is refused by name.
+#[derive(Default)]
+struct RequestView<'h> {
+    path: Option<&'h [u8]>,
+    method: Option<&'h [u8]>,
+    session_id: Option<&'h [u8]>,
+    session_ids: usize,
+    last_event_id: Option<&'h [u8]>,
+    last_event_ids: usize,
+    version: Option<&'h [u8]>,
+    versions: usize,
+    owner_header: bool,
+}
+
+impl<'h> RequestView<'h> {
+    fn read<K: AsRef<str>, V: AsRef<[u8]>>(h: &'h [(K, V)], owner_header: &str) -> Self {
+        let mut r = RequestView::default();
+        for (k, v) in h {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            let first = |slot: &mut Option<&'h [u8]>, n: &mut usize| {
+                *n += 1;
+                slot.get_or_insert(v);
+            };
+            if k.eq_ignore_ascii_case(":path") {
+                r.path.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case(":method") {
+                r.method.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case("mcp-session-id") {
+                first(&mut r.session_id, &mut r.session_ids);
+            } else if k.eq_ignore_ascii_case("last-event-id") {
+                first(&mut r.last_event_id, &mut r.last_event_ids);
+            } else if k.eq_ignore_ascii_case("mcp-protocol-version") {
+                first(&mut r.version, &mut r.versions);
+            } else if k.eq_ignore_ascii_case(owner_header) {
+                r.owner_header = true;
+            }
+        }
+        r
+    }
+}
+
+/// The callout as a small state machine keyed by its token.
+#[derive(Debug)]
+enum Phase {
+    Idle,
+    Asking {
+        token: u32,
+        cursor: DecodedCursor,
+        started_ms: u64,
+    },
+    /// Forwarded to the owner with the replica's own id restored.
+    Continuing {
+        cursor: DecodedCursor,
+        owner: String,
+        expected: Vec<String>,
+    },
+    /// A local reply was sent; nothing more to do.
+    Replied,
+}
+
+/// A cursor that was not honoured and the request forwarded without it.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    reason: Reason,
+    get: bool,
+}
+
+impl Refusal {
+    fn header(self) -> String {
+        let what = if self.get { "restarted" } else { "stripped" };
+        format!("{what}; reason={}", self.reason)
+    }
+}
+
+/// One request/response through the guard.
+pub struct Exchange {
+    req: RequestInfo,
+    phase: Phase,
+    refusal: Option<Refusal>,
+    stream: Option<StreamState>,
+    /// Control event still to be sent at the head of the body.
+    control_pending: Option<Reason>,
+    /// A cut sent its control event; the next chunk ends the stream.
+    cut_sent: bool,
+    /// Store keys of this stream's session and incarnation, computed once per stream.
+    record_keys: Option<(String, String)>,
+    /// This continuation's claim on its incarnation (see [`Host::claim_stream`]).
+    claim: Option<u64>,
+    /// The worker's claim count when a fresh stream last looked.
+    claims_seen: u64,
+}
+
+impl Default for Exchange {
+    fn default() -> Self {
+        Exchange::new()
+    }
+}
+
+/// The first value of `name` (lowercase, as proxies keep header names).
+fn header<'h, K: AsRef<str>, V: AsRef<[u8]>>(h: &'h [(K, V)], name: &str) -> Option<&'h [u8]> {
+    h.iter()
+        .find(|(k, _)| k.as_ref().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_ref())
+}
+
+fn lossy(v: &[u8]) -> String {
+    String::from_utf8_lossy(v).into_owned()
+}
+
+impl Exchange {
+    pub fn new() -> Exchange {
+        Exchange {
+            req: RequestInfo::default(),
+            phase: Phase::Idle,
+            refusal: None,
+            stream: None,
+            control_pending: None,
+            cut_sent: false,
+            record_keys: None,
+            claim: None,
+            claims_seen: 0,
+        }
+    }
+
+    /// Whether the adapter must read the next body chunk and pass it in (otherwise it passes
+    /// through untouched and need not be read at all).
+    pub fn wants_body(&self) -> bool {
+        self.stream.is_some() || self.control_pending.is_some() || self.cut_sent
+    }
+
+    /// The request headers, or `None` when the host could not read them.
+    ///
+    /// Order: the owner header is removed on every path, before the path is matched; then only
+    /// MCP paths go on. A request whose headers cannot be read may carry a cursor or a pin, so it
+    /// is answered locally (`host_error`).
+    pub fn on_request_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        headers: Option<&[(K, V)]>,
+    ) -> Action {
+        let Some(headers) = headers else {
+            host.remove_request_header(&w.config.owner_header);
+            host.remove_request_header("last-event-id");
+            host.count(Stat::HostErrors, 1);
+            host.count(Stat::Refused(Reason::HostError), 1);
+            self.req.mcp = true;
+            self.reject(w, host, Reason::HostError);
+            return Action::Pause;
+        };
+        let cfg = &w.config;
+        let h = RequestView::read(headers, &cfg.owner_header);
+        // Only the guard may pin a replica, on any path: a client must not choose its pod.
+        if h.owner_header {
+            host.remove_request_header(&cfg.owner_header);
+            host.count(Stat::OwnerHeaderRemoved, 1);
+        }
+        let path = h.path.map(String::from_utf8_lossy).unwrap_or_default();
+        if !cfg.is_mcp_path(&path) {
+            return Action::Continue;
+        }
+        self.req.mcp = true;
+        self.req.method = h.method.map(lossy).unwrap_or_default();
+        // A repeated session id is ambiguous: nothing is recorded or bound for it.
+        self.req.session_id = h
+            .session_id
+            .filter(|_| h.session_ids == 1)
+            .map(<[u8]>::to_vec);
+        self.req.protocol_version = h.version.map(lossy);
+        let Some(last_event_id) = h.last_event_id else {
+            return Action::Continue;
+        };
+        host.count(Stat::CursorsSeen, 1);
+        if h.last_event_ids > 1 || h.session_ids > 1 || h.versions > 1 {
+            // Which value would the replica read? Not a question to guess at.
+            return self.refuse(w, host, Reason::DuplicateHeader, None);
+        }
+        let req = CursorRequest {
+            is_get: self.req.method == "GET",
+            last_event_id,
+            session_id: self.req.session_id.as_deref(),
+            protocol_version: self.req.protocol_version.as_deref(),
+        };
+        match check_locally(&cfg.keyring, &req) {
+            LocalVerdict::Refuse { reason, kind } => self.refuse(w, host, reason, kind),
+            LocalVerdict::Ask(cursor) => {
+                let sid = self.req.session_id.clone().unwrap_or_default();
+                self.ask(w, host, cursor, &sid)
+            }
+        }
+    }
+
+    /// The answer to this request's resume callout: `status` is `None` when no response headers
+    /// arrived, `body` when the host could not read it. Resumes the request when it goes on.
+    pub fn on_callout_response<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        token: u32,
+        status: Option<u32>,
+        body: Option<&[u8]>,
+    ) {
+        let Phase::Asking { token: want, .. } = &self.phase else {
+            return;
+        };
+        if *want != token {
+            return;
+        }
+        let Phase::Asking {
+            cursor, started_ms, ..
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
+            return;
+        };
+        host.observe_callout_ms(host.now_ms().saturating_sub(started_ms));
+        let action = match status {
+            // A reset after the callout's headers, or a failure before any response, arrives
+            // without headers; Envoy reports timeouts and refused connections as its own 503/504.
+            None => self.callout_failed(w, host, cursor.kind, CalloutFailure::NoResponse),
+            Some(200) => {
+                let verdict = body.and_then(|b| serde_json::from_slice(b).ok());
+                self.on_verdict(w, host, cursor, verdict)
+            }
+            Some(_) => self.callout_failed(w, host, cursor.kind, CalloutFailure::Status),
+        };
+        if action == Action::Continue {
+            host.resume_request();
+        }
+    }
+
+    /// Whether the adapter must read the response headers and pass them to
+    /// [`Exchange::on_response_headers`]; otherwise it calls
+    /// [`Exchange::on_response_headers_unread`].
+    pub fn wants_response_headers(&self) -> bool {
+        self.req.mcp && !matches!(self.phase, Phase::Replied)
+    }
+
+    /// Response headers the exchange does not need to read (not an MCP request, or a local
+    /// reply): the owner header is still removed, so no response carries it.
+    pub fn on_response_headers_unread<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        host.remove_response_header(&w.config.owner_header);
+    }
+
+    /// The response headers, or `None` when the host could not read them.
+    pub fn on_response_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        headers: Option<&[(K, V)]>,
+    ) -> Action {
+        if !self.wants_response_headers() {
+            self.on_response_headers_unread(w, host);
+            return Action::Continue;
+        }
+        let Some(headers) = headers else {
+            // Status, type and session unknown: ids could not be rewritten nor the replay
+            // checked. Fail closed; the owner keeps its log, so nothing is recorded lost.
+            host.remove_response_header(&w.config.owner_header);
+            host.count(Stat::HostErrors, 1);
+            host.count(Stat::Refused(Reason::HostError), 1);
+            self.reject(w, host, Reason::HostError);
+            return Action::Continue;
+        };
+        // stateful_session echoes the chosen host to clients; the owner never leaks.
+        if header(headers, &w.config.owner_header).is_some() {
+            host.remove_response_header(&w.config.owner_header);
+        }
+        let status = header(headers, ":status")
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        let sids = headers
+            .iter()
+            .filter(|(k, _)| k.as_ref().eq_ignore_ascii_case("mcp-session-id"))
+            .count();
+        self.req.response_session_id = header(headers, "mcp-session-id")
+            .filter(|_| sids == 1)
+            .map(<[u8]>::to_vec);
+        if let Phase::Continuing { cursor, owner, .. } = &self.phase {
+            // Strict stateful_session answers 503 when the owner is down or gone; a 4xx is the
+            // owner's own answer (404: session gone) and passes through.
+            let served_by_owner = host.upstream_address().as_deref() == Some(owner.as_str());
+            if status >= 500 || !served_by_owner {
+                let cursor = cursor.clone();
+                self.owner_failed(w, host, &cursor);
+                return Action::Continue;
+            }
+        }
+        self.record_session(w, host, status);
+        let is_sse = header(headers, "content-type")
+            .map(|ct| {
+                lossy(ct)
+                    .trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            })
+            .unwrap_or(false);
+        if let Some(refusal) = self.refusal {
+            host.set_response_header(MCP_RESUME_HEADER, &refusal.header());
+        }
+        if is_sse && (200..300).contains(&status) {
+            self.control_pending = self.refusal.map(|r| r.reason);
+            self.open_stream(w, host);
+        }
+        Action::Continue
+    }
+
+    /// One response body chunk (only when [`Exchange::wants_body`]); the rewritten chunk goes
+    /// out through [`Host::replace_body_chunk`].
+    pub fn on_response_body<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        chunk: Option<&[u8]>,
+        eos: bool,
+    ) -> Action {
+        if !self.wants_body() {
+            return Action::Continue;
+        }
+        if self.cut_sent {
+            // The control event went out with the previous chunk; end the stream now, so the
+            // client reconnects instead of waiting on a stream that will carry nothing more.
+            host.replace_body_chunk(&[]);
+            host.reset_response();
+            return Action::Continue;
+        }
+        let mut out = std::mem::take(&mut w.scratch);
+        out.clear();
+        if let Some(reason) = self.control_pending.take() {
+            out.extend_from_slice(control_event(reason).as_bytes());
+        }
+        match chunk {
+            None => {
+                // The chunk is lost: what follows would not be contiguous. Cut, say so.
+                host.count(Stat::HostErrors, 1);
+                self.cut(&mut out, Reason::HostError);
+            }
+            Some(_) if self.forked(w, host) => {
+                // A newer continuation of this incarnation owns it now (newest wins): this one
+                // ends, explicitly, and records nothing more (the owner's log is fine).
+                host.count(Stat::Forked, 1);
+                self.cut(&mut out, Reason::Forked);
+            }
+            Some(chunk) => self.relay(w, host, chunk, eos, &mut out),
+        }
+        host.replace_body_chunk(&out);
+        // Keep the worker's buffer, unless one huge chunk made it large.
+        if out.capacity() > SCRATCH_KEEP_BYTES {
+            out = Vec::new();
+        }
+        w.scratch = out;
+        self.flush_relayed(w, host);
+        Action::Continue
+    }
+
+    fn relay<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        chunk: &[u8],
+        eos: bool,
+        out: &mut Vec<u8>,
+    ) {
+        let mut flow = Flow::Open;
+        if let Some(stream) = self.stream.as_mut() {
+            flow = stream.push(&w.config.keyring, chunk, out);
+            if eos {
+                flow = stream.finish(out);
+            }
+        } else {
+            out.extend_from_slice(chunk);
+        }
+        if flow == Flow::CutReplayMismatch {
+            self.cut_sent = true;
+            // Tell the cluster once; the control event is already in `out`.
+            if let Phase::Continuing { cursor, .. } =
+                std::mem::replace(&mut self.phase, Phase::Replied)
+            {
+                host.count(Stat::ReplayMismatch, 1);
+                self.record_stream_lost(w, host, &cursor);
+            }
+        }
+    }
+
+    /// Ends the stream after the control event for `reason` (left out when the output so far
+    /// ends inside an event: the next chunk resets the stream instead).
+    fn cut(&mut self, out: &mut Vec<u8>, reason: Reason) {
+        let mid_block = self
+            .stream
+            .as_ref()
+            .is_some_and(StreamState::output_mid_block);
+        if !mid_block {
+            out.extend_from_slice(control_event(reason).as_bytes());
+        }
+        self.cut_sent = true;
+        self.phase = Phase::Replied;
+        if let Some(s) = self.stream.as_mut() {
+            // Nothing of this chunk was relayed: nothing more to record.
+            let _ = s.take_relayed();
+        }
+        self.stream = None;
+        self.control_pending = None;
+    }
+
+    /// Has a newer continuation of this stream's incarnation taken it over? A continuation asks
+    /// the host on every chunk; a fresh stream (older than any continuation of it) only after
+    /// a continuation was claimed on this worker.
+    fn forked<H: Host>(&mut self, w: &Worker, host: &mut H) -> bool {
+        let Some(stream) = self.stream.as_ref() else {
+            return false;
+        };
+        let inc = stream.incarnation();
+        match self.claim {
+            Some(mine) => host.stream_claim(inc).is_some_and(|c| c != mine),
+            None if self.claims_seen == w.claims => false,
+            None => {
+                self.claims_seen = w.claims;
+                host.stream_claim(inc).is_some()
+            }
+        }
+    }
+
+    /// Refuse a cursor: strip it and forward (restart), or answer locally (reject).
+    fn refuse<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        reason: Reason,
+        kind: Option<StreamKind>,
+    ) -> Action {
+        host.count(Stat::Refused(reason), 1);
+        let is_get = self.req.method == "GET";
+        match w.config.policy_for(kind, reason) {
+            Policy::Reject if is_get => {
+                self.reject(w, host, reason);
+                Action::Pause
+            }
+            _ => {
+                host.remove_request_header("last-event-id");
+                self.refusal = Some(Refusal {
+                    reason,
+                    get: is_get,
+                });
+                host.count(
+                    if is_get {
+                        Stat::Restarted
+                    } else {
+                        Stat::Stripped
+                    },
+                    1,
+                );
+                Action::Continue
+            }
+        }
+    }
+
+    fn reject<H: Host>(&mut self, w: &Worker, host: &mut H, reason: Reason) {
+        host.count(Stat::Rejected, 1);
+        self.phase = Phase::Replied;
+        let body = reject_body(reason);
+        let header = format!("rejected; reason={reason}");
+        host.send_local_response(
+            w.config.reject_status,
+            &[
+                ("content-type", "application/json"),
+                (MCP_RESUME_HEADER, &header),
+            ],
+            body.as_bytes(),
+        );
+    }
+
+    fn ask<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        cursor: DecodedCursor,
+        session_id: &[u8],
+    ) -> Action {
+        let query = ResumeQuery {
+            session: session_key(session_id),
+            incarnation: incarnation_hex(cursor.incarnation),
+            kind: cursor.kind,
+            seq: cursor.seq,
+        };
+        let body = match serde_json::to_vec(&query) {
+            Ok(b) => b,
+            Err(_) => return self.callout_failed(w, host, cursor.kind, CalloutFailure::Encode),
+        };
+        let o = &w.config.ownership;
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", RESUME_PATH),
+            (":authority", o.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        if let Some(a) = &w.auth {
+            headers.push(("authorization", a.as_str()));
+        }
+        match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
+            Some(token) => {
+                host.count(Stat::Callouts, 1);
+                self.phase = Phase::Asking {
+                    token,
+                    cursor,
+                    started_ms: host.now_ms(),
+                };
+                Action::Pause
+            }
+            None => self.callout_failed(w, host, cursor.kind, CalloutFailure::Dispatch),
+        }
+    }
+
+    /// Fail closed: the cluster could not vouch for the cursor.
+    fn callout_failed<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        kind: StreamKind,
+        how: CalloutFailure,
+    ) -> Action {
+        host.count(Stat::CalloutFailures(how), 1);
+        self.phase = Phase::Idle;
+        self.refuse(w, host, Reason::OwnershipUnavailable, Some(kind))
+    }
+
+    fn on_verdict<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        cursor: DecodedCursor,
+        verdict: Option<ResumeVerdict>,
+    ) -> Action {
+        match verdict {
+            None => self.callout_failed(w, host, cursor.kind, CalloutFailure::Body),
+            Some(ResumeVerdict::NewStream { reason }) => {
+                self.refuse(w, host, reason, Some(cursor.kind))
+            }
+            Some(ResumeVerdict::Continue {
+                owner,
+                expected,
+                resume_id,
+                ..
+            }) => {
+                // A long replica id is not in the cursor; the store keeps the newest ones.
+                let Some(replica_id) = cursor.replica_event_id.clone().or(resume_id) else {
+                    return self.refuse(w, host, Reason::UnknownStream, Some(cursor.kind));
+                };
+                let mut cursor = cursor;
+                cursor.replica_event_id = Some(replica_id.clone());
+                let pin = base64::engine::general_purpose::STANDARD.encode(owner.as_bytes());
+                host.set_request_header("last-event-id", &replica_id);
+                host.set_request_header(&w.config.owner_header, &pin);
+                host.count(Stat::Continued, 1);
+                self.phase = Phase::Continuing {
+                    cursor,
+                    owner,
+                    expected,
+                };
+                Action::Continue
+            }
+        }
+    }
+
+    fn push_record<H: Host>(w: &mut Worker, host: &mut H, r: Record) {
+        w.records.push(host, r);
+    }
+
+    /// Session lifecycle facts visible in response headers.
+    fn record_session<H: Host>(&self, w: &mut Worker, host: &mut H, status: u32) {
+        let req_sid = self.req.session_id.as_deref();
+        match (req_sid, self.req.response_session_id.as_deref()) {
+            (None, Some(new_sid)) if (200..300).contains(&status) => {
+                // A client's header must never make the record invalid: a value the record
+                // cannot carry is recorded as "invalid" (the session still opens).
+                let version = match self.req.protocol_version.as_deref() {
+                    None => DEFAULT_VERSION.to_string(),
+                    Some(v) if check_version("version", v).is_ok() => v.to_string(),
+                    Some(_) => INVALID_VERSION.to_string(),
+                };
+                let r = Record::SessionOpen {
+                    session: session_key(new_sid),
+                    version,
+                };
+                Self::push_record(w, host, r);
+            }
+            (Some(sid), _) if status == 404 => {
+                let r = Record::SessionEnd {
+                    session: session_key(sid),
+                    why: SessionEnd::Expired,
+                };
+                Self::push_record(w, host, r);
+            }
+            (Some(sid), _) if self.req.method == "DELETE" && (200..300).contains(&status) => {
+                let r = Record::SessionEnd {
+                    session: session_key(sid),
+                    why: SessionEnd::Terminated,
+                };
+                Self::push_record(w, host, r);
+            }
+            _ => {}
+        }
+    }
+
+    /// The session this response belongs to: the request's, or the one an `initialize`
+    /// response just created.
+    fn session_id(&self) -> Option<&[u8]> {
+        self.req
+            .session_id
+            .as_deref()
+            .or(self.req.response_session_id.as_deref())
+    }
+
+    /// A 2xx SSE response: open (or continue) an incarnation and start rewriting.
+    fn open_stream<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        // One SHA-256 of the session id gives both the cursor binding and the store key.
+        let has_sid = self.session_id().is_some();
+        let (binding, skey) = session_binding_and_key(self.session_id().unwrap_or_default());
+        let cfg = &w.config;
+        let max_hold = cfg.max_event_hold_bytes;
+        self.claims_seen = w.claims;
+        let stream = match &self.phase {
+            Phase::Continuing {
+                cursor, expected, ..
+            } => {
+                // Newest wins: this continuation takes the incarnation over from any older
+                // stream of it, which ends with the `forked` control event at its next chunk.
+                let claim = host.random_u64();
+                host.claim_stream(cursor.incarnation, claim);
+                w.claims = w.claims.wrapping_add(1);
+                self.claims_seen = w.claims;
+                self.claim = Some(claim);
+                StreamState::continuation(
+                    cursor,
+                    expected.clone(),
+                    cfg.suppress_cursor_echo,
+                    max_hold,
+                )
+            }
+            _ => {
+                let kind = if self.req.method == "GET" {
+                    StreamKind::Get
+                } else {
+                    StreamKind::Request
+                };
+                let inc = host.random_u64();
+                if let (true, Some(owner)) = (has_sid, host.upstream_address()) {
+                    let r = Record::StreamOpen {
+                        session: skey.clone(),
+                        incarnation: incarnation_hex(inc),
+                        kind,
+                        owner,
+                        retention: cfg.retention,
+                        supersedes: kind == StreamKind::Get,
+                        opened_ms: host.now_ms(),
+                    };
+                    Self::push_record(w, host, r);
+                }
+                host.count(Stat::StreamsOpened, 1);
+                StreamState::fresh(binding, inc, kind, max_hold)
+            }
+        };
+        // Without a session nothing is recorded: such a stream cannot be resumed anyway.
+        if has_sid {
+            self.record_keys = Some((skey, incarnation_hex(stream.incarnation())));
+        }
+        host.remove_response_header("content-length");
+        self.stream = Some(stream);
+    }
+
+    fn flush_relayed<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        let Some((first_seq, ids)) = stream.take_relayed() else {
+            return;
+        };
+        w.rewritten += ids.len() as u64;
+        let Some((session, incarnation)) = &self.record_keys else {
+            return;
+        };
+        w.records
+            .push_events(host, session, incarnation, first_seq, ids);
+    }
+
+    /// The continued incarnation's log is lost: later cursors for it restart at once.
+    fn record_stream_lost<H: Host>(&self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
+        if let Some(sid) = self.req.session_id.as_deref() {
+            let r = Record::StreamLost {
+                session: session_key(sid),
+                incarnation: incarnation_hex(cursor.incarnation),
+            };
+            Self::push_record(w, host, r);
+        }
+    }
+
+    /// The owner failed the continuation: its log is lost. Tell the client explicitly.
+    fn owner_failed<H: Host>(&mut self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
+        self.record_stream_lost(w, host, cursor);
+        host.count(Stat::Refused(Reason::OwnerUnavailable), 1);
+        self.reject(w, host, Reason::OwnerUnavailable);
+    }
+}
+
+/// The 409 body of a rejection (JSON-RPC error shape, `id: null`).
+pub fn reject_body(reason: Reason) -> String {
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": -32010,
+            "message": format!(
+                "Last-Event-ID not honoured ({reason}): reconnect without Last-Event-ID to open a new stream"
+            ),
+            "data": { "resumed": false, "reason": reason.as_str() }
+        }
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+#[path = "exchange_tests.rs"]
+mod tests;

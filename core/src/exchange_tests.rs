@@ -1,0 +1,629 @@
+//! The exchange's rules, driven through the mock host.
+use super::*;
+use crate::cursor::Cursor;
+use crate::host::{Effect, MockHost};
+use crate::ownership::{RecordBatch, ResumeQuery};
+
+const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const OWNER: &str = "127.0.0.1:9101";
+const SID: &str = "s-1";
+
+fn config(extra: &str) -> Config {
+    let json = format!(
+        r#"{{"ownership":{{"cluster":"mcp_ownership"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}}]{extra}}}"#
+    );
+    match Config::from_json(json.as_bytes()) {
+        Ok(c) => c,
+        Err(e) => unreachable!("{e}"),
+    }
+}
+
+fn worker() -> Worker {
+    Worker::new(config(""))
+}
+
+type Headers = Vec<(String, Vec<u8>)>;
+
+fn hdrs(pairs: &[(&str, &str)]) -> Headers {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+fn get(extra: &[(&str, &str)]) -> Headers {
+    let mut h = hdrs(&[
+        (":method", "GET"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    h.extend(hdrs(extra));
+    h
+}
+
+fn sse_ok() -> Headers {
+    hdrs(&[(":status", "200"), ("content-type", "text/event-stream")])
+}
+
+fn rq(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, h: &[(String, Vec<u8>)]) -> Action {
+    ex.on_request_headers(w, host, Some(h))
+}
+
+fn rs(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, h: &[(String, Vec<u8>)]) -> Action {
+    ex.on_response_headers(w, host, Some(h))
+}
+
+fn bd(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, chunk: &[u8], eos: bool) -> Action {
+    ex.on_response_body(w, host, Some(chunk), eos)
+}
+
+fn cursor(w: &Worker, inc: u64, seq: u64, id: &str) -> String {
+    w.config.keyring.encode(&Cursor {
+        session: crate::cursor::session_binding(SID.as_bytes()),
+        incarnation: inc,
+        kind: StreamKind::Get,
+        seq,
+        replica_event_id: Some(id),
+    })
+}
+
+fn ids_in(body: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn local_reply(effects: &[Effect]) -> Option<(u16, String)> {
+    effects.iter().find_map(|e| match e {
+        Effect::LocalResponse { status, body, .. } => {
+            Some((*status, String::from_utf8_lossy(body).into_owned()))
+        }
+        _ => None,
+    })
+}
+
+fn set_req(effects: &[Effect], name: &str) -> Option<String> {
+    effects.iter().find_map(|e| match e {
+        Effect::SetRequestHeader(k, v) if k == name => Some(v.clone()),
+        _ => None,
+    })
+}
+
+fn set_resp(effects: &[Effect], name: &str) -> Option<String> {
+    effects.iter().find_map(|e| match e {
+        Effect::SetResponseHeader(k, v) if k == name => Some(v.clone()),
+        _ => None,
+    })
+}
+
+fn removed_req(effects: &[Effect], name: &str) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::RemoveRequestHeader(k) if k == name))
+}
+
+/// Ticks until the queue is empty, answering every batch with 200; returns the records sent.
+fn drain_records(w: &mut Worker, host: &mut MockHost) -> Vec<Record> {
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        host.take();
+        w.on_tick(host);
+        let Some((token, body)) = host.last_dispatch() else {
+            break;
+        };
+        let batch: RecordBatch = match serde_json::from_slice(body) {
+            Ok(b) => b,
+            Err(e) => unreachable!("{e}"),
+        };
+        let n = batch.records.len();
+        out.extend(batch.records);
+        let ack = format!(r#"{{"applied":{n}}}"#);
+        w.on_records_response(host, token, Some(200), Some(ack.as_bytes()));
+    }
+    out
+}
+
+/// A GET with a cursor, answered by the ownership service with `verdict`.
+fn resume(
+    w: &mut Worker,
+    host: &mut MockHost,
+    cursor: &str,
+    verdict: &str,
+) -> (Exchange, Vec<Effect>) {
+    let mut ex = Exchange::new();
+    let a = rq(&mut ex, w, host, &get(&[("last-event-id", cursor)]));
+    assert_eq!(a, Action::Pause);
+    let Some((token, body)) = host.last_dispatch() else {
+        unreachable!("no callout");
+    };
+    let q: Result<ResumeQuery, _> = serde_json::from_slice(body);
+    assert!(q.is_ok());
+    host.take();
+    ex.on_callout_response(w, host, token, Some(200), Some(verdict.as_bytes()));
+    (ex, host.take())
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_fresh_stream_is_rewritten_and_recorded() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    assert_eq!(rq(&mut ex, &mut w, &mut host, &get(&[])), Action::Continue);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    assert!(ex.wants_body());
+    bd(
+        &mut ex,
+        &mut w,
+        &mut host,
+        b"id: e1\ndata: a\n\nid: e2\ndata: b\n\n",
+        false,
+    );
+    let ids = ids_in(&host.body());
+    assert_eq!(ids.len(), 2);
+    let c = w.config.keyring.decode(&ids[1]).map(|c| c.seq);
+    assert_eq!(c, Ok(2));
+    let records = drain_records(&mut w, &mut host);
+    assert!(matches!(records.first(), Some(Record::StreamOpen { owner, .. }) if owner == OWNER));
+    assert!(
+        matches!(records.get(1), Some(Record::Events { first_seq: 1, ids, .. }) if ids.len() == 2)
+    );
+    assert_eq!(host.stat(Stat::RecordsSent), 2);
+    assert_eq!(host.stat(Stat::EventsRewritten), 2);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_continued_cursor_goes_to_the_owner_with_the_replica_id() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let verdict =
+        format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e8"],"head":8}}"#);
+    let (mut ex, fx) = resume(&mut w, &mut host, &c, &verdict);
+    assert_eq!(set_req(&fx, "last-event-id").as_deref(), Some("e7"));
+    assert_eq!(
+        set_req(&fx, "x-mcp-owner").as_deref(),
+        Some("MTI3LjAuMC4xOjkxMDE=")
+    );
+    assert!(fx.contains(&Effect::ResumeRequest));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(
+        &mut ex,
+        &mut w,
+        &mut host,
+        b"id: e8\ndata: 8\n\nid: e9\ndata: 9\n\n",
+        false,
+    );
+    let seqs: Vec<u64> = ids_in(&host.body())
+        .iter()
+        .filter_map(|i| w.config.keyring.decode(i).ok())
+        .map(|c| c.seq)
+        .collect();
+    assert_eq!(seqs, vec![8, 9]);
+    assert_eq!(host.stat(Stat::Continued), 1);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_foreign_cursor_restarts_with_header_and_control_event() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let a = rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", "e7")]));
+    assert_eq!(a, Action::Continue);
+    assert!(removed_req(&host.effects, "last-event-id"));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    assert_eq!(
+        set_resp(&host.effects, MCP_RESUME_HEADER).as_deref(),
+        Some("restarted; reason=foreign_cursor")
+    );
+    bd(&mut ex, &mut w, &mut host, b"id: e1\ndata: a\n\n", false);
+    let body = String::from_utf8_lossy(&host.body()).into_owned();
+    assert!(body.starts_with(&control_event(Reason::ForeignCursor)));
+    assert_eq!(host.stat(Stat::Refused(Reason::ForeignCursor)), 1);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_callout_failure_fails_closed() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", &c)]));
+    let Some((token, _)) = host.last_dispatch() else {
+        unreachable!()
+    };
+    ex.on_callout_response(&mut w, &mut host, token, Some(503), None);
+    let fx = host.take();
+    assert!(removed_req(&fx, "last-event-id"));
+    assert!(set_req(&fx, "last-event-id").is_none());
+    assert_eq!(host.stat(Stat::CalloutFailures(CalloutFailure::Status)), 1);
+    assert_eq!(host.stat(Stat::Refused(Reason::OwnershipUnavailable)), 1);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn an_owner_503_becomes_a_rejection_and_a_lost_stream() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
+    let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
+    rs(&mut ex, &mut w, &mut host, &hdrs(&[(":status", "503")]));
+    let reply = local_reply(&host.effects);
+    assert!(matches!(reply, Some((409, b)) if b.contains("owner_unavailable")));
+    let records = drain_records(&mut w, &mut host);
+    assert!(matches!(records.as_slice(), [Record::StreamLost { .. }]));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn streams_with_long_ids_continue() {
+    for len in [1_500, 16 * 1024] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        rq(&mut ex, &mut w, &mut host, &get(&[]));
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        let id = |n: u32| format!("{n}-{}", "x".repeat(len));
+        let chunk = format!("id: {}\ndata: a\n\nid: {}\ndata: b\n\n", id(1), id(2));
+        bd(&mut ex, &mut w, &mut host, chunk.as_bytes(), false);
+        let cursors = ids_in(&host.body());
+        assert_eq!(cursors.len(), 2);
+        let records = drain_records(&mut w, &mut host);
+        assert_eq!(host.stat(Stat::RecordsInvalid), 0);
+        let Some(Record::Events { ids, long, .. }) = records.get(1) else {
+            unreachable!("{records:?}")
+        };
+        assert_eq!(long.len(), 2, "full ids kept for resumption");
+        // The store answers the cursor at seq 1 with the recorded seq 2 and the full id of seq 1.
+        let verdict = serde_json::json!({
+            "verdict": "continue", "owner": OWNER, "expected": [ids[1]], "head": 2,
+            "resume_id": long[0].id,
+        })
+        .to_string();
+        let (mut ex, fx) = resume(&mut w, &mut host, &cursors[0], &verdict);
+        assert_eq!(set_req(&fx, "last-event-id"), Some(id(1)));
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        let replay = format!(
+            "id: {}\ndata: echo\n\nid: {}\ndata: b\n\nid: e3\ndata: c\n\n",
+            id(1),
+            id(2)
+        );
+        bd(&mut ex, &mut w, &mut host, replay.as_bytes(), false);
+        let body = String::from_utf8_lossy(&host.body()).into_owned();
+        assert!(!body.contains("mcp-resume"), "{len}: continues: {body}");
+        let seqs: Vec<u64> = ids_in(body.as_bytes())
+            .iter()
+            .filter_map(|i| w.config.keyring.decode(i).ok())
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(seqs, vec![2, 3]);
+        // Without the full id the store cannot resume it: a named refusal, never a guess.
+        let verdict =
+            format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":1}}"#);
+        let (_, fx) = resume(&mut w, &mut host, &cursors[0], &verdict);
+        assert!(set_req(&fx, "last-event-id").is_none());
+        assert!(host.stat(Stat::Refused(Reason::UnknownStream)) >= 1);
+    }
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn client_and_replica_values_never_make_a_record_invalid() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let h = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        (
+            "mcp-protocol-version",
+            "2025-06-18 \u{7f} and a very long tail that goes on and on and on",
+        ),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &h);
+    let mut resp = sse_ok();
+    resp.extend(hdrs(&[("mcp-session-id", "new")]));
+    rs(&mut ex, &mut w, &mut host, &resp);
+    let huge = "z".repeat(200 * 1024);
+    let chunk = format!("id: {huge}\ndata: a\n\nid: \u{1}\"\\\ndata: b\n\n");
+    bd(&mut ex, &mut w, &mut host, chunk.as_bytes(), true);
+    let records = drain_records(&mut w, &mut host);
+    assert_eq!(host.stat(Stat::RecordsInvalid), 0);
+    assert!(
+        matches!(records.first(), Some(Record::SessionOpen { version, .. }) if version == INVALID_VERSION)
+    );
+    assert!(records.iter().all(|r| r.validate().is_ok()));
+}
+
+fn removed_resp(effects: &[Effect], name: &str) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::RemoveResponseHeader(k) if k == name))
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_pin_is_never_honoured_on_any_path_and_no_response_carries_it() {
+    let mut w = worker();
+    let owner = ("x-mcp-owner", "MTI3LjAuMC4xOjkxMDI=");
+    for path in ["/other", "/mcp", "//mcp/", "/healthz?x", "/%6dcp"] {
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        let h = hdrs(&[(":method", "GET"), (":path", path), owner]);
+        rq(&mut ex, &mut w, &mut host, &h);
+        assert!(removed_req(&host.effects, "x-mcp-owner"), "{path}");
+        assert!(set_req(&host.effects, "x-mcp-owner").is_none(), "{path}");
+        // The response side, read or not.
+        host.take();
+        if ex.wants_response_headers() {
+            let mut r = sse_ok();
+            r.extend(hdrs(&[owner]));
+            rs(&mut ex, &mut w, &mut host, &r);
+        } else {
+            ex.on_response_headers_unread(&mut w, &mut host);
+        }
+        assert!(removed_resp(&host.effects, "x-mcp-owner"), "{path}");
+    }
+    // A local reply too, and a response whose headers cannot be read.
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
+    let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
+    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
+    assert!(removed_resp(&host.effects, "x-mcp-owner"));
+    host.take();
+    ex.on_response_headers_unread(&mut w, &mut host);
+    assert!(removed_resp(&host.effects, "x-mcp-owner"));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn mcp_paths_match_after_normalization() {
+    let mut w = worker();
+    for path in ["//mcp", "/mcp/", "/a/../mcp?x=1", "/%6Dcp"] {
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        let h = hdrs(&[(":method", "GET"), (":path", path), ("last-event-id", "e7")]);
+        rq(&mut ex, &mut w, &mut host, &h);
+        assert!(
+            removed_req(&host.effects, "last-event-id"),
+            "{path}: guarded"
+        );
+    }
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let h = hdrs(&[
+        (":method", "GET"),
+        (":path", "/mcpx"),
+        ("last-event-id", "e7"),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &h);
+    assert!(host.effects.is_empty(), "not an MCP path");
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn ambiguous_headers_are_refused_by_name() {
+    let mut w = worker();
+    let c = cursor(&w, 42, 7, "e7");
+    let cases: [Vec<(&str, &str)>; 3] = [
+        vec![("last-event-id", &c), ("last-event-id", "e1")],
+        vec![("last-event-id", &c), ("mcp-session-id", "s-2")],
+        vec![
+            ("last-event-id", &c),
+            ("mcp-protocol-version", "2025-06-18"),
+            ("mcp-protocol-version", "2026-07-28"),
+        ],
+    ];
+    for extra in cases {
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        rq(&mut ex, &mut w, &mut host, &get(&extra));
+        assert!(removed_req(&host.effects, "last-event-id"));
+        assert!(host.last_dispatch().is_none(), "no callout for {extra:?}");
+        assert_eq!(host.stat(Stat::Refused(Reason::DuplicateHeader)), 1);
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        assert_eq!(
+            set_resp(&host.effects, MCP_RESUME_HEADER).as_deref(),
+            Some("restarted; reason=duplicate_header")
+        );
+    }
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn session_ids_are_hashed_as_raw_bytes() {
+    let mut w = worker();
+    let raw: Vec<u8> = vec![b's', 0xff, 0xfe, b'1'];
+    let lossy = String::from_utf8_lossy(&raw).into_owned();
+    let c = w.config.keyring.encode(&Cursor {
+        session: crate::cursor::session_binding(&raw),
+        incarnation: 9,
+        kind: StreamKind::Get,
+        seq: 1,
+        replica_event_id: Some("e1"),
+    });
+    let h = |sid: Vec<u8>| -> Headers {
+        let mut h = hdrs(&[(":method", "GET"), (":path", "/mcp"), ("last-event-id", &c)]);
+        h.push(("mcp-session-id".into(), sid));
+        h
+    };
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &h(raw.clone()));
+    let Some((_, body)) = host.last_dispatch() else {
+        unreachable!("bound to the raw bytes: asked")
+    };
+    let q: ResumeQuery = match serde_json::from_slice(body) {
+        Ok(q) => q,
+        Err(e) => unreachable!("{e}"),
+    };
+    assert_eq!(q.session, crate::cursor::session_key(&raw));
+    // The lossy spelling of the same id is another session.
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &h(lossy.into_bytes()));
+    assert_eq!(host.stat(Stat::Refused(Reason::SessionMismatch)), 1);
+}
+
+fn body_str(host: &MockHost) -> String {
+    String::from_utf8_lossy(&host.body()).into_owned()
+}
+
+/// Two continuations of one cursor at once, through one worker and one host (shared claims).
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn two_resumes_of_one_cursor_end_contiguous_or_forked() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let verdict =
+        format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e8"],"head":8}}"#);
+    let (mut a, _) = resume(&mut w, &mut host, &c, &verdict);
+    rs(&mut a, &mut w, &mut host, &sse_ok());
+    bd(&mut a, &mut w, &mut host, b"id: e8\ndata: 8\n\n", false);
+    assert_eq!(ids_in(&host.body()).len(), 1);
+    // The client reconnects (its first connection half-open) with the same cursor.
+    let (mut b, _) = resume(&mut w, &mut host, &c, &verdict);
+    rs(&mut b, &mut w, &mut host, &sse_ok());
+    bd(
+        &mut b,
+        &mut w,
+        &mut host,
+        b"id: e8\ndata: 8\n\nid: e9\ndata: 9\n\n",
+        false,
+    );
+    assert_eq!(
+        ids_in(&host.body()).len(),
+        2,
+        "the newest is never locked out"
+    );
+    host.take();
+    // The older one's next chunk: the explicit end, nothing of the chunk relayed.
+    bd(&mut a, &mut w, &mut host, b"id: e10\ndata: 10\n\n", false);
+    assert_eq!(body_str(&host), control_event(Reason::Forked));
+    host.take();
+    bd(&mut a, &mut w, &mut host, b"id: e11\ndata: 11\n\n", false);
+    assert!(host.effects.contains(&Effect::ResetResponse));
+    // The newer goes on; the older recorded no stream loss.
+    host.take();
+    bd(&mut b, &mut w, &mut host, b"id: e10\ndata: 10\n\n", false);
+    assert_eq!(ids_in(&host.body()).len(), 1);
+    let records = drain_records(&mut w, &mut host);
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    assert_eq!(host.stat(Stat::Forked), 1);
+    assert_eq!(host.stat(Stat::ReplayMismatch), 0);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn an_older_continuation_that_ends_empty_is_forked_not_a_mismatch() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let verdict =
+        format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e8"],"head":8}}"#);
+    let (mut a, _) = resume(&mut w, &mut host, &c, &verdict);
+    rs(&mut a, &mut w, &mut host, &sse_ok());
+    let (mut b, _) = resume(&mut w, &mut host, &c, &verdict);
+    rs(&mut b, &mut w, &mut host, &sse_ok());
+    host.take();
+    // The replica hands the stream to the newest connection and ends the old one, empty.
+    bd(&mut a, &mut w, &mut host, b"", true);
+    assert_eq!(body_str(&host), control_event(Reason::Forked));
+    let records = drain_records(&mut w, &mut host);
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    // Without a newer continuation the same end is a replay mismatch, as before.
+    let c43 = cursor(&w, 43, 7, "e7");
+    let (mut d, _) = resume(&mut w, &mut host, &c43, &verdict);
+    rs(&mut d, &mut w, &mut host, &sse_ok());
+    host.take();
+    bd(&mut d, &mut w, &mut host, b"", true);
+    assert_eq!(body_str(&host), control_event(Reason::ReplayMismatch));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn the_original_stream_is_forked_by_a_continuation_of_it() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut a = Exchange::new();
+    rq(&mut a, &mut w, &mut host, &get(&[]));
+    rs(&mut a, &mut w, &mut host, &sse_ok());
+    bd(&mut a, &mut w, &mut host, b"id: e1\ndata: 1\n\n", false);
+    let first = ids_in(&host.body());
+    let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":1}}"#);
+    let (mut b, _) = resume(&mut w, &mut host, &first[0], &verdict);
+    rs(&mut b, &mut w, &mut host, &sse_ok());
+    host.take();
+    bd(&mut a, &mut w, &mut host, b"id: e2\ndata: 2\n\n", false);
+    assert_eq!(body_str(&host), control_event(Reason::Forked));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn polling_reconnects_stay_continuations() {
+    // 2025-11-25 polling: the server ends each stream after its events; the client resumes.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut last = cursor(&w, 42, 7, "e7");
+    for round in 0..5u64 {
+        let seq = 7 + round;
+        let verdict =
+            format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":{seq}}}"#);
+        let (mut ex, fx) = resume(&mut w, &mut host, &last, &verdict);
+        assert!(set_req(&fx, "last-event-id").is_some(), "round {round}");
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        let chunk = format!("id: p{round}\ndata: poll\n\n");
+        bd(&mut ex, &mut w, &mut host, chunk.as_bytes(), true);
+        let body = body_str(&host);
+        assert!(!body.contains("mcp-resume"), "round {round}: {body}");
+        last = ids_in(&host.body()).pop().unwrap_or_default();
+        host.take();
+    }
+    assert_eq!(host.stat(Stat::Forked), 0);
+    assert_eq!(host.stat(Stat::Continued), 5);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn host_failures_fail_closed() {
+    let mut w = worker();
+    // Request headers that cannot be read: answered locally, cursor and pin removed.
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let a = ex.on_request_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
+    assert_eq!(a, Action::Pause);
+    assert!(removed_req(&host.effects, "last-event-id"));
+    assert!(removed_req(&host.effects, "x-mcp-owner"));
+    assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("host_error")));
+    // A body chunk that cannot be read cuts the stream with the control event.
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[]));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, b"id: e1\ndata: 1\n\n", false);
+    host.take();
+    ex.on_response_body(&mut w, &mut host, None, false);
+    assert_eq!(body_str(&host), control_event(Reason::HostError));
+    host.take();
+    bd(&mut ex, &mut w, &mut host, b"id: e2\ndata: 2\n\n", false);
+    assert!(host.effects.contains(&Effect::ResetResponse));
+    assert_eq!(host.stat(Stat::HostErrors), 1);
+    // Response headers that cannot be read on an MCP request: rejected locally.
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[]));
+    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
+    assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("host_error")));
+}

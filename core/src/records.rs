@@ -1,0 +1,436 @@
+//! Records to the ownership service: validated, queued per worker, sent in batches from the
+//! worker's tick, one batch in flight at a time, so relaying never waits on them.
+//!
+//! A record path nothing can poison:
+//! - every record is checked with [`Record::validate`] before it is queued; an invalid one is
+//!   dropped and counted (`records_invalid`), never sent;
+//! - event ids of any length are recorded in bounded form ([`recorded_id`]), long ones with
+//!   their full id in `long` (up to [`MAX_LONG_ID_BYTES`]);
+//! - batches are capped by serialized bytes ([`BATCH_MAX_BYTES`]) and the queue by bytes
+//!   ([`QUEUE_MAX_BYTES`]) as well as by `max_queue` records; the oldest go first (`records_dropped`);
+//! - a 200 answer counts `applied` as sent and the records it names in `rejected` as rejected
+//!   (`records_rejected`); any other 4xx rejects the whole batch; neither is ever resent;
+//! - no answer, or a 5xx, puts the batch back at the head (records are idempotent) and retries
+//!   it after an exponential backoff with full jitter (`records_failed`).
+use crate::config::Config;
+use crate::host::{Host, LogLevel, Stat};
+use crate::ownership::{
+    recorded_id, LongId, Record, RecordAck, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
+    MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
+};
+use std::collections::VecDeque;
+
+/// Serialized bytes one batch carries at most (a single larger record still goes alone); well
+/// under the service's [`MAX_RECORDS_BODY_BYTES`].
+pub const BATCH_MAX_BYTES: usize = 256 * 1024;
+/// Serialized bytes queued per worker at most: a relay faster than the ownership service takes
+/// records must not grow the VM's memory without bound.
+pub const QUEUE_MAX_BYTES: usize = 8 << 20;
+/// An `Events` record grows (by merging, or when built from one chunk) to about this size.
+const RECORD_MAX_BYTES: usize = 64 * 1024;
+/// How many queued records a new `Events` record looks back through for its incarnation.
+const MERGE_LOOKBACK: usize = 64;
+/// First retry delay ceiling after a failed batch; doubled per failure up to [`BACKOFF_MAX_MS`].
+const BACKOFF_FIRST_MS: u64 = 100;
+const BACKOFF_MAX_MS: u64 = 5_000;
+/// What one `long` entry adds besides its id's JSON: `{"seq":<20 digits>,"id":}` and a comma,
+/// plus the first entry's `,"long":[]`.
+const LONG_ENTRY_OVERHEAD: usize = 48;
+
+/// Bytes of `s` as a JSON string, quotes included (serde_json's escaping).
+fn json_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+struct Count(usize);
+
+impl std::io::Write for Count {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Serialized size of a record (exact).
+fn serialized_len(r: &Record) -> usize {
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, r) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX / 4,
+    }
+}
+
+/// A queued record and an upper bound of its serialized size.
+#[derive(Debug)]
+struct Queued {
+    record: Record,
+    bytes: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct RecordQueue {
+    pending: VecDeque<Queued>,
+    /// The batch awaiting its answer.
+    in_flight: Option<(u32, Vec<Queued>)>,
+    cluster: String,
+    authority: String,
+    /// `authorization` header value of every post, when configured.
+    auth: Option<String>,
+    timeout_ms: u64,
+    max_batch: usize,
+    max_queue: usize,
+    /// Sum of `bytes` over `pending`.
+    queued_bytes: usize,
+    /// Consecutive failed batches, for the backoff.
+    failures: u32,
+    /// No batch is sent before this time (ms since epoch).
+    retry_at_ms: u64,
+}
+
+impl RecordQueue {
+    pub fn new(cfg: &Config) -> RecordQueue {
+        let o = &cfg.ownership;
+        RecordQueue {
+            cluster: o.cluster.clone(),
+            authority: o.authority.clone(),
+            auth: cfg.ownership_authorization(),
+            timeout_ms: o.timeout_ms.max(1000),
+            max_batch: o.max_batch,
+            max_queue: o.max_queue,
+            ..RecordQueue::default()
+        }
+    }
+
+    /// Records waiting to be sent.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Serialized bytes waiting (an upper bound).
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// Queues a record after checking it; an invalid record is counted and dropped.
+    pub fn push<H: Host>(&mut self, host: &mut H, r: Record) {
+        if let Err(e) = r.validate() {
+            host.count(Stat::RecordsInvalid, 1);
+            host.log(
+                LogLevel::Warn,
+                &format!("mcp-resume-guard: record not queued: {e}"),
+            );
+            return;
+        }
+        let r = match self.merge(r) {
+            Ok(()) => return self.enforce_bounds(host),
+            Err(r) => r,
+        };
+        let bytes = serialized_len(&r);
+        self.queued_bytes += bytes;
+        self.pending.push_back(Queued { record: r, bytes });
+        self.enforce_bounds(host);
+    }
+
+    /// Queues the events a stream relayed: seq `first_seq + i` carried replica id `ids[i]`.
+    /// Ids are recorded in bounded form; the records are split so none grows past a cap.
+    pub fn push_events<H: Host>(
+        &mut self,
+        host: &mut H,
+        session: &str,
+        incarnation: &str,
+        first_seq: u64,
+        ids: Vec<String>,
+    ) {
+        let mut piece = Vec::new();
+        let mut long = Vec::new();
+        let mut start = first_seq;
+        let mut bytes = 0;
+        for (i, id) in ids.into_iter().enumerate() {
+            let seq = first_seq.saturating_add(i as u64);
+            let (rec, full) = into_recorded(id);
+            let add = json_len(&rec)
+                + 1
+                + full
+                    .as_deref()
+                    .map_or(0, |f| json_len(f) + LONG_ENTRY_OVERHEAD);
+            if !piece.is_empty() && bytes + add > RECORD_MAX_BYTES {
+                let r = events(
+                    session,
+                    incarnation,
+                    start,
+                    std::mem::take(&mut piece),
+                    std::mem::take(&mut long),
+                );
+                self.push(host, r);
+                start = seq;
+                bytes = 0;
+            }
+            if let Some(id) = full {
+                long.push(LongId { seq, id });
+            }
+            piece.push(rec);
+            bytes += add;
+        }
+        if !piece.is_empty() {
+            let r = events(session, incarnation, start, piece, long);
+            self.push(host, r);
+        }
+    }
+
+    /// Events that continue a recently queued record of the same incarnation join it: one
+    /// record (and one session and incarnation key on the wire) per stream and flush, not per
+    /// chunk. Streams interleave, so look back a little; only records of the same incarnation
+    /// are ordered with respect to each other. Gives the record back when it did not join.
+    fn merge(&mut self, r: Record) -> Result<(), Record> {
+        let Record::Events {
+            session: s2,
+            incarnation: i2,
+            first_seq: f2,
+            ids: more,
+            long: more_long,
+        } = r
+        else {
+            return Err(r);
+        };
+        let add: usize = more.iter().map(|i| json_len(i) + 1).sum::<usize>()
+            + more_long
+                .iter()
+                .map(|l| json_len(&l.id) + LONG_ENTRY_OVERHEAD)
+                .sum::<usize>();
+        let open = self
+            .pending
+            .iter_mut()
+            .rev()
+            .take(MERGE_LOOKBACK)
+            .find(|q| {
+                matches!(&q.record, Record::Events { session, incarnation, .. }
+                    if *incarnation == i2 && *session == s2)
+            });
+        if let Some(q) = open {
+            if let Record::Events {
+                first_seq,
+                ids,
+                long,
+                ..
+            } = &mut q.record
+            {
+                if q.bytes + add <= RECORD_MAX_BYTES
+                    && first_seq.checked_add(ids.len() as u64) == Some(f2)
+                {
+                    ids.extend(more);
+                    long.extend(more_long);
+                    q.bytes += add;
+                    self.queued_bytes += add;
+                    return Ok(());
+                }
+            }
+        }
+        Err(Record::Events {
+            session: s2,
+            incarnation: i2,
+            first_seq: f2,
+            ids: more,
+            long: more_long,
+        })
+    }
+
+    /// Drops the oldest records while the queue holds more than `max_queue` records or more
+    /// than [`QUEUE_MAX_BYTES`].
+    fn enforce_bounds<H: Host>(&mut self, host: &mut H) {
+        while self.pending.len() > self.max_queue || self.queued_bytes > QUEUE_MAX_BYTES {
+            let Some(q) = self.pending.pop_front() else {
+                self.queued_bytes = 0;
+                break;
+            };
+            self.queued_bytes = self.queued_bytes.saturating_sub(q.bytes);
+            host.count(Stat::RecordsDropped, 1);
+        }
+    }
+
+    /// Sends the next batch, unless one is in flight or a retry is not due yet.
+    pub fn flush<H: Host>(&mut self, host: &mut H) {
+        if self.in_flight.is_some() || self.pending.is_empty() {
+            return;
+        }
+        if self.retry_at_ms > 0 && host.now_ms() < self.retry_at_ms {
+            return;
+        }
+        let mut n = 0;
+        let mut bytes = 0;
+        for q in self.pending.iter().take(self.max_batch) {
+            if n > 0 && bytes + q.bytes > BATCH_MAX_BYTES {
+                break;
+            }
+            bytes += q.bytes;
+            n += 1;
+        }
+        let batch: Vec<Queued> = self.pending.drain(..n).collect();
+        self.queued_bytes = self.queued_bytes.saturating_sub(bytes);
+        let mut body = Vec::with_capacity(bytes + 16);
+        body.extend_from_slice(b"{\"records\":[");
+        for (i, q) in batch.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            if serde_json::to_writer(&mut body, &q.record).is_err() {
+                host.count(Stat::RecordsDropped, batch.len() as u64);
+                return;
+            }
+        }
+        body.extend_from_slice(b"]}");
+        if body.len() > MAX_RECORDS_BODY_BYTES {
+            // Cannot happen with the caps above; never send what the service must refuse.
+            host.count(Stat::RecordsDropped, batch.len() as u64);
+            return;
+        }
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", RECORDS_PATH),
+            (":authority", self.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        if let Some(a) = &self.auth {
+            headers.push(("authorization", a.as_str()));
+        }
+        match host.dispatch(&self.cluster, &headers, &body, self.timeout_ms) {
+            Some(token) => self.in_flight = Some((token, batch)),
+            None => self.failed(host, batch),
+        }
+    }
+
+    /// The answer to a records post: `status` is `None` when no response headers arrived.
+    pub fn on_response<H: Host>(
+        &mut self,
+        host: &mut H,
+        token: u32,
+        status: Option<u32>,
+        body: Option<&[u8]>,
+    ) {
+        let Some((want, batch)) = self.in_flight.take() else {
+            return;
+        };
+        if want != token {
+            self.in_flight = Some((want, batch));
+            return;
+        }
+        let n = batch.len();
+        match status {
+            None => self.failed(host, batch),
+            Some(s) if s >= 500 => self.failed(host, batch),
+            Some(200) => {
+                self.failures = 0;
+                self.retry_at_ms = 0;
+                // A 200 without `rejected` (or one the guard cannot read) applied everything.
+                let ack: Option<RecordAck> = body.and_then(|b| serde_json::from_slice(b).ok());
+                let mut rejected: Vec<usize> = ack
+                    .as_ref()
+                    .map(|a| {
+                        a.rejected
+                            .iter()
+                            .map(|r| r.index)
+                            .filter(|i| *i < n)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                rejected.sort_unstable();
+                rejected.dedup();
+                let sent = ack
+                    .as_ref()
+                    .map_or(n, |a| a.applied.min(n - rejected.len()));
+                host.count(Stat::RecordsSent, sent as u64);
+                if !rejected.is_empty() {
+                    host.count(Stat::RecordsRejected, rejected.len() as u64);
+                    if let Some(r) = ack.as_ref().and_then(|a| a.rejected.first()) {
+                        host.log(
+                            LogLevel::Warn,
+                            &format!(
+                                "mcp-resume-guard: {} record(s) rejected, e.g. {}: {}",
+                                rejected.len(),
+                                r.error,
+                                r.detail
+                            ),
+                        );
+                    }
+                }
+            }
+            Some(s) => {
+                // The service read the batch and refused it: resending cannot help.
+                self.failures = 0;
+                self.retry_at_ms = 0;
+                host.count(Stat::RecordsRejected, n as u64);
+                host.log(
+                    LogLevel::Warn,
+                    &format!("mcp-resume-guard: record batch of {n} refused with status {s}"),
+                );
+            }
+        }
+    }
+
+    /// Puts a batch that failed in transport back at the head and schedules its retry.
+    fn failed<H: Host>(&mut self, host: &mut H, batch: Vec<Queued>) {
+        host.count(Stat::RecordsFailed, batch.len() as u64);
+        for q in batch.into_iter().rev() {
+            self.queued_bytes += q.bytes;
+            self.pending.push_front(q);
+        }
+        self.enforce_bounds(host);
+        self.failures = self.failures.saturating_add(1);
+        let ceiling = BACKOFF_FIRST_MS
+            .saturating_mul(1u64 << self.failures.saturating_sub(1).min(16))
+            .min(BACKOFF_MAX_MS);
+        // Full jitter: anywhere in [0, ceiling], so guards that failed together spread out.
+        let delay = host.random_u64() % (ceiling + 1);
+        self.retry_at_ms = host.now_ms().saturating_add(delay).max(1);
+    }
+
+    /// When the next batch may go (0: at once); for tests and diagnostics.
+    pub fn retry_at_ms(&self) -> u64 {
+        self.retry_at_ms
+    }
+}
+
+/// The recorded form of an id, reusing its allocation when it is its own recorded form, and the
+/// full id when it is long enough to need a `long` entry.
+fn into_recorded(id: String) -> (String, Option<String>) {
+    match recorded_id(&id) {
+        std::borrow::Cow::Borrowed(_) => (id, None),
+        std::borrow::Cow::Owned(d) => {
+            let keep = id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES;
+            (d, keep.then_some(id))
+        }
+    }
+}
+
+fn events(
+    session: &str,
+    incarnation: &str,
+    first_seq: u64,
+    ids: Vec<String>,
+    long: Vec<LongId>,
+) -> Record {
+    Record::Events {
+        session: session.to_owned(),
+        incarnation: incarnation.to_owned(),
+        first_seq,
+        ids,
+        long,
+    }
+}
+
+#[cfg(test)]
+#[path = "records_tests.rs"]
+mod tests;

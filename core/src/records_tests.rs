@@ -1,0 +1,258 @@
+//! The record path: validation, bounded ids, byte caps, answers, backoff.
+use super::*;
+use crate::host::{Effect, MockHost};
+use crate::ownership::{RecordBatch, MAX_EVENT_ID_BYTES};
+
+const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const S: &str = "0123456789abcdef0123456789abcdef";
+const I: &str = "0123456789abcdef";
+
+fn queue(extra: &str) -> RecordQueue {
+    let json = format!(
+        r#"{{"ownership":{{"cluster":"c"{extra}}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}}]}}"#
+    );
+    match Config::from_json(json.as_bytes()) {
+        Ok(c) => RecordQueue::new(&c),
+        Err(e) => unreachable!("{e}"),
+    }
+}
+
+fn open(owner: &str) -> Record {
+    Record::StreamOpen {
+        session: S.into(),
+        incarnation: I.into(),
+        kind: crate::ownership::StreamKind::Get,
+        owner: owner.into(),
+        retention: 0,
+        supersedes: true,
+        opened_ms: 1,
+    }
+}
+
+/// Flushes once; the batch sent, its token and its body size.
+fn flush(q: &mut RecordQueue, host: &mut MockHost) -> Option<(u32, Vec<Record>, usize)> {
+    host.take();
+    q.flush(host);
+    let (token, body) = host.last_dispatch()?;
+    let n = body.len();
+    let batch: RecordBatch = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => unreachable!("{e}"),
+    };
+    Some((token, batch.records, n))
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn an_invalid_record_is_counted_and_never_queued() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    q.push(&mut host, open("replica-1.internal:80"));
+    q.push(
+        &mut host,
+        Record::SessionOpen {
+            session: S.into(),
+            version: "bad version\u{1}".into(),
+        },
+    );
+    assert_eq!(host.stat(Stat::RecordsInvalid), 2);
+    assert!(q.is_empty());
+    q.flush(&mut host);
+    assert!(host.last_dispatch().is_none());
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn ids_of_any_length_are_recorded_in_bounded_form() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    let mid = "m".repeat(1_500);
+    let big = "b".repeat(16 * 1024);
+    let huge = "h".repeat(100 * 1024);
+    let ids = vec![
+        "e1".to_string(),
+        mid.clone(),
+        "~tilde".to_string(),
+        big.clone(),
+        huge.clone(),
+    ];
+    q.push_events(&mut host, S, I, 1, ids);
+    assert_eq!(host.stat(Stat::RecordsInvalid), 0);
+    let Some((_, records, _)) = flush(&mut q, &mut host) else {
+        unreachable!()
+    };
+    let mut all_ids = Vec::new();
+    let mut all_long = Vec::new();
+    for r in &records {
+        assert_eq!(r.validate(), Ok(()));
+        if let Record::Events { ids, long, .. } = r {
+            all_ids.extend(ids.iter().cloned());
+            all_long.extend(long.iter().cloned());
+        }
+    }
+    assert_eq!(all_ids.len(), 5);
+    assert!(all_ids.iter().all(|i| i.len() <= MAX_EVENT_ID_BYTES));
+    assert_eq!(all_ids[0], "e1");
+    assert_eq!(all_ids[1], recorded_id(&mid));
+    assert_eq!(all_ids[2], recorded_id("~tilde"));
+    assert_ne!(all_ids[2], "~tilde");
+    let long: Vec<(u64, usize)> = all_long.iter().map(|l| (l.seq, l.id.len())).collect();
+    // The 100 KiB id is past MAX_LONG_ID_BYTES: digest only.
+    assert_eq!(long, vec![(2, 1_500), (4, 16 * 1024)]);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn batches_and_the_queue_are_capped_by_bytes() {
+    let mut q = queue(r#","max_batch":10000,"max_queue":1000000"#);
+    let mut host = MockHost::new();
+    // 3000 events of 120-byte ids with escapes, in chunks of 10 (merged per incarnation).
+    let id = "x\"\\\t".repeat(30);
+    for c in 0..300u64 {
+        q.push_events(&mut host, S, I, 1 + c * 10, vec![id.clone(); 10]);
+    }
+    let bound = q.queued_bytes();
+    let mut actual = 0;
+    let mut seq = 1;
+    while let Some((token, records, n)) = flush(&mut q, &mut host) {
+        assert!(n <= BATCH_MAX_BYTES + 16, "batch of {n} bytes");
+        actual += n - 14 - (records.len() - 1);
+        for r in &records {
+            if let Record::Events { first_seq, ids, .. } = r {
+                assert_eq!(*first_seq, seq, "contiguous and in order");
+                seq += ids.len() as u64;
+            }
+        }
+        q.on_response(&mut host, token, Some(200), Some(b"{\"applied\":1}"));
+    }
+    assert_eq!(seq, 3001);
+    assert!(bound >= actual, "the byte count is an upper bound");
+    assert!(
+        bound <= actual + actual / 20,
+        "and a close one: {bound} vs {actual}"
+    );
+    // The queue by bytes: far more than QUEUE_MAX_BYTES while nothing is answered.
+    let mut q = queue(r#","max_queue":10000000"#);
+    let big = "y".repeat(120);
+    for c in 0..8_000u64 {
+        q.push_events(&mut host, S, I, 1 + c * 10, vec![big.clone(); 10]);
+    }
+    assert!(q.queued_bytes() <= QUEUE_MAX_BYTES);
+    assert!(host.stat(Stat::RecordsDropped) > 0);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    q.push(&mut host, open("127.0.0.1:9101"));
+    q.push_events(&mut host, S, I, 1, vec!["e1".into()]);
+    q.push(
+        &mut host,
+        Record::OwnerGone {
+            owner: "127.0.0.1:9102".into(),
+        },
+    );
+    let Some((token, records, _)) = flush(&mut q, &mut host) else {
+        unreachable!()
+    };
+    assert_eq!(records.len(), 3);
+    let ack = r#"{"applied":2,"rejected":[{"index":1,"error":"bad_field","detail":"records[1].ids[0]: x"}]}"#;
+    q.on_response(&mut host, token, Some(200), Some(ack.as_bytes()));
+    assert_eq!(host.stat(Stat::RecordsSent), 2);
+    assert_eq!(host.stat(Stat::RecordsRejected), 1);
+    assert!(q.is_empty(), "never requeued");
+    assert!(flush(&mut q, &mut host).is_none());
+    // The service of today answers without `rejected`: all applied.
+    q.push(&mut host, open("127.0.0.1:9101"));
+    let Some((token, _, _)) = flush(&mut q, &mut host) else {
+        unreachable!()
+    };
+    q.on_response(&mut host, token, Some(200), Some(b"{\"applied\":1}"));
+    assert_eq!(host.stat(Stat::RecordsSent), 3);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_4xx_batch_is_dropped_never_retried() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    q.push(&mut host, open("127.0.0.1:9101"));
+    q.push(
+        &mut host,
+        Record::OwnerGone {
+            owner: "127.0.0.1:9102".into(),
+        },
+    );
+    let Some((token, _, _)) = flush(&mut q, &mut host) else {
+        unreachable!()
+    };
+    q.on_response(
+        &mut host,
+        token,
+        Some(400),
+        Some(b"{\"error\":\"bad_field\"}"),
+    );
+    assert_eq!(host.stat(Stat::RecordsRejected), 2);
+    assert_eq!(host.stat(Stat::RecordsFailed), 0);
+    assert!(q.is_empty());
+    assert!(flush(&mut q, &mut host).is_none());
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn transport_failures_and_5xx_retry_with_jittered_exponential_backoff() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    q.push(&mut host, open("127.0.0.1:9101"));
+    let mut ceilings = Vec::new();
+    for round in 0..8 {
+        let Some((token, records, _)) = flush(&mut q, &mut host) else {
+            unreachable!("round {round}: the batch is retried")
+        };
+        assert_eq!(records.len(), 1);
+        let status = if round % 2 == 0 { None } else { Some(503) };
+        q.on_response(&mut host, token, status, None);
+        let wait = q.retry_at_ms() - host.now_ms;
+        ceilings.push(wait);
+        assert!(
+            wait <= (100u64 << round).min(5_000),
+            "round {round}: {wait}"
+        );
+        // Not before it is due.
+        if wait > 0 {
+            assert!(flush(&mut q, &mut host).is_none());
+        }
+        host.now_ms += wait;
+    }
+    assert_eq!(host.stat(Stat::RecordsFailed), 8);
+    assert!(
+        ceilings.iter().any(|w| *w > 100),
+        "the backoff grows: {ceilings:?}"
+    );
+    // Success resets it.
+    let Some((token, _, _)) = flush(&mut q, &mut host) else {
+        unreachable!()
+    };
+    q.on_response(&mut host, token, Some(200), None);
+    assert_eq!(q.retry_at_ms(), 0);
+    assert_eq!(host.stat(Stat::RecordsSent), 1);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn posts_carry_the_configured_token() {
+    let mut q = queue(r#","token":"s3cr3t-Token_1""#);
+    let mut host = MockHost::new();
+    q.push(&mut host, open("127.0.0.1:9101"));
+    q.flush(&mut host);
+    let auth = host.effects.iter().find_map(|e| match e {
+        Effect::Dispatch { headers, .. } => headers
+            .iter()
+            .find(|(k, _)| k == "authorization")
+            .map(|(_, v)| v.clone()),
+        _ => None,
+    });
+    assert_eq!(auth.as_deref(), Some("Bearer s3cr3t-Token_1"));
+}
