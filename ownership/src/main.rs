@@ -37,9 +37,11 @@ struct Cli {
     #[arg(long, env = "MCP_OWNERSHIP_LISTEN", value_name = "ADDR", default_value = defaults::LISTEN)]
     listen: SocketAddr,
 
-    /// `memory` (embedded, one instance only) or `redis://HOST:PORT[/DB]` (shared by every
-    /// instance); `rediss://` for TLS. Give credentials with --redis-username and
-    /// --redis-password-file (or MCP_OWNERSHIP_REDIS_PASSWORD), not in the URL.
+    /// `memory` (embedded, one instance only), `redis://HOST:PORT[/DB]` (shared by every
+    /// instance) or `redis-cluster://HOST:PORT[,HOST:PORT…]` (a Redis Cluster, every node
+    /// listed a seed); `rediss://` and `rediss-cluster://` for TLS. Give credentials with
+    /// --redis-username and --redis-password-file (or MCP_OWNERSHIP_REDIS_PASSWORD), not in
+    /// the URL.
     #[arg(long, env = "MCP_OWNERSHIP_STORE", value_name = "STORE", default_value = defaults::STORE, hide_env_values = true)]
     store: String,
 
@@ -65,6 +67,12 @@ struct Cli {
     /// PEM CA certificates to verify a rediss:// server with (default: the system's roots).
     #[arg(long, env = "MCP_OWNERSHIP_REDIS_CA_FILE", value_name = "PATH")]
     redis_ca_file: Option<PathBuf>,
+
+    /// Replicas that must hold a record before it is acknowledged (Redis WAIT), so that a
+    /// failover cannot lose it. Default: 1 on a Redis Cluster, 0 on one endpoint.
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_WAIT_REPLICAS", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=16), allow_negative_numbers = true)]
+    redis_wait_replicas: Option<u32>,
 
     /// How long a resume waits for records still in flight.
     #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
@@ -181,11 +189,18 @@ fn redis_auth(cli: &Cli, password_env: Option<String>) -> Result<RedisAuth, Stri
 fn store_spec(value: &str) -> Result<StoreSpec, String> {
     if value == "memory" {
         Ok(StoreSpec::Memory)
-    } else if value.starts_with("redis://") || value.starts_with("rediss://") {
+    } else if value.starts_with("redis://")
+        || value.starts_with("rediss://")
+        || mcp_ownership::redis::is_cluster_url(value)
+    {
         mcp_ownership::redis::parse_url(value).map_err(|e| format!("--store: {e}"))?;
         Ok(StoreSpec::Redis(value.to_owned()))
     } else {
-        Err("--store: expected `memory` or `redis://HOST:PORT` (or rediss://)".to_owned())
+        Err(
+            "--store: expected `memory`, `redis://HOST:PORT` (or rediss://) or \
+             `redis-cluster://HOST:PORT[,HOST:PORT…]` (or rediss-cluster://)"
+                .to_owned(),
+        )
     }
 }
 
@@ -278,7 +293,10 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
                 prefix: cli.redis_prefix.clone(),
                 op_timeout,
                 // A TLS handshake is a round trip more.
-                connect_timeout: if url.starts_with("rediss://") {
+                wait_replicas: cli
+                    .redis_wait_replicas
+                    .unwrap_or(u32::from(mcp_ownership::redis::is_cluster_url(url))),
+                connect_timeout: if url.starts_with("rediss") {
                     op_timeout
                 } else {
                     op_timeout.min(Duration::from_millis(100))

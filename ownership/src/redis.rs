@@ -1,4 +1,5 @@
-//! The shared store: Redis. Several ownership instances (and so several guards) share one truth.
+//! The shared store: Redis, one endpoint or a Redis Cluster. Several ownership instances (and
+//! so several guards) share one truth.
 //!
 //! - **Atomic.** Every record is one Lua script over the keys of its session, and every verdict
 //!   snapshot is one Lua script too (`redis_lua.rs`), so a supersede, a trim, a terminate and a
@@ -6,19 +7,30 @@
 //!   owner epoch (`owner_gone` is about an address, not a session): a snapshot reads it right
 //!   after its session script, so an `owner_gone` landing during a resume already counts; the
 //!   error is toward a new stream, never toward a blind replay.
-//! - **Cluster-ready.** All keys of a session carry the hash tag `{<session>}`.
+//! - **Cluster.** All keys of a session carry the hash tag `{<session>}`, and every script
+//!   names all the keys of the session it reads by name in `KEYS`, so while a slot migrates a
+//!   script runs only where all of them are (else Redis answers TRYAGAIN: a 503, fail closed).
+//!   Commands of one batch go in one pipeline per session; a pipeline that meets a redirect is
+//!   run again command by command, which the cluster client redirects one by one.
+//! - **Durable when asked.** With `wait_replicas > 0` every record pipeline ends with `WAIT`,
+//!   so a record is acknowledged only once replicas hold it and a failover cannot lose it.
 //! - **Bounded.** `max_window` events per incarnation, `max_incarnations_per_session`
 //!   incarnations per session, and every key expires `session_idle_ttl + KEEP_GRACE` after the
 //!   session's (or the incarnation's) last activity, even if no instance sweeps.
 //! - **Fast failure.** Every operation is bounded by `op_timeout` (default 150 ms): with Redis
-//!   down, the service answers 503 `store_unavailable` well inside the guard's callout timeout,
-//!   and the connection is re-established in the background when Redis is back.
+//!   down (or a Cluster failing over), the service answers 503 `store_unavailable` well inside
+//!   the guard's callout timeout, and the connection is re-established in the background when
+//!   Redis is back.
+use std::collections::HashMap;
 use std::time::Duration;
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
 use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, Pipeline, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::watch;
 
 use crate::redis_lua;
@@ -33,6 +45,9 @@ pub const KEEP_GRACE: Duration = Duration::from_secs(60);
 const SWEEP_PAGE: usize = 500;
 /// Sessions whose incarnations are counted exactly for the gauge; beyond, it is extrapolated.
 const STATS_SAMPLE: usize = 10_000;
+/// `--store` schemes of a Redis Cluster: plain and TLS.
+pub const CLUSTER_SCHEME: &str = "redis-cluster://";
+pub const CLUSTER_TLS_SCHEME: &str = "rediss-cluster://";
 
 /// A secret string: never shown by `Debug`.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -65,6 +80,9 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Upper bound on one sweep or stats call (they touch many sessions).
     pub bulk_timeout: Duration,
+    /// Replicas that must hold a record before it is acknowledged (`WAIT`); 0: the primary's
+    /// word is enough.
+    pub wait_replicas: u32,
     pub auth: RedisAuth,
 }
 
@@ -75,6 +93,7 @@ impl Default for RedisOptions {
             op_timeout: Duration::from_millis(150),
             connect_timeout: Duration::from_millis(100),
             bulk_timeout: Duration::from_secs(2),
+            wait_replicas: 0,
             auth: RedisAuth::default(),
         }
     }
@@ -92,16 +111,164 @@ impl LoadedScript {
     }
 }
 
+/// One command and the key that places it: on a Cluster, commands whose keys share a hash
+/// tag go in one pipeline, in order.
+struct Placed {
+    key: String,
+    cmd: Cmd,
+}
+
+/// The part of a key that picks its hash slot (Redis Cluster's rule).
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+/// A connection of either kind.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where `--store` points, parsed (made once per store: size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Target {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// One multiplexed connection to the store, made when first needed.
+enum Link {
+    /// Replaced (re-resolving the host) when Redis says READONLY: after a failover the
+    /// endpoint's name points at the new primary, the old connection at a replica.
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        conn: std::sync::Mutex<ConnectionManager>,
+    },
+    /// Connected by the first operation (the service starts while the Cluster is down); the
+    /// cluster client then follows slot moves and failovers itself.
+    Cluster {
+        client: ClusterClient,
+        conn: tokio::sync::Mutex<Option<ClusterConnection>>,
+    },
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Link {
+    fn new(target: &Target, opts: &RedisOptions) -> Result<Link, String> {
+        match target {
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(opts.connect_timeout))
+                    .set_response_timeout(Some(opts.op_timeout))
+                    // One attempt per reconnect: the next operation triggers the next attempt, so
+                    // a Redis that comes back is used at once and one that stays away costs no
+                    // retries.
+                    .set_number_of_retries(0)
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(100));
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                    .map_err(|e| format!("redis: {e}"))?;
+                Ok(Link::Single {
+                    client: client.clone(),
+                    config,
+                    conn: std::sync::Mutex::new(conn),
+                })
+            }
+            Target::Cluster(client) => Ok(Link::Cluster {
+                client: client.clone(),
+                conn: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    async fn get(&self) -> Result<Conn, redis::RedisError> {
+        match self {
+            Link::Single { conn, .. } => Ok(Conn::Single(lock(conn).clone())),
+            Link::Cluster { client, conn } => {
+                let mut slot = conn.lock().await;
+                if let Some(c) = slot.as_ref() {
+                    return Ok(Conn::Cluster(c.clone()));
+                }
+                let c = client.get_async_connection().await?;
+                *slot = Some(c.clone());
+                Ok(Conn::Cluster(c))
+            }
+        }
+    }
+
+    /// READONLY on one endpoint: it reaches a replica now; the next operation resolves anew.
+    fn replace_if_readonly(&self, e: &redis::RedisError) {
+        let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            || e.to_string().contains("READONLY")
+            || e.to_string().contains("ReadOnly");
+        if let (
+            true,
+            Link::Single {
+                client,
+                config,
+                conn,
+            },
+        ) = (readonly, self)
+        {
+            if let Ok(fresh) =
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            {
+                *lock(conn) = fresh;
+            }
+        }
+    }
+}
+
 pub struct RedisStore {
     limits: Limits,
     opts: RedisOptions,
-    /// `host:port` for messages (never the password of a URL).
+    /// `host:port` for messages (never the password of a URL); the first seed of a Cluster.
     addr: String,
-    /// Replaced (re-resolving the host) when Redis says READONLY: after a failover the
-    /// endpoint's name points at the new primary, the old connection at a replica.
-    conn: std::sync::Mutex<ConnectionManager>,
-    client: redis::Client,
-    config: ConnectionManagerConfig,
+    cluster: bool,
+    main: Link,
+    /// Records when they wait for replicas: `WAIT` blocks its connection, so records get one
+    /// of their own and never hold up a resume.
+    records: Option<Link>,
     apply: LoadedScript,
     snapshot: LoadedScript,
     sweep: LoadedScript,
@@ -121,10 +288,38 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-/// Check a `--store redis://…` or `rediss://…` URL without connecting. The error says what
-/// is wrong and never shows a password.
-pub fn parse_url(url: &str) -> Result<redis::Client, String> {
-    client(url, &RedisAuth::default())
+/// Is this `--store` value a Redis Cluster (`redis-cluster://`, `rediss-cluster://`)?
+pub fn is_cluster_url(url: &str) -> bool {
+    url.starts_with(CLUSTER_SCHEME) || url.starts_with(CLUSTER_TLS_SCHEME)
+}
+
+/// Check a `--store` Redis URL (`redis://…`, `rediss://…`, `redis-cluster://…`,
+/// `rediss-cluster://…`) without connecting. The error says what is wrong and never shows a
+/// password.
+pub fn parse_url(url: &str) -> Result<(), String> {
+    target(url, &RedisOptions::default()).map(|_| ())
+}
+
+fn target(url: &str, opts: &RedisOptions) -> Result<Target, String> {
+    if is_cluster_url(url) {
+        cluster_client(url, opts).map(Target::Cluster)
+    } else {
+        client(url, &opts.auth).map(Target::Single)
+    }
+}
+
+/// `HOST:PORT` with a usable port (the port is optional: `default_port` ok).
+fn check_hostport(hostport: &str, shown: &str, want: &str) -> Result<(), String> {
+    if hostport.is_empty() || hostport.starts_with(':') {
+        return Err(format!("expected {want}, got {shown:?} (no host)"));
+    }
+    if let Some((_, port)) = hostport.rsplit_once(':') {
+        if !hostport.ends_with(']') && port.parse::<u16>().map_or(true, |p| p == 0) {
+            // Not the port's text: without an '@', a mistyped `user:password` lands here.
+            return Err(format!("expected {want} (bad port)"));
+        }
+    }
+    Ok(())
 }
 
 /// The client for `url` with `auth` applied (credentials, TLS roots).
@@ -138,17 +333,7 @@ pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, String> {
         })?;
     let hostport = rest.rsplit('@').next().unwrap_or(rest);
     let hostport = hostport.split('/').next().unwrap_or(hostport);
-    if hostport.is_empty() || hostport.starts_with(':') {
-        return Err(format!(
-            "expected redis://HOST:PORT, got {shown:?} (no host)"
-        ));
-    }
-    if let Some((_, port)) = hostport.rsplit_once(':') {
-        if !hostport.ends_with(']') && port.parse::<u16>().map_or(true, |p| p == 0) {
-            // Not the port's text: without an '@', a mistyped `user:password` lands here.
-            return Err("expected redis://HOST:PORT (bad port)".to_owned());
-        }
-    }
+    check_hostport(hostport, &shown, "redis://HOST:PORT")?;
     let bad = |e: redis::RedisError| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind());
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(bad)?;
     let mut settings = info.redis_settings().clone();
@@ -174,6 +359,74 @@ pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, String> {
         )),
         (None, _) => redis::Client::open(info).map_err(bad),
     }
+}
+
+/// The Cluster client for `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` (or
+/// `rediss-cluster://` for TLS): every listed node is a seed; the client learns the rest.
+fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, String> {
+    const WANT: &str = "redis-cluster://HOST:PORT[,HOST:PORT…]";
+    let shown = redacted(url);
+    let (scheme, rest) = match url.strip_prefix(CLUSTER_SCHEME) {
+        Some(rest) => ("redis", rest),
+        None => (
+            "rediss",
+            url.strip_prefix(CLUSTER_TLS_SCHEME)
+                .ok_or_else(|| format!("expected {WANT}, got {shown:?}"))?,
+        ),
+    };
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    if hosts.contains('/') {
+        return Err(format!(
+            "expected {WANT}, got {shown:?} (a Cluster has no database number)"
+        ));
+    }
+    let mut nodes = Vec::new();
+    for hostport in hosts.split(',') {
+        check_hostport(hostport, &shown, WANT)?;
+        let node = match userinfo {
+            Some(u) => format!("{scheme}://{u}@{hostport}"),
+            None => format!("{scheme}://{hostport}"),
+        };
+        let info = redis::IntoConnectionInfo::into_connection_info(node.as_str())
+            .map_err(|e| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind()))?;
+        nodes.push(info);
+    }
+    let tls = scheme == "rediss";
+    let mut b = ClusterClientBuilder::new(nodes)
+        .connection_timeout(opts.connect_timeout)
+        // Per attempt and in all (retries and redirects included): one store operation.
+        .response_timeout(opts.op_timeout)
+        // Redirects are retried at once; TRYAGAIN and CLUSTERDOWN after 5-50 ms, a few times
+        // only: a longer failover is a fast 503, and the next operation tries again.
+        .retries(5)
+        .min_retry_wait(5)
+        .max_retry_wait(50)
+        .retry_wait_formula(5, 2);
+    if let Some(u) = &opts.auth.username {
+        b = b.username(u);
+    }
+    if let Some(p) = &opts.auth.password {
+        b = b.password(&p.0);
+    }
+    match (&opts.auth.ca_pem, tls) {
+        (Some(pem), true) => {
+            b = b.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        (Some(_), false) => {
+            return Err(format!(
+                "{shown:?}: a CA file is only for rediss-cluster:// (TLS) URLs"
+            ))
+        }
+        (None, _) => {}
+    }
+    b.build()
+        .map_err(|e| format!("{shown:?}: not a usable Redis Cluster URL ({:?})", e.kind()))
 }
 
 /// A TLS provider for rustls, installed once per process (rediss:// needs one).
@@ -228,9 +481,11 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl RedisStore {
-    /// A store for `url` (`redis://HOST:PORT[/DB]`). Does not connect: the first operation does,
-    /// so the service can start while Redis is down (/healthz says 503 until it answers).
-    /// Must be called inside a Tokio runtime.
+    /// A store for `url`: `redis://HOST:PORT[/DB]` or `rediss://…` (one endpoint), or
+    /// `redis-cluster://HOST:PORT[,HOST:PORT…]` or `rediss-cluster://…` (a Redis Cluster, every
+    /// node listed a seed). Does not connect: the first operation does, so the service can
+    /// start while Redis is down (/healthz says 503 until it answers). Must be called inside a
+    /// Tokio runtime.
     pub fn new(url: &str, limits: Limits, opts: RedisOptions) -> Result<Self, String> {
         if opts.prefix.contains(['{', '}']) {
             return Err(format!(
@@ -239,26 +494,29 @@ impl RedisStore {
             ));
         }
         install_tls_provider();
-        let client = client(url, &opts.auth)?;
-        let addr = client.get_connection_info().addr().to_string();
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(opts.connect_timeout))
-            .set_response_timeout(Some(opts.op_timeout))
-            // One attempt per reconnect: the next operation triggers the next attempt, so a
-            // Redis that comes back is used at once and one that stays away costs no retries.
-            .set_number_of_retries(0)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(|e| format!("{url:?}: {e}"))?;
+        let target = target(url, &opts)?;
+        let addr = match &target {
+            Target::Single(c) => c.get_connection_info().addr().to_string(),
+            Target::Cluster(_) => {
+                let hosts = url.split_once("://").map_or(url, |(_, rest)| rest);
+                hosts.rsplit('@').next().unwrap_or(hosts).to_owned()
+            }
+        };
+        let cluster = matches!(target, Target::Cluster(_));
+        let main = Link::new(&target, &opts)?;
+        let records = if opts.wait_replicas > 0 {
+            Some(Link::new(&target, &opts)?)
+        } else {
+            None
+        };
         let (changes, _) = watch::channel(0);
         Ok(RedisStore {
             limits,
             opts,
             addr,
-            conn: std::sync::Mutex::new(conn),
-            client,
-            config,
+            cluster,
+            main,
+            records,
             apply: LoadedScript::new(redis_lua::apply_script()),
             snapshot: LoadedScript::new(redis_lua::snapshot_script()),
             sweep: LoadedScript::new(redis_lua::sweep_script()),
@@ -268,34 +526,21 @@ impl RedisStore {
         })
     }
 
-    /// The shared multiplexed connection (cheap clone).
-    fn conn(&self) -> ConnectionManager {
-        self.conn
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+    /// The shared multiplexed connection (cheap clone; a Cluster's is made by the first call).
+    async fn conn(&self, what: &str) -> Result<Conn, StoreError> {
+        self.main.get().await.map_err(|e| self.fail(what, e))
     }
 
-    /// A Redis error as a store error. READONLY (this connection reaches a replica, e.g. after
-    /// a failover) also replaces the connection, so the next operation resolves the host anew.
+    /// A Redis error as a store error; READONLY also replaces a single endpoint's connections.
     fn fail(&self, what: &str, e: redis::RedisError) -> StoreError {
-        let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            || e.to_string().contains("READONLY")
-            || e.to_string().contains("ReadOnly");
-        if readonly {
-            if let Ok(fresh) =
-                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-            {
-                *self
-                    .conn
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
-            }
+        self.main.replace_if_readonly(&e);
+        if let Some(r) = &self.records {
+            r.replace_if_readonly(&e);
         }
         unavailable(what, e)
     }
 
-    /// `host:port` of the Redis server.
+    /// `host:port` of the Redis server (a Cluster: its seeds).
     pub fn addr(&self) -> &str {
         &self.addr
     }
@@ -307,6 +552,22 @@ impl RedisStore {
     /// Key base of a session: every key of it starts with this and carries its hash tag.
     pub fn session_base(&self, session: &str) -> String {
         format!("{}{{{session}}}", self.opts.prefix)
+    }
+
+    /// `numkeys` and the keys a script over this session names: the session's hash and set,
+    /// and the incarnation's three keys. Named, so that while a slot migrates Redis runs the
+    /// script only on the node that holds all of them (TRYAGAIN otherwise).
+    fn session_keys(&self, c: &mut Cmd, base: &str, incarnation: Option<&str>) {
+        match incarnation {
+            Some(inc) => c
+                .arg(5)
+                .arg(format!("{base}:s"))
+                .arg(format!("{base}:n"))
+                .arg(format!("{base}:i:{inc}"))
+                .arg(format!("{base}:w:{inc}"))
+                .arg(format!("{base}:l:{inc}")),
+            None => c.arg(2).arg(format!("{base}:s")).arg(format!("{base}:n")),
+        };
     }
 
     fn index_key(&self) -> String {
@@ -339,56 +600,213 @@ impl RedisStore {
         }
     }
 
-    async fn load_scripts(&self) -> Result<(), StoreError> {
-        let mut p = redis::pipe();
+    /// `SCRIPT LOAD` every script (on a Cluster: on every primary; a replica promoted later
+    /// answers NOSCRIPT once and gets them then).
+    async fn load_scripts(&self, conn: &mut Conn) -> Result<(), StoreError> {
         for s in [&self.apply, &self.snapshot, &self.sweep, &self.owner_gone] {
-            p.cmd("SCRIPT").arg("LOAD").arg(&s.code).ignore();
+            let mut c = redis::cmd("SCRIPT");
+            c.arg("LOAD").arg(&s.code);
+            let r = match conn {
+                Conn::Single(m) => c.query_async::<Value>(m).await,
+                Conn::Cluster(k) => {
+                    k.route_command(
+                        c,
+                        RoutingInfo::MultiNode((
+                            redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                            Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
+                        )),
+                    )
+                    .await
+                }
+            };
+            r.map_err(|e| self.fail("script load", e))?;
         }
-        let mut conn = self.conn();
-        p.query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| self.fail("script load", e))
+        Ok(())
     }
 
-    /// Run a pipeline that contains EVALSHAs; on NOSCRIPT (a restarted or flushed Redis),
-    /// load the scripts and run it once more. Running a batch twice is harmless: records are
-    /// idempotent upserts, the index ZADD is `GT`, and an `owner_gone` bumped twice still only
-    /// makes its epoch differ from the one its incarnations opened in.
-    async fn pipeline(&self, what: &str, p: &Pipeline) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.conn();
-        match p.query_async::<Vec<Value>>(&mut conn).await {
-            Ok(v) => Ok(v),
+    /// Run `cmds` and return one reply per command, in order. One endpoint: one pipeline. A
+    /// Cluster: one pipeline per hash tag, all at once. On NOSCRIPT (a new, restarted, flushed
+    /// or just promoted node) the scripts are loaded and the commands run once more. Running
+    /// a batch twice is harmless: records are idempotent upserts, the index ZADD is `GT`, and
+    /// an `owner_gone` bumped twice still only makes its epoch differ from the one its
+    /// incarnations opened in. `durable`: records, which wait for `wait_replicas` replicas.
+    async fn exec(
+        &self,
+        what: &str,
+        cmds: &[Placed],
+        durable: bool,
+    ) -> Result<Vec<Value>, StoreError> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (link, wait) = match (&self.records, durable) {
+            (Some(r), true) => (r, self.opts.wait_replicas),
+            _ => (&self.main, 0),
+        };
+        let conn = link.get().await.map_err(|e| self.fail(what, e))?;
+        if !self.cluster {
+            let all: Vec<&Placed> = cmds.iter().collect();
+            return self.exec_group(what, conn, &all, wait).await;
+        }
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut by_tag: HashMap<&str, usize> = HashMap::new();
+        for (i, c) in cmds.iter().enumerate() {
+            let g = *by_tag.entry(hash_tag(&c.key)).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            if let Some(members) = groups.get_mut(g) {
+                members.push(i);
+            }
+        }
+        let runs = groups.iter().map(|members| {
+            let group: Vec<&Placed> = members.iter().filter_map(|&i| cmds.get(i)).collect();
+            let conn = conn.clone();
+            async move { self.exec_group(what, conn, &group, wait).await }
+        });
+        let replies = futures_util::future::try_join_all(runs).await?;
+        let mut out = vec![Value::Nil; cmds.len()];
+        for (members, values) in groups.iter().zip(replies) {
+            for (&i, v) in members.iter().zip(values) {
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = v;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pipeline (commands of one hash tag on a Cluster), plus `WAIT` when `wait > 0`.
+    async fn exec_group(
+        &self,
+        what: &str,
+        mut conn: Conn,
+        group: &[&Placed],
+        wait: u32,
+    ) -> Result<Vec<Value>, StoreError> {
+        if self.cluster && group.len() == 1 {
+            return self.exec_one_by_one(what, conn, group, wait).await;
+        }
+        let mut p = redis::pipe();
+        for c in group {
+            p.add_command(c.cmd.clone());
+        }
+        if wait > 0 {
+            p.add_command(self.wait_cmd(wait));
+        }
+        let mut replies = match p.query_async::<Vec<Value>>(&mut conn).await {
+            Ok(v) => v,
+            Err(e) if self.cluster && (is_noscript(&e) || e.is_cluster_error()) => {
+                // MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the cluster client follows (and retries)
+                // those for single commands only.
+                return self.exec_one_by_one(what, conn, group, wait).await;
+            }
             Err(e) if is_noscript(&e) => {
-                self.load_scripts().await?;
+                self.load_scripts(&mut conn).await?;
                 p.query_async::<Vec<Value>>(&mut conn)
                     .await
-                    .map_err(|e| self.fail(what, e))
+                    .map_err(|e| self.fail(what, e))?
             }
-            Err(e) => Err(self.fail(what, e)),
+            Err(e) => return Err(self.fail(what, e)),
+        };
+        if wait > 0 {
+            self.check_wait(what, replies.pop().as_ref(), wait)?;
         }
+        Ok(replies)
+    }
+
+    /// The commands of one hash tag one at a time (a Cluster's redirects are followed per
+    /// command), then `WAIT` on the primary of their slot.
+    async fn exec_one_by_one(
+        &self,
+        what: &str,
+        mut conn: Conn,
+        group: &[&Placed],
+        wait: u32,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut out = Vec::with_capacity(group.len());
+        for c in group {
+            let v = match c.cmd.query_async::<Value>(&mut conn).await {
+                Ok(v) => v,
+                Err(e) if is_noscript(&e) => {
+                    self.load_scripts(&mut conn).await?;
+                    c.cmd
+                        .query_async::<Value>(&mut conn)
+                        .await
+                        .map_err(|e| self.fail(what, e))?
+                }
+                Err(e) => return Err(self.fail(what, e)),
+            };
+            out.push(v);
+        }
+        if let (true, Some(first)) = (wait > 0, group.first()) {
+            let acked = match &mut conn {
+                Conn::Cluster(k) => {
+                    let route = Route::with_key(first.key.as_bytes(), SlotAddr::Master);
+                    k.route_command(
+                        self.wait_cmd(wait),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                }
+                Conn::Single(m) => self.wait_cmd(wait).query_async::<Value>(m).await,
+            }
+            .map_err(|e| self.fail(what, e))?;
+            self.check_wait(what, Some(&acked), wait)?;
+        }
+        Ok(out)
+    }
+
+    fn wait_cmd(&self, replicas: u32) -> Cmd {
+        let mut c = redis::cmd("WAIT");
+        // Well within the operation's bound, so the answer says why (0 would mean forever).
+        c.arg(replicas)
+            .arg((ms(self.opts.op_timeout) * 2 / 3).max(1));
+        c
+    }
+
+    fn check_wait(&self, what: &str, reply: Option<&Value>, wait: u32) -> Result<(), StoreError> {
+        let acked = reply.and_then(as_u64).unwrap_or(0);
+        if acked < u64::from(wait) {
+            return Err(unavailable(
+                what,
+                format!(
+                    "{acked} of {wait} replicas acknowledged within {} ms",
+                    (ms(self.opts.op_timeout) * 2 / 3).max(1)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `EVALSHA apply` for one record (OwnerGone is not a session record: `None`).
-    fn apply_cmd(
-        &self,
-        r: &Record,
-        now_ms: u64,
-        epochs: &std::collections::HashMap<String, u64>,
-    ) -> Option<Cmd> {
-        let session = match r {
-            Record::SessionOpen { session, .. }
-            | Record::SessionEnd { session, .. }
-            | Record::StreamOpen { session, .. }
-            | Record::Events { session, .. }
-            | Record::StreamLost { session, .. } => session,
+    fn apply_cmd(&self, r: &Record, now_ms: u64, epochs: &HashMap<String, u64>) -> Option<Placed> {
+        let (session, incarnation) = match r {
+            Record::SessionOpen { session, .. } | Record::SessionEnd { session, .. } => {
+                (session, None)
+            }
+            Record::StreamOpen {
+                session,
+                incarnation,
+                ..
+            }
+            | Record::Events {
+                session,
+                incarnation,
+                ..
+            }
+            | Record::StreamLost {
+                session,
+                incarnation,
+                ..
+            } => (session, Some(incarnation.as_str())),
             Record::OwnerGone { .. } => return None,
         };
         let base = self.session_base(session);
         let mut c = redis::cmd("EVALSHA");
-        c.arg(&self.apply.sha)
-            .arg(1)
-            .arg(format!("{base}:s"))
-            .arg(&base)
+        c.arg(&self.apply.sha);
+        self.session_keys(&mut c, &base, incarnation);
+        c.arg(&base)
             .arg(now_ms)
             .arg(self.limits.session_idle_ttl_ms)
             .arg(self.limits.max_window)
@@ -446,7 +864,7 @@ impl RedisStore {
             }
             Record::OwnerGone { .. } => return None,
         }
-        Some(c)
+        Some(Placed { key: base, cmd: c })
     }
 
     /// Apply records in order: session records are pipelined (one round trip per run of them),
@@ -475,9 +893,9 @@ impl RedisStore {
             .collect();
         owners.sort_unstable();
         owners.dedup();
-        let mut epochs = std::collections::HashMap::new();
+        let mut epochs = HashMap::new();
         if !owners.is_empty() {
-            let mut conn = self.conn();
+            let mut conn = self.conn("apply").await?;
             let got: Vec<Option<u64>> = redis::cmd("HMGET")
                 .arg(self.owners_key())
                 .arg(&owners)
@@ -488,21 +906,25 @@ impl RedisStore {
                 epochs.insert((*o).to_owned(), e.unwrap_or(0));
             }
         }
-        let mut p = redis::pipe();
+        let mut cmds = Vec::with_capacity(run.len() + 2);
         let mut sessions: Vec<&str> = Vec::new();
         for r in run {
             match r {
                 Record::OwnerGone { owner } => {
-                    p.cmd("EVALSHA")
-                        .arg(&self.owner_gone.sha)
+                    let mut c = redis::cmd("EVALSHA");
+                    c.arg(&self.owner_gone.sha)
                         .arg(1)
                         .arg(self.owners_key())
                         .arg(owner)
                         .arg(now_ms);
+                    cmds.push(Placed {
+                        key: self.owners_key(),
+                        cmd: c,
+                    });
                 }
                 _ => {
                     if let Some(c) = self.apply_cmd(r, now_ms, &epochs) {
-                        p.add_command(c);
+                        cmds.push(c);
                     }
                     if let Record::SessionOpen { session, .. }
                     | Record::SessionEnd { session, .. }
@@ -524,10 +946,16 @@ impl RedisStore {
             for s in &sessions {
                 z.arg(now_ms).arg(*s);
             }
-            p.add_command(z);
-            p.cmd("ZCARD").arg(self.index_key());
+            let mut n = redis::cmd("ZCARD");
+            n.arg(self.index_key());
+            for cmd in [z, n] {
+                cmds.push(Placed {
+                    key: self.index_key(),
+                    cmd,
+                });
+            }
         }
-        let replies = self.pipeline("apply", &p).await?;
+        let replies = self.exec("apply", &cmds, true).await?;
         if !sessions.is_empty() {
             let count = replies.last().and_then(as_u64).unwrap_or(0);
             let max = self.limits.max_sessions.max(1) as u64;
@@ -545,7 +973,7 @@ impl RedisStore {
         let want = usize::try_from(excess)
             .unwrap_or(usize::MAX)
             .min(SWEEP_PAGE);
-        let mut conn = self.conn();
+        let mut conn = self.conn("apply").await?;
         let candidates: Vec<String> = redis::cmd("ZRANGE")
             .arg(self.index_key())
             .arg(0)
@@ -564,23 +992,23 @@ impl RedisStore {
         if candidates.is_empty() {
             return Ok(());
         }
-        let mut p = redis::pipe();
-        for c in &candidates {
-            p.cmd("HGET")
-                .arg(format!("{}:s", self.session_base(c)))
-                .arg("lu");
-        }
-        let lus: Vec<Option<u64>> = p
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.fail("apply", e))?;
+        let lookups: Vec<Placed> = candidates
+            .iter()
+            .map(|c| {
+                let base = self.session_base(c);
+                let mut cmd = redis::cmd("HGET");
+                cmd.arg(format!("{base}:s")).arg("lu");
+                Placed { key: base, cmd }
+            })
+            .collect();
+        let lus = self.exec("apply", &lookups, false).await?;
         let mut by_use: Vec<(u64, &String)> = lus
             .iter()
             .zip(&candidates)
-            .map(|(lu, c)| (lu.unwrap_or(0), c))
+            .map(|(lu, c)| (as_u64(lu).unwrap_or(0), c))
             .collect();
         by_use.sort_unstable();
-        let mut p = redis::pipe();
+        let mut cmds = Vec::new();
         let mut gone = redis::cmd("ZREM");
         gone.arg(self.index_key());
         let mut alive = redis::cmd("ZADD");
@@ -589,26 +1017,31 @@ impl RedisStore {
         for (i, (lu, c)) in by_use.iter().enumerate() {
             if i < want {
                 let base = self.session_base(c);
-                p.cmd("EVALSHA")
-                    .arg(&self.sweep.sha)
-                    .arg(1)
-                    .arg(format!("{base}:s"))
-                    .arg(&base)
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&self.sweep.sha);
+                self.session_keys(&mut cmd, &base, None);
+                cmd.arg(&base)
                     .arg(now_ms)
                     .arg(self.limits.session_idle_ttl_ms)
-                    .arg("evict")
-                    .ignore();
+                    .arg("evict");
+                cmds.push(Placed { key: base, cmd });
                 gone.arg(*c);
             } else if *lu > 0 {
                 alive.arg(*lu).arg(*c);
                 n_alive += 1;
             }
         }
-        p.add_command(gone).ignore();
+        cmds.push(Placed {
+            key: self.index_key(),
+            cmd: gone,
+        });
         if n_alive > 0 {
-            p.add_command(alive).ignore();
+            cmds.push(Placed {
+                key: self.index_key(),
+                cmd: alive,
+            });
         }
-        self.pipeline("apply", &p).await?;
+        self.exec("apply", &cmds, true).await?;
         self.evicted.fetch_add(
             want.min(by_use.len()) as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -619,10 +1052,9 @@ impl RedisStore {
     async fn snapshot_inner(&self, q: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
         let base = self.session_base(q.session);
         let mut c = redis::cmd("EVALSHA");
-        c.arg(&self.snapshot.sha)
-            .arg(1)
-            .arg(format!("{base}:s"))
-            .arg(&base)
+        c.arg(&self.snapshot.sha);
+        self.session_keys(&mut c, &base, Some(q.incarnation));
+        c.arg(&base)
             .arg(now_ms)
             .arg(self.limits.session_idle_ttl_ms)
             .arg(q.incarnation)
@@ -630,10 +1062,15 @@ impl RedisStore {
             .arg(q.max_expected)
             .arg(self.limits.max_window)
             .arg(self.keep_ms());
-        let mut p = redis::pipe();
-        p.add_command(c);
         let reply = self
-            .pipeline("snapshot", &p)
+            .exec(
+                "snapshot",
+                &[Placed {
+                    key: base.clone(),
+                    cmd: c,
+                }],
+                false,
+            )
             .await?
             .into_iter()
             .next()
@@ -682,7 +1119,7 @@ impl RedisStore {
         let owner_lost = if lost {
             true
         } else {
-            let mut conn = self.conn();
+            let mut conn = self.conn("snapshot").await?;
             let now_epoch: Option<u64> = redis::cmd("HGET")
                 .arg(self.owners_key())
                 .arg(&owner)
@@ -720,7 +1157,7 @@ impl RedisStore {
     }
 
     async fn stats_inner(&self) -> Result<StoreStats, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.conn("stats").await?;
         let sessions: u64 = redis::cmd("ZCARD")
             .arg(self.index_key())
             .query_async(&mut conn)
@@ -746,15 +1183,17 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.fail("stats", e))?;
-        let mut p = redis::pipe();
-        for s in &sample {
-            p.cmd("ZCARD").arg(format!("{}:n", self.session_base(s)));
-        }
-        let counts: Vec<u64> = p
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.fail("stats", e))?;
-        let counted: u64 = counts.iter().sum();
+        let cards: Vec<Placed> = sample
+            .iter()
+            .map(|s| {
+                let base = self.session_base(s);
+                let mut cmd = redis::cmd("ZCARD");
+                cmd.arg(format!("{base}:n"));
+                Placed { key: base, cmd }
+            })
+            .collect();
+        let counts = self.exec("stats", &cards, false).await?;
+        let counted: u64 = counts.iter().filter_map(as_u64).sum();
         let incarnations = if sample.is_empty() {
             0
         } else {
@@ -776,7 +1215,7 @@ impl RedisStore {
             return Ok(0);
         };
         let mut freed = 0;
-        let mut conn = self.conn();
+        let mut conn = self.conn("sweep").await?;
         // A bounded number of pages per call: the next sweep goes on.
         for _ in 0..20 {
             let idle: Vec<String> = redis::cmd("ZRANGEBYSCORE")
@@ -792,18 +1231,18 @@ impl RedisStore {
             if idle.is_empty() {
                 break;
             }
-            let mut p = redis::pipe();
-            for s in &idle {
-                let base = self.session_base(s);
-                p.cmd("EVALSHA")
-                    .arg(&self.sweep.sha)
-                    .arg(1)
-                    .arg(format!("{base}:s"))
-                    .arg(&base)
-                    .arg(now_ms)
-                    .arg(ttl);
-            }
-            let replies = self.pipeline("sweep", &p).await?;
+            let frees: Vec<Placed> = idle
+                .iter()
+                .map(|s| {
+                    let base = self.session_base(s);
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(&self.sweep.sha);
+                    self.session_keys(&mut cmd, &base, None);
+                    cmd.arg(&base).arg(now_ms).arg(ttl).arg("free");
+                    Placed { key: base, cmd }
+                })
+                .collect();
+            let replies = self.exec("sweep", &frees, false).await?;
             let mut gone = redis::cmd("ZREM");
             gone.arg(self.index_key());
             let mut alive = redis::cmd("ZADD");
@@ -857,8 +1296,8 @@ impl RedisStore {
         let Some(cutoff) = now_ms.checked_sub(self.keep_ms().saturating_mul(2)) else {
             return Ok(());
         };
-        let mut conn = self.conn();
-        let all: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+        let mut conn = self.conn("sweep").await?;
+        let all: HashMap<String, u64> = redis::cmd("HGETALL")
             .arg(self.owners_key())
             .query_async(&mut conn)
             .await
@@ -889,7 +1328,11 @@ fn kind_code(k: StreamKind) -> &'static str {
 
 impl Store for RedisStore {
     fn name(&self) -> &'static str {
-        "redis"
+        if self.cluster {
+            "redis-cluster"
+        } else {
+            "redis"
+        }
     }
 
     async fn apply(&self, records: &[Record], now_ms: u64) -> Result<(), StoreError> {
@@ -921,8 +1364,9 @@ impl Store for RedisStore {
     }
 
     async fn health(&self) -> Result<(), StoreError> {
+        // A Cluster: every primary (all slots served); a replica down does not count.
         self.bounded("ping", self.opts.op_timeout, async {
-            let mut conn = self.conn();
+            let mut conn = self.conn("ping").await?;
             redis::cmd("PING")
                 .query_async::<String>(&mut conn)
                 .await

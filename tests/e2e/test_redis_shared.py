@@ -56,13 +56,19 @@ class Shared:
         self.own: dict[int, h.Proc] = {}
         self.envoys: list[h.Envoy] = []
 
+    def store_url(self) -> str:
+        return f"redis://{h.HOST}:{h.REDIS_PORT}"
+
+    def ensure_store(self) -> None:
+        if self.redis is None or not self.redis.alive:
+            self.redis = h.start_redis()
+
     def start_ownership(self, port: int) -> None:
-        self.own[port] = h.start_ownership(port, ["--store", f"redis://{h.HOST}:{h.REDIS_PORT}"])
+        self.own[port] = h.start_ownership(port, ["--store", self.store_url()])
 
     def ensure(self) -> None:
         self.stack.ensure_replicas()
-        if self.redis is None or not self.redis.alive:
-            self.redis = h.start_redis()
+        self.ensure_store()
         for p in (O1, O2):
             if p not in self.own or not self.own[p].alive:
                 self.start_ownership(p)
