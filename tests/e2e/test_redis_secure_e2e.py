@@ -127,7 +127,7 @@ def wait_healthy(timeout: float = 10.0) -> None:
 @pytest.fixture(scope="module")
 def secure_stack(stack, tmp_path_factory):
     if shutil.which("redis-server") is None or shutil.which("openssl") is None:
-        pytest.fail("redis-server and openssl are needed: `make tools`")
+        pytest.fail("needs redis-server (`make redis`) and the openssl CLI (Debian: openssl)")
     d = tmp_path_factory.mktemp("redis-tls")
     certificates(d)
     (d / "redis-password").write_text(PASSWORD + "\n")
