@@ -167,6 +167,7 @@ fn shipped_configs_pass() {
     if gw.exists() {
         let (code, out) = run(&["check-config", "deploy/envoy-gateway/mcp-resume-guard.yaml"]);
         assert_eq!(code, 0, "envoy gateway:\n{out}");
+        assert!(!out.contains("warning"), "envoy gateway:\n{out}");
     }
 }
 
@@ -647,7 +648,7 @@ fn broken_envoy_gateway_objects_fail_and_name_the_field() {
     let (code, out) = check("loose.yaml", &text.replace("strict: true", "strict: false"));
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.contains("EnvoyPatchPolicy/mcp-resume-guard.spec.jsonPatches[2].operation.value.typed_config.strict"),
+        out.contains("EnvoyPatchPolicy/mcp-resume-guard.spec.jsonPatches[8].operation.value.stateful_session.strict"),
         "{out}"
     );
     let (code, out) = check(

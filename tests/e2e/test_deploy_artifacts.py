@@ -553,3 +553,45 @@ def test_prestop_hook_is_accepted_by_the_ownership_service(tmp_path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_only_the_guard_and_the_prestop_hook_reach_the_ownership_service():
+    """The network and mesh layers under the bearer tokens: the NetworkPolicy lets only the
+    gateway running the guard and the MCP server pods (their preStop hook) reach port 9200; the
+    Istio AuthorizationPolicy (mTLS STRICT) gives the gateway records, resumes and /metrics, the
+    MCP server pods /v1/owners/gone, and anyone /healthz, nothing else."""
+    own_pods = next(d for p, d in k8s_objects() if p.name == "ownership.yaml" and d["kind"] == "Deployment")
+    own_labels = own_pods["spec"]["template"]["metadata"]["labels"]
+    wp = one("WasmPlugin")
+    server = docs(DEPLOY / "k8s" / "mcp-server-prestop.yaml")[0]
+    netpol = one("NetworkPolicy")
+    assert netpol["metadata"]["namespace"] == own_pods["metadata"]["namespace"]
+    assert netpol["spec"]["podSelector"]["matchLabels"].items() <= own_labels.items()
+    assert netpol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = netpol["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9200}]
+    peers = [(p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], p["podSelector"]["matchLabels"])
+             for p in rule["from"]]
+    assert peers == [(wp["metadata"]["namespace"], wp["spec"]["selector"]["matchLabels"]),
+                     (server["metadata"]["namespace"], server["spec"]["template"]["metadata"]["labels"])]
+
+    authz = one("AuthorizationPolicy")
+    assert authz["spec"]["action"] == "ALLOW"
+    assert authz["spec"]["selector"]["matchLabels"].items() <= own_labels.items()
+    allowed = {}
+    for r in authz["spec"]["rules"]:
+        who = tuple(p for f in r.get("from", []) for p in f["source"]["principals"]) or ("anyone",)
+        for t in r["to"]:
+            op = t["operation"]
+            assert op["ports"] == ["9200"]
+            for m in op["methods"]:
+                for path in op["paths"]:
+                    allowed.setdefault(who, set()).add((m, path))
+    gateway, = [w for w in allowed if w != ("anyone",) and w[0].startswith(f"cluster.local/ns/{wp['metadata']['namespace']}/")]
+    pods, = [w for w in allowed if w != ("anyone",) and w[0].startswith(f"cluster.local/ns/{server['metadata']['namespace']}/")]
+    assert allowed == {gateway: {("POST", "/v1/records"), ("POST", "/v1/resume"), ("GET", "/metrics")},
+                       pods: {("POST", "/v1/owners/gone")},
+                       ("anyone",): {("GET", "/healthz")}}
+    peer = one("PeerAuthentication")
+    assert peer["spec"]["mtls"]["mode"] == "STRICT"
+    assert peer["spec"]["selector"]["matchLabels"] == authz["spec"]["selector"]["matchLabels"]

@@ -23,6 +23,10 @@ ISTIO_STATS = h.ROOT / "deploy" / "istio" / "stats-bootstrap.yaml"
 SCHEMA = json.loads((h.ROOT / "schema" / "config.schema.json").read_text())
 CLI = h.BIN / "mcp-guard"
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+FILTER_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+# How Envoy Gateway names the Wasm filter of EnvoyExtensionPolicy mcp/mcp-resume-guard, wasm[0].
+EG_WASM_NAME = "envoy.filters.http.wasm/envoyextensionpolicy/mcp/mcp-resume-guard/0"
+SS_NAME = "mcp_resume_guard.stateful_session"
 
 
 def objects() -> dict[str, dict]:
@@ -62,10 +66,17 @@ def test_names_agree():
     wasm = o["EnvoyExtensionPolicy"]["spec"]["wasm"][0]
     cluster = [p for p in patches if p["type"].endswith("Cluster")]
     assert [c["operation"]["value"]["name"] for c in cluster] == [wasm["config"]["ownership"]["cluster"]]
-    ss = [p for p in patches if p["operation"]["op"] == "add" and p["type"].endswith("Listener")]
-    header = ss[0]["operation"]["value"]["typed_config"]["session_state"]["typed_config"]["name"]
-    assert header == wasm["config"]["owner_header"]
-    assert o["HTTPRoute"]["spec"]["rules"][0]["filters"][0]["requestHeaderModifier"]["remove"] == [header]
+    header = wasm["config"]["owner_header"]
+    pins = [p for p in patches if p["operation"]["path"].endswith(f"/typed_per_filter_config/{SS_NAME}")]
+    assert len(pins) == 2, "one pin per MCP route"
+    for p in pins:
+        assert p["name"] == listener, "Envoy Gateway names the route configuration as the listener"
+        state = p["operation"]["value"]["stateful_session"]["session_state"]["typed_config"]
+        assert state["name"] == header
+    for rule in o["HTTPRoute"]["spec"]["rules"]:
+        mods = {f["type"]: f for f in rule["filters"]}
+        assert mods["RequestHeaderModifier"]["requestHeaderModifier"]["remove"] == [header]
+        assert mods["ResponseHeaderModifier"]["responseHeaderModifier"]["remove"] == [header]
 
 
 def test_wasm_policy_fails_closed_and_config_matches_schema():
@@ -76,9 +87,23 @@ def test_wasm_policy_fails_closed_and_config_matches_schema():
 
 
 def test_route_has_no_deadline_and_no_retry():
-    rule = objects()["HTTPRoute"]["spec"]["rules"][0]
-    assert rule["timeouts"]["request"] in ("0s", 0)
-    assert "retry" not in rule
+    for rule in objects()["HTTPRoute"]["spec"]["rules"]:
+        assert rule["timeouts"]["request"] in ("0s", 0)
+        assert "retry" not in rule
+
+
+def test_only_the_mcp_paths_are_pinned():
+    """Rule 0 is exactly the guard's mcp_paths, with and without one trailing slash; the
+    route-configuration patches pin its two routes and no other."""
+    o = objects()
+    paths = o["EnvoyExtensionPolicy"]["spec"]["wasm"][0]["config"]["mcp_paths"]
+    rule0 = o["HTTPRoute"]["spec"]["rules"][0]["matches"]
+    assert sorted(m["path"]["value"] for m in rule0) == sorted(p + s for p in paths for s in ("", "/"))
+    assert all(m["path"]["type"] == "Exact" for m in rule0)
+    routes = eg_equivalent_routes()
+    pinned = [r for r in routes if SS_NAME in r["typed_per_filter_config"]]
+    assert sorted(r["match"]["path"] for r in pinned) == sorted(m["path"]["value"] for m in rule0)
+    assert len(routes) == len(pinned) + 1
 
 
 def check_config(*paths: Path) -> subprocess.CompletedProcess:
@@ -89,11 +114,14 @@ def check_config(*paths: Path) -> subprocess.CompletedProcess:
 
 def test_check_config_accepts_it_and_catches_a_loose_session(tmp_path):
     r = check_config(EG)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and "warning" not in r.stdout + r.stderr, r.stdout + r.stderr
     loose = tmp_path / "loose.yaml"
     loose.write_text(EG.read_text().replace("strict: true", "strict: false"))
     r = check_config(loose)
-    assert r.returncode == 1 and "EnvoyPatchPolicy/mcp-resume-guard.spec.jsonPatches[2]" in r.stdout, r.stdout
+    assert r.returncode == 1, r.stdout
+    for i in (8, 10):
+        assert f"EnvoyPatchPolicy/mcp-resume-guard.spec.jsonPatches[{i}].operation.value.stateful_session.strict" \
+            in r.stdout, r.stdout
     no_timeout = tmp_path / "timeout.yaml"
     no_timeout.write_text(EG.read_text().replace("request: 0s", "request: 15s"))
     r = check_config(no_timeout)
@@ -126,22 +154,58 @@ def apply_patch(doc: dict, op: dict) -> None:
         raise AssertionError(f"unexpected op {op['op']}")
 
 
+def eg_routes(o: dict) -> list[dict]:
+    """The routes Envoy Gateway generates for the HTTPRoute: one per rule and match, named
+    httproute/<ns>/<name>/rule/<i>/match/<j>/<host with dots as _>, exact paths first, then by
+    path length, longest first; the guard (disabled in http_filters) enabled on each."""
+    route = o["HTTPRoute"]
+    ns, name = route["metadata"]["namespace"], route["metadata"]["name"]
+    (host,) = route["spec"]["hostnames"]
+    out = []
+    for i, rule in enumerate(route["spec"]["rules"]):
+        mods = {f["type"]: f for f in rule.get("filters", [])}
+        for j, m in enumerate(rule["matches"]):
+            kind, value = m["path"]["type"], m["path"]["value"]
+            out.append({
+                "name": f"httproute/{ns}/{name}/rule/{i}/match/{j}/{host.replace('.', '_')}",
+                "match": {"path": value} if kind == "Exact" else {"prefix": value},
+                "route": {"cluster": "mcp_replicas", "timeout": rule["timeouts"]["request"]},
+                "request_headers_to_remove":
+                    mods["RequestHeaderModifier"]["requestHeaderModifier"]["remove"],
+                "response_headers_to_remove":
+                    mods["ResponseHeaderModifier"]["responseHeaderModifier"]["remove"],
+                "typed_per_filter_config": {EG_WASM_NAME: {"@type": FILTER_CONFIG_TYPE, "config": {}}},
+            })
+    out.sort(key=lambda r: ("path" in r["match"], len(next(iter(r["match"].values())))), reverse=True)
+    return out
+
+
 def eg_equivalent() -> dict:
     """envoy/envoy.yaml reshaped as Envoy Gateway generates this Gateway (the HCM in the
-    default filter chain, wasm filter then router), then patched by the EnvoyPatchPolicy."""
+    default filter chain with Envoy's own path defaults, the wasm filter disabled there and
+    enabled per route, then the router; the routes of the HTTPRoute), then patched by the
+    EnvoyPatchPolicy: everything the hardening needs comes from the patches."""
     o = objects()
     cfg = h.envoy_config(guard=True)
     listener = cfg["static_resources"]["listeners"][0]
     hcm = listener.pop("filter_chains")[0]
     listener["default_filter_chain"] = hcm
     tc = hcm["filters"][0]["typed_config"]
+    for key in ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action"):
+        tc.pop(key)
     guard = next(f for f in tc["http_filters"] if f["typed_config"]["@type"] == WASM_TYPE)
     router = next(f for f in tc["http_filters"] if f["name"] == "envoy.filters.http.router")
     w = o["EnvoyExtensionPolicy"]["spec"]["wasm"][0]
-    guard["name"] = "envoy.filters.http.wasm/envoyextensionpolicy/mcp/mcp-resume-guard/0"
+    guard["name"] = EG_WASM_NAME
+    guard["disabled"] = True
     guard["typed_config"]["config"]["configuration"]["value"] = json.dumps(w["config"])
     guard["typed_config"]["config"]["root_id"] = w["rootID"]
     tc["http_filters"] = [guard, router]
+    gw = o["Gateway"]
+    rc_name = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
+    tc["route_config"] = {"name": rc_name, "virtual_hosts": [{
+        "name": f"{rc_name}/{o['HTTPRoute']['spec']['hostnames'][0].replace('.', '_')}",
+        "domains": ["*"], "routes": eg_routes(o)}]}
     cfg["static_resources"]["clusters"] = [c for c in cfg["static_resources"]["clusters"]
                                            if c["name"] != "mcp_ownership"]
     for p in o["EnvoyPatchPolicy"]["spec"]["jsonPatches"]:
@@ -149,26 +213,51 @@ def eg_equivalent() -> dict:
         if p["type"].endswith("Cluster"):
             assert op["op"] == "add" and op["path"] == ""
             cfg["static_resources"]["clusters"].append(copy.deepcopy(op["value"]))
+        elif p["type"].endswith("RouteConfiguration"):
+            assert p["name"] == rc_name
+            apply_patch(tc["route_config"], op)
         else:
+            assert p["name"] == rc_name
             apply_patch(listener, op)
     cfg.pop("stats_config", None)
     cfg.update(yaml.safe_load(o["EnvoyProxy"]["spec"]["bootstrap"]["value"]))
     return cfg
 
 
+def eg_equivalent_routes() -> list[dict]:
+    tc = eg_equivalent()["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]["typed_config"]
+    return tc["route_config"]["virtual_hosts"][0]["routes"]
+
+
 def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
     cfg = eg_equivalent()
-    names = [f["name"] for f in cfg["static_resources"]["listeners"][0]["default_filter_chain"]
-             ["filters"][0]["typed_config"]["http_filters"]]
-    assert names == ["envoy.filters.http.wasm/envoyextensionpolicy/mcp/mcp-resume-guard/0",
-                     "mcp_resume_guard.stateful_session", "envoy.filters.http.router"]
+    tc = cfg["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]["typed_config"]
+    assert [f["name"] for f in tc["http_filters"]] == [
+        "mcp_resume_guard.owner_header_mutation", EG_WASM_NAME, SS_NAME, "envoy.filters.http.router"]
+    assert "session_state" not in tc["http_filters"][2]["typed_config"], "the pin is per route"
+    assert (tc["normalize_path"], tc["merge_slashes"], tc["path_with_escaped_slashes_action"]) == \
+        (True, True, "REJECT_REQUEST")
     path = tmp_path / "eg-equivalent.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     r = subprocess.run([str(h.ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     r = check_config(path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and "warning" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_route_patches_refuse_a_reordered_route_table():
+    """If Envoy Gateway ordered or named the routes otherwise, the policy's `test` operations
+    refuse instead of pinning the wrong route."""
+    o = objects()
+    routes = eg_routes(o)
+    rc = {"virtual_hosts": [{"routes": [routes[1], routes[0], routes[2]]}]}
+    tests = [p["operation"] for p in o["EnvoyPatchPolicy"]["spec"]["jsonPatches"]
+             if p["type"].endswith("RouteConfiguration") and p["operation"]["op"] == "test"]
+    assert len(tests) == 2
+    for op in tests:
+        with pytest.raises(AssertionError):
+            apply_patch(rc, op)
 
 
 def test_patch_test_guards_the_insert_position():
