@@ -72,6 +72,8 @@ redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server \
 	  && (service redis-server stop >/dev/null 2>&1 || true))
+	@# The Redis TLS tests make their certificates with the openssl command.
+	@command -v openssl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl)
 
 # Prometheus (Debian): promtool checks and unit-tests the alert rules; the e2e suite runs a real
 # prometheus on 127.0.0.1:9090 (+E2E_PORT_OFFSET) by pid. The packaged service is stopped at once.

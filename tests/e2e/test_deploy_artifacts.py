@@ -498,7 +498,7 @@ def test_ownership_manifest():
 
 
 def prestop_script() -> tuple[str, dict]:
-    dep = docs(DEPLOY / "k8s" / "mcp-server-prestop.yaml")[0]
+    dep = next(d for d in docs(DEPLOY / "k8s" / "mcp-server-prestop.yaml") if d["kind"] == "Deployment")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     cmd = c["lifecycle"]["preStop"]["exec"]["command"]
     assert cmd[:2] == ["/bin/sh", "-c"]
@@ -563,7 +563,7 @@ def test_only_the_guard_and_the_prestop_hook_reach_the_ownership_service():
     own_pods = next(d for p, d in k8s_objects() if p.name == "ownership.yaml" and d["kind"] == "Deployment")
     own_labels = own_pods["spec"]["template"]["metadata"]["labels"]
     wp = one("WasmPlugin")
-    server = docs(DEPLOY / "k8s" / "mcp-server-prestop.yaml")[0]
+    server = next(d for d in docs(DEPLOY / "k8s" / "mcp-server-prestop.yaml") if d["kind"] == "Deployment")
     netpol = one("NetworkPolicy")
     assert netpol["metadata"]["namespace"] == own_pods["metadata"]["namespace"]
     assert netpol["spec"]["podSelector"]["matchLabels"].items() <= own_labels.items()
@@ -589,6 +589,9 @@ def test_only_the_guard_and_the_prestop_hook_reach_the_ownership_service():
                     allowed.setdefault(who, set()).add((m, path))
     gateway, = [w for w in allowed if w != ("anyone",) and w[0].startswith(f"cluster.local/ns/{wp['metadata']['namespace']}/")]
     pods, = [w for w in allowed if w != ("anyone",) and w[0].startswith(f"cluster.local/ns/{server['metadata']['namespace']}/")]
+    # The preStop principal is the service account the MCP server pods really run as.
+    sa = server["spec"]["template"]["spec"].get("serviceAccountName", "default")
+    assert pods == (f"cluster.local/ns/{server['metadata']['namespace']}/sa/{sa}",), (pods, sa)
     assert allowed == {gateway: {("POST", "/v1/records"), ("POST", "/v1/resume"), ("GET", "/metrics")},
                        pods: {("POST", "/v1/owners/gone")},
                        ("anyone",): {("GET", "/healthz")}}
