@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -286,7 +286,53 @@ class Response:
         return json.loads(self.body)
 
 
-class SSEStream:
+class EventReader:
+    """SSE events from a line source (WHATWG rules: LF/CRLF, comments, multi-line data, an id with
+    NUL ignored). Subclasses give `_line()`: the next line as bytes, b"" at the end."""
+
+    events: list[Event]
+
+    def _line(self) -> bytes:
+        raise NotImplementedError
+
+    def next_event(self) -> Event | None:
+        """Next dispatched event, or None at end of stream. Socket timeout raises."""
+        ev_id, ev_type, data, has_fields = None, "", [], False
+        while True:
+            line = self._line()
+            if not line:
+                return None
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            if text == "":
+                if has_fields and (data or ev_id is not None):
+                    ev = Event(ev_id, ev_type or "message", "\n".join(data))
+                    self.events.append(ev)
+                    return ev
+                ev_id, ev_type, data, has_fields = None, "", [], False
+                continue
+            if text.startswith(":"):
+                continue
+            name, _, value = text.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            has_fields = True
+            if name == "id" and "\0" not in value:
+                ev_id = value
+            elif name == "event":
+                ev_type = value
+            elif name == "data":
+                data.append(value)
+
+    def read(self, n: int) -> list[Event]:
+        out = []
+        for _ in range(n):
+            ev = self.next_event()
+            if ev is None:
+                break
+            out.append(ev)
+        return out
+
+
+class SSEStream(EventReader):
     """An open HTTP response read incrementally as SSE (WHATWG line rules for LF/CRLF)."""
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
@@ -305,47 +351,15 @@ class SSEStream:
     def is_sse(self) -> bool:
         return (self.header("content-type") or "").startswith("text/event-stream")
 
-    def next_event(self) -> Event | None:
-        """Next dispatched event, or None at end of stream. Socket timeout raises."""
-        ev_id, ev_type, data = None, "", []
-        has_fields = False
-        while True:
-            try:
-                line = self.resp.readline()
-            except (http.client.IncompleteRead, ConnectionError):
-                line = b""  # the proxy reset the stream: the end, as a client sees it
-                self.reset = True
-            if not line:
-                self.ended = True
-                return None
-            line = line.decode().rstrip("\r\n")
-            if line == "":
-                if has_fields and (data or ev_id is not None):
-                    ev = Event(ev_id, ev_type or "message", "\n".join(data))
-                    self.events.append(ev)
-                    return ev
-                ev_id, ev_type, data, has_fields = None, "", [], False
-                continue
-            if line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            has_fields = True
-            if name == "id" and "\0" not in value:
-                ev_id = value
-            elif name == "event":
-                ev_type = value
-            elif name == "data":
-                data.append(value)
-
-    def read(self, n: int) -> list[Event]:
-        out = []
-        for _ in range(n):
-            ev = self.next_event()
-            if ev is None:
-                break
-            out.append(ev)
-        return out
+    def _line(self) -> bytes:
+        try:
+            line = self.resp.readline()
+        except (http.client.IncompleteRead, ConnectionError):
+            line = b""  # the proxy reset the stream: the end, as a client sees it
+            self.reset = True
+        if not line:
+            self.ended = True
+        return line
 
     def read_all(self) -> list[Event]:
         out = []
@@ -500,7 +514,7 @@ def ownership_metric(port: int, name: str) -> float:
 
 # ---- raw clients: HTTP/1.1 and HTTP/2 cleartext, any header bytes ---------------------------
 
-class RawResponse:
+class RawResponse(EventReader):
     """A response read incrementally; headers keep duplicates, as (name, value) bytes."""
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], read_chunk, close):
@@ -546,41 +560,8 @@ class RawResponse:
         line, self._buf = self._buf[:i], self._buf[i:]
         return line
 
-    def next_event(self) -> Event | None:
-        """The next SSE event (same line rules as SSEStream), None at the end."""
-        ev_id, ev_type, data, has_fields = None, "", [], False
-        while True:
-            line = self.readline()
-            if not line:
-                return None
-            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
-            if text == "":
-                if has_fields and (data or ev_id is not None):
-                    ev = Event(ev_id, ev_type or "message", "\n".join(data))
-                    self.events.append(ev)
-                    return ev
-                ev_id, ev_type, data, has_fields = None, "", [], False
-                continue
-            if text.startswith(":"):
-                continue
-            name, _, value = text.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            has_fields = True
-            if name == "id" and "\0" not in value:
-                ev_id = value
-            elif name == "event":
-                ev_type = value
-            elif name == "data":
-                data.append(value)
-
-    def read(self, n: int) -> list[Event]:
-        out = []
-        for _ in range(n):
-            ev = self.next_event()
-            if ev is None:
-                break
-            out.append(ev)
-        return out
+    def _line(self) -> bytes:
+        return self.readline()
 
     def close(self) -> None:
         self._close()
