@@ -185,7 +185,7 @@ bench-smoke:
 CHAOS_S       ?= 600
 CHAOS_CLIENTS ?= 50
 CHAOS_SEED    ?= 1
-CHAOS_STORE   ?= redis
+CHAOS_STORE   ?= redis-cluster
 CHAOS_REPORT  ?= CHAOS.md
 
 chaos: venv interop-deps redis build
