@@ -289,7 +289,9 @@ impl EventStore for ContiguityEventStore {
                 return Ok(Box::pin(futures_util::stream::iter([only])));
             }
         };
-        // Held back until the assertion, which must come first, is known.
+        // Held back until the assertion, which must come first, is known. Read here, before rmcp
+        // starts the response: a keep-alive comment sent ahead of a late assertion would hide it
+        // from the guard, so the response waits for the verdict instead.
         let mut held = Vec::new();
         let mut verdict = if at.is_none() {
             Some(Reason::UnknownCursor)

@@ -371,6 +371,28 @@ async fn an_open_replay_is_asserted_at_the_head_and_its_live_tail_follows() {
     assert!(s.next().await.is_none());
 }
 
+#[tokio::test]
+async fn an_open_replay_that_lost_events_is_not_contiguous_when_the_next_one_comes() {
+    // The ring evicted the cursor's successors and replays nothing; the stream stays open. The
+    // verdict waits for the next event, which shows the gap.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let store = ContiguityEventStore::new(Live {
+        ring: RingEventStore::new(3),
+        tail: tokio::sync::Mutex::new(Some(rx)),
+    });
+    let seen = fill(&store, "s", 2).await;
+    fill(&store, "s", 5).await;
+    let produce = async {
+        let mut live = note(8);
+        live.event_id = Some(store.store_event("s", &note(8)).await.unwrap());
+        tx.send(live).await.unwrap();
+    };
+    let (replayed, ()) = tokio::join!(store.replay_events_after(&seen[1]), produce);
+    let head = replayed.unwrap().next().await.unwrap();
+    let data = serde_json::to_value(head.message.as_deref().unwrap()).unwrap();
+    assert_eq!(data["params"]["reason"], "not_contiguous", "{data}");
+}
+
 #[test]
 fn the_default_memory_is_documented() {
     assert_eq!(DEFAULT_MAX_TRACKED_EVENTS, 100_000);
