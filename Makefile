@@ -132,6 +132,7 @@ e2e: venv interop-deps build native
 adapters-test: interop-deps
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} node --test adapters/typescript/test/
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q adapters/python/tests
+	cargo test -p mcp-resume-guard-contiguity
 
 # The seed scenarios and guard rules again, against the native build.
 e2e-native: venv build native

@@ -15,10 +15,12 @@ use std::{
 };
 
 use axum::{extract::Request, http::HeaderValue, middleware::Next, response::Response};
+use mcp_resume_guard_contiguity::{ContiguityEventStore, RingEventStore};
 use rmcp::{
     handler::server::wrapper::Parameters,
     model::{
-        CallToolResult, ContentBlock, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+        CallToolResult, ContentBlock, CustomNotification, ProgressNotificationParam,
+        ServerCapabilities, ServerConfig, ServerNotification,
     },
     schemars,
     service::RequestContext,
@@ -38,13 +40,42 @@ use tokio_util::sync::CancellationToken;
 
 pub const USAGE: &str = "\
 usage: rmcp-replica --listen 127.0.0.1:PORT --name NAME --state-dir DIR [--sse-retry-ms MS]
+                    [--event-store ring:N[,contiguity]]
 
   --listen        address to serve MCP on (loopback only), path /mcp
   --name          replica name, sent back in the `x-replica` response header
   --state-dir     directory shared by all replicas: sessions/ (the shared session store)
                   and ledger.jsonl (one line per finished `progress` call)
   --sse-retry-ms  `retry:` of rmcp's priming events (default 500)
+  --event-store   ring:N: rmcp's EventStore interface on a ring of the last N events per stream
+                  (instead of rmcp's internal cache); ring:N,contiguity: the same, wrapped in
+                  the contiguity adapter (adapters/rust), so every replay starts with an assertion
 ";
+
+/// `--event-store ring:N[,contiguity]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventStoreSpec {
+    pub ring: usize,
+    pub contiguity: bool,
+}
+
+impl std::str::FromStr for EventStoreSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("--event-store {s:?}: expected ring:N or ring:N,contiguity (N >= 1)");
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        let (n, contiguity) = match rest.split_once(',') {
+            Some((n, "contiguity")) => (n, true),
+            Some(_) => return Err(bad()),
+            None => (rest, false),
+        };
+        let ring: usize = n.parse().map_err(|_| bad())?;
+        if kind != "ring" || ring == 0 {
+            return Err(bad());
+        }
+        Ok(EventStoreSpec { ring, contiguity })
+    }
+}
 
 /// Command line.
 #[derive(Debug, Clone)]
@@ -53,6 +84,7 @@ pub struct Config {
     pub name: String,
     pub state_dir: PathBuf,
     pub sse_retry_ms: u64,
+    pub event_store: Option<EventStoreSpec>,
 }
 
 #[derive(Debug)]
@@ -67,6 +99,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
     let mut name = None;
     let mut state_dir = None;
     let mut sse_retry_ms = 500u64;
+    let mut event_store = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
@@ -97,6 +130,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
                     .parse()
                     .map_err(|e| format!("--sse-retry-ms {value}: {e}"))?;
             }
+            "--event-store" => event_store = Some(value.parse()?),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -105,6 +139,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
         name: name.ok_or("--name is required")?,
         state_dir: state_dir.ok_or("--state-dir is required")?,
         sse_retry_ms,
+        event_store,
     }))
 }
 
@@ -168,6 +203,13 @@ impl SessionStore for FileSessionStore {
 // ---- the MCP server ----------------------------------------------------------------------
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ProduceArgs {
+    /// Notifications to send (default 1).
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct ProgressArgs {
     /// Progress notifications to send before the result (default 5).
     #[serde(default)]
@@ -185,16 +227,55 @@ pub struct ProgressArgs {
 pub struct ProgressServer {
     name: Arc<str>,
     ledger: Arc<PathBuf>,
+    /// Notifications `produce` sent in this session, to number them.
+    produced: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl ProgressServer {
     pub fn new(name: Arc<str>, ledger: Arc<PathBuf>) -> Self {
-        ProgressServer { name, ledger }
+        ProgressServer {
+            name,
+            ledger,
+            produced: Arc::default(),
+        }
     }
 }
 
 #[tool_router]
 impl ProgressServer {
+    /// Sends `n` `notifications/message` on the session's standalone GET stream (rmcp routes
+    /// notifications that name no request there), numbered `data.n` from 1 per session.
+    #[tool(
+        description = "Sends `n` notifications/message on the standalone GET stream, numbered per session"
+    )]
+    async fn produce(
+        &self,
+        Parameters(args): Parameters<ProduceArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let n = args.n.unwrap_or(1).min(10_000);
+        let mut last = 0;
+        for _ in 0..n {
+            last = self
+                .produced
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1;
+            let params = serde_json::json!({
+                "level": "info",
+                "data": { "replica": &*self.name, "n": last },
+            });
+            // A custom notification of the logging method: rmcp deprecates its logging API.
+            let note = CustomNotification::new("notifications/message", Some(params));
+            let _ = ctx
+                .peer
+                .send_notification(ServerNotification::CustomNotification(note))
+                .await;
+        }
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "produced {last}"
+        ))]))
+    }
+
     /// Sends `steps` progress notifications (when the request has a progress token), then
     /// returns which replica ran the call. The call is appended to the shared ledger, so a
     /// test can tell how often it ran.
@@ -256,6 +337,14 @@ pub fn app(cfg: &Config, ct: CancellationToken) -> std::io::Result<axum::Router>
     session_config.sse_retry = Some(retry);
     let mut manager = LocalSessionManager::default();
     manager.session_config = session_config;
+    if let Some(spec) = cfg.event_store {
+        let ring = RingEventStore::new(spec.ring);
+        manager = if spec.contiguity {
+            manager.with_event_store(Arc::new(ContiguityEventStore::new(ring)))
+        } else {
+            manager.with_event_store(Arc::new(ring))
+        };
+    }
 
     let mut server_config = StreamableHttpServerConfig::default()
         .with_sse_retry(Some(retry))
@@ -324,6 +413,29 @@ mod tests {
         .is_err());
         assert!(parse_args(args(&["--name", "a", "--state-dir", "d"])).is_err());
         assert!(matches!(parse_args(args(&["--help"])), Ok(Cli::Help)));
+        let base = ["--listen", "127.0.0.1:1", "--name", "a", "--state-dir", "d"];
+        let with = |spec: &str| {
+            let mut v = base.to_vec();
+            v.extend(["--event-store", spec]);
+            parse_args(args(&v))
+        };
+        match with("ring:100,contiguity") {
+            Ok(Cli::Run(c)) => assert_eq!(
+                c.event_store,
+                Some(EventStoreSpec {
+                    ring: 100,
+                    contiguity: true
+                })
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(with("ring:5"), Ok(Cli::Run(c)) if c.event_store == Some(EventStoreSpec { ring: 5, contiguity: false }))
+        );
+        for bad in ["ring:0", "ring:x", "log:5", "ring:5,other", "ring"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("--event-store"), "{e}");
+        }
     }
 
     #[tokio::test]

@@ -1,0 +1,97 @@
+"""Contiguity assertions (docs/contiguity-extension.md) with a real rmcp 3.11 server (tests/rmcp-replica).
+
+The replica runs rmcp's `EventStore` interface on a ring of 100 events per stream
+(`--event-store ring:100`), with or without the Rust adapter (adapters/rust, `,contiguity`), behind
+Envoy without the guard, with the guard in `relayed` mode and in `asserted` mode. The scenario is
+test_contiguity.py's, reused as is: a client reads notifications 1-3 of its standalone GET stream and
+goes away; the server produces 5 more (short absence) or 150 (long absence: the ring evicts the cursor
+and its successors); the client resumes with its last event id. The expected outcome of every row is
+the one the TypeScript and Python SDKs give.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import harness as h
+import interop as i
+from test_contiguity import EXPECTED, scenario
+
+STORE_LIMIT = 100
+RESULTS: list[dict] = []
+
+
+class OneRmcpReplica:
+    """One rmcp replica on the first harness replica port, and one Envoy at a time (ports borrowed from `stack`)."""
+
+    def __init__(self, stack):
+        self.stack = stack
+        self.replica: h.Proc | None = None
+        self.envoy: h.Envoy | None = None
+        self.adapter: bool | None = None
+        self.envoy_key: str | None = None
+        self.port = h.REPLICA_PORTS[0]
+        self.state_dir = h.RUNS / "rmcp-contiguity"
+
+    def use(self, adapter: bool, mode: str | None) -> None:
+        if self.adapter != adapter or self.replica is None or not self.replica.alive:
+            for p in (self.envoy, self.replica, self.stack.envoy, *self.stack.replicas.values()):
+                if p is not None:
+                    p.stop()
+            self.envoy, self.envoy_key = None, None
+            self.stack.ensure_ownership()
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            store = f"ring:{STORE_LIMIT}" + (",contiguity" if adapter else "")
+            self.replica = h.Proc(f"rmcp-contiguity{'-adapter' if adapter else ''}",
+                                  [h.binary("rmcp-replica"), "--listen", f"{h.HOST}:{self.port}", "--name", "r1",
+                                   "--state-dir", self.state_dir, "--event-store", store],
+                                  port=self.port).start()
+            self.adapter = adapter
+        if self.envoy_key != mode or self.envoy is None or not self.envoy.alive:
+            if self.envoy is not None:
+                self.envoy.stop()
+            overrides = {"contiguity": mode} if mode else None
+            self.envoy = i.affinity_envoy(f"envoy-contiguity-rmcp-{mode or 'noguard'}", guard=mode is not None,
+                                          plugin_overrides=overrides, replica_ports=[self.port])
+            self.envoy_key = mode
+
+    def stop(self) -> None:
+        for p in (self.envoy, self.replica):
+            if p is not None:
+                p.stop()
+
+
+@pytest.fixture(scope="module")
+def one(stack):
+    o = OneRmcpReplica(stack)
+    try:
+        yield o
+    finally:
+        o.stop()
+        if RESULTS:
+            print("\n| adapter | guard | absence | outcome |\n| --- | --- | --- | --- |")
+            for r in RESULTS:
+                print(f"| {'yes' if r['adapter'] else 'no'} | {r['mode'] or 'none'} | {r['absence']} | "
+                      f"{r['outcome']} |")
+
+
+CASES = [(adapter, mode, absence)
+         for adapter in (False, True) for mode in (None, "relayed", "asserted") for absence in ("short", "long")]
+
+
+@pytest.mark.parametrize("adapter,mode,absence", CASES,
+                         ids=[f"rmcp-{'adapter' if a else 'plain'}-{m or 'noguard'}-{ab}" for a, m, ab in CASES])
+def test_rmcp_resume_after_absence(one, adapter, mode, absence):
+    one.use(adapter, mode)
+    out = scenario("rmcp", absence)
+    RESULTS.append({"adapter": adapter, "mode": mode, "absence": absence, **out})
+    want = EXPECTED[(adapter, mode)][0 if absence == "short" else 1]
+    assert out["outcome"] == want, json.dumps(out)
+    if out["outcome"].startswith("signal"):
+        assert out["before_signal"] == [], "nothing unverifiable is relayed before the signal"
+    if mode is not None:
+        assert out["assertions_seen"] == 0, "the assertion never reaches a client through the guard"
+    elif adapter:
+        assert out["assertions_seen"] == 1, "without a guard the client gets the assertion (and ignores it)"
