@@ -338,7 +338,9 @@ def write_report(res, path):
         a("Sessions filled through `/v1/records` (batches of 500 records, two keep-alive loaders in parallel); "
           "each session: `session_open`, one GET `stream_open` (retention 64) and one recorded event. After each "
           "step: Redis `INFO memory` (`used_memory` over the empty store, divided by sessions), `MEMORY USAGE` of "
-          "2,000 random keys (× `DBSIZE` / sessions), then verdict latency as above (16 connections, closed loop).")
+          "2,000 random keys (× `DBSIZE` / sessions), then verdict latency as above (16 connections, closed loop). "
+          "`MEMORY USAGE` counts each key's value alone; `used_memory` also counts the keyspace's own entries, "
+          "the expiry index and keys shared by all sessions, and is the figure to size Redis by.")
         a("")
         a("| stored sessions | load sessions/s | bytes/session (INFO) | bytes/session (MEMORY USAGE sample) "
           "| keys/session | decisions/s | p50 µs | p99 µs | outcomes |")
@@ -398,11 +400,14 @@ def write_report(res, path):
         a("")
     a("### What the 2-core machine limits, and what to expect per core")
     a("")
-    a("Load generator, ownership service, Redis (or six cluster nodes) and Envoy share the same 2 cores, so "
-      "every throughput figure above (decisions/s, events/s) is a floor set by this machine, not by the "
-      "design: the closed loops saturate the cores, and latency includes queueing behind the other processes. "
-      "Memory figures (bytes per session, KiB per stream) and CPU time per operation do not depend on the core "
-      "count. Throughput per core, from the CPU time each process spent per operation:")
+    a("Load generator, ownership service, Redis (or six cluster nodes) and Envoy share the same 2 cores with "
+      "each other and with the machine's other jobs. So the decisions/s above are a floor set by this machine, not "
+      "by the design: the closed loops saturate the cores, and their latency (milliseconds) is mostly queueing "
+      "behind the other processes; for the same reason the cluster cannot beat one Redis here. The stream rows ran "
+      "at a fixed offered rate (1 event/s per stream) that one Envoy core carried with room to spare, so they are "
+      "not limited by the cores. Memory figures (bytes per session, KiB per stream) do not depend on the core "
+      "count, and CPU time per operation little (contention inflates it somewhat). Throughput per core, from the "
+      "CPU time each process spent per operation:")
     a("")
     a("| component | CPU µs per operation | operations/s per core |")
     a("| --- | --- | --- |")
