@@ -19,7 +19,6 @@ import contextlib
 import copy
 import fcntl
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -143,7 +142,6 @@ def s1(run_dir, sessions, secs, rounds, lock):
         with bench_lock(lock, "S1"):
             out["load_s"] = {"single": load(OWN_S1_SINGLE, 0, sessions, 2),
                              "cluster": load(OWN_S1_CLUSTER, 0, sessions, 2)}
-            redis_pids = [red.pid, *cl.rss_pids().values()]
             for _ in range(rounds):
                 for kind, o in (("single", single), ("cluster", clus)):
                     pids = [red.pid] if kind == "single" else list(cl.rss_pids().values())
@@ -153,7 +151,6 @@ def s1(run_dir, sessions, secs, rounds, lock):
                         / max(r["count"], 1)
                     out[kind].append(r)
                     log("S1", kind, round(r["rate"]), r["p50_us"], r["p99_us"], r["outcomes"])
-        del redis_pids
         COMMANDS.append("S1: " + bench.rel(cmd).replace(str(clus.pid), "<ownership pid>"))
         for kind in ("single", "cluster"):
             rs = out[kind]
@@ -502,7 +499,7 @@ def main():
     a = ap.parse_args()
     BIN_DIR, OWN_BIN, ENVOY_CFG = a.bin_dir.resolve(), a.ownership.resolve(), bench.envoy_cfg
     bench.BIN_DIR = BIN_DIR
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     a.out.mkdir(parents=True, exist_ok=True)
     run_dir = a.out / "logs"
