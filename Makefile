@@ -22,7 +22,7 @@ CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke chaos chaos-smoke fuzz fuzz-tools fuzz-merge
+.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
@@ -178,6 +178,16 @@ bench: bench-tools wasm
 
 bench-smoke:
 	$(MAKE) bench BENCH_QUICK=1
+
+# `make bench-scale`: decisions/s on a local Redis Cluster vs one Redis, 1k..1M stored sessions on one Redis
+# (bytes per session, verdict latency), ~10k concurrent SSE streams through one Envoy (guard vs floor);
+# writes bench/SCALE.md (about 10 min, ~2 GiB of Redis; each measurement holds /tmp/bench.lock).
+bench-scale: venv redis wasm
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release -p mcp-bench -p mcp-ownership
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
+	$(PYTHON) bench/scale.py --bin-dir $(BENCH_TARGET)/release --ownership $(BENCH_TARGET)/release/mcp-ownership \
+	  --guard-wasm $(WASM) --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm \
+	  --out $(BENCH_TARGET)/bench-scale --report bench/SCALE.md
 
 # ---- chaos -----------------------------------------------------------------
 # `make chaos`: a bounded soak (CHAOS_S seconds) of 2 Envoys x 2 ownership instances x the store x 3 replicas

@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! sse-load streams   --addr A --path P --conns N --secs T [--header k:v]... [--pid ENVOY] [--window-ms W]
+//!                    [--open-secs O]
 //! sse-load rate      --addr A --path P --rps R --secs T [--conns K] [--header k:v]... [--pid ENVOY]
 //! sse-load ownership --addr A --from I --to J --secs T [--conns C] [--pid OWNERSHIP]
 //! ```
 //! * `streams`: N concurrent SSE GETs read for T seconds; counts events ("\n\n" after chunked
 //!   decoding). With `--pid`, the process's CPU ticks are read once every stream is open and
 //!   at the end, and every `--window-ms` (events and ticks per window: cost vs stream length).
+//!   Streams get `--open-secs` (default 10) to open before the measurement starts.
 //! * `rate`: requests (`--method`, default GET; `--body` for a JSON body) at a fixed rate over K
 //!   keep-alive connections; latency of each full response.
 //! * `ownership`: loads sessions I..J into the ownership service (session, one GET incarnation
@@ -146,6 +148,7 @@ async fn streams(a: &Args) -> Result<String, String> {
     let secs = a.f("secs", 3.0);
     let pid = a.n("pid", 0) as u32;
     let window = Duration::from_millis(a.n("window-ms", 0));
+    let open_for = Duration::from_secs_f64(a.f("open-secs", 10.0));
     let events = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
     let open = Arc::new(AtomicU64::new(0));
@@ -197,7 +200,7 @@ async fn streams(a: &Args) -> Result<String, String> {
     }
     // Wait (bounded) until every stream has its headers.
     let t0 = Instant::now();
-    while open.load(Ordering::SeqCst) < conns && t0.elapsed() < Duration::from_secs(10) {
+    while open.load(Ordering::SeqCst) < conns && t0.elapsed() < open_for {
         if tasks.iter().any(|t| t.is_finished()) {
             break;
         }
