@@ -462,7 +462,7 @@ def test_one_ownership_instance_killed_mid_load(shared):
 
 def test_bad_redis_url_is_a_clear_error():
     for url, words in [("redis://", "no host"), ("redis://127.0.0.1:notaport", "bad port"),
-                       ("rediss:/x", "expected `memory` or `redis://HOST:PORT`")]:
+                       ("rediss:/x", "expected `memory`, `redis://HOST:PORT`")]:
         p = subprocess.run([h.BIN / "mcp-ownership", "--store", url], capture_output=True, text=True, timeout=10)
         assert p.returncode == 2, (url, p.stderr)
         assert "--store" in p.stderr and words in p.stderr, p.stderr
