@@ -134,7 +134,7 @@ adapters-test: interop-deps
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q adapters/python/tests
 	cargo test -p mcp-resume-guard-contiguity
 
-# The seed scenarios and guard rules again, against the native build.
+# The failure scenarios (test_seed_scenarios.py) and guard rules again, against the native build.
 e2e-native: venv build native
 	E2E_BUILD=native $(VENV)/bin/pytest -q tests/e2e/test_native.py tests/e2e/test_seed_scenarios.py tests/e2e/test_guard_rules.py
 
