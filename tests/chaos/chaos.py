@@ -595,6 +595,9 @@ class System:
                     self.rss[name].append(v)
 
     def stop(self) -> None:
+        for p, _ in getattr(self, "ts", []):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
         for e in self.envoys:
             e.stop()
         for o in self.ownership.values():
@@ -826,6 +829,12 @@ def main() -> int:
         (h.RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
     system = System(args.store, state_dir, tally)
     stop = threading.Event()
+
+    # SIGTERM (make interrupted, a CI timeout) ends the run like Ctrl-C: the finally below stops
+    # every process this soak started, by pid.
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
     started = time.time()
     t0 = time.monotonic()
     ok = False
@@ -845,6 +854,7 @@ def main() -> int:
             th.start()
             threads.append(th)
         ts = start_ts_clients(args.ts_clients, max(5.0, args.seconds - 5), args.seed)
+        system.ts = ts
         every = args.fault_every or 8.0
         next_fault = time.monotonic() + min(every, 5.0)
         last_sample = 0.0
