@@ -35,6 +35,9 @@ function mcpServer() {
       await extra.sendNotification({ method: 'notifications/progress',
         params: { progressToken: extra._meta?.progressToken, progress: i, total: n } });
     }
+    // The example store orders ids `<stream>_<ms>_<random>` as strings: a result stored in the same
+    // millisecond as the last progress could replay before it. Keep every event in its own ms.
+    await new Promise(r => setTimeout(r, ms));
     return { content: [{ type: 'text', text: `done ${n}` }] };
   });
   return s;
@@ -135,7 +138,7 @@ test('on the wire: the replay starts with the assertion, its id is the cursor', 
   assert.ok(events[0].includes(`id: ${ids[1]}`), events[0]);
   const first = JSON.parse(events[0].split('\n').find(l => l.startsWith('data: ')).slice(6));
   assert.equal(first.method, REPLAY_METHOD);
-  assert.equal(first.params.complete, true);
+  assert.equal(first.params.complete, true, JSON.stringify(first.params));
   assert.equal(first.params.after, ids[1]);
   assert.equal(first.params.count, events.length - 1);
 });
