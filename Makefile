@@ -192,7 +192,8 @@ bench-scale: venv redis wasm
 # ---- chaos -----------------------------------------------------------------
 # `make chaos`: a bounded soak (CHAOS_S seconds) of 2 Envoys x 2 ownership instances x the store x 3 replicas
 # under seeded faults, checked from the clients' side; writes CHAOS.md. `make test` runs a short one
-# (chaos-smoke, CHAOS_S=120) into target/chaos-smoke/.
+# (chaos-smoke, CHAOS_S=120) into target/chaos-smoke/. Memory: every process under a cap (the ownership
+# service's is its Kubernetes limit); a soak of 300 s or more also fails on growth (last third > 1.5x first).
 CHAOS_S       ?= 600
 CHAOS_CLIENTS ?= 50
 CHAOS_SEED    ?= 1

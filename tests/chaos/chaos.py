@@ -744,8 +744,13 @@ def check_access_logs(tally: Tally) -> None:
                 tally.inc(f"envoy_5xx:{details}")
 
 
-def check_memory(system: System, tally: Tally) -> dict[str, tuple[int, int]]:
-    """Bounded: the last third of the samples stays within 1.5x (+32 MiB) of the first third's peak."""
+# Hard caps per process kind (MiB): the ownership service's is the limit deploy/k8s/ownership.yaml sets.
+MEMORY_CAPS_MIB = {"ownership": 512, "envoy": 1024, "replica": 256, "redis": 256}
+
+
+def check_memory(system: System, tally: Tally, growth: bool) -> dict[str, tuple[int, int]]:
+    """Bounded: every process under its kind's cap; and, for a soak long enough to tell warm-up from a
+    leak (`growth`), the last third of the samples within 1.5x (+32 MiB) of the first third's peak."""
     out = {}
     for name, samples in system.rss.items():
         if len(samples) < 6:
@@ -753,7 +758,10 @@ def check_memory(system: System, tally: Tally) -> dict[str, tuple[int, int]]:
         third = len(samples) // 3
         early, late = max(samples[:third]), max(samples[-third:])
         out[name] = (early, max(samples))
-        if late > early * 1.5 + 32 * 1024:
+        cap = MEMORY_CAPS_MIB.get(name.split(":")[0], 1024) * 1024
+        if max(samples) > cap:
+            tally.violation("memory_cap", f"{name}: {max(samples)} KiB, cap {cap} KiB")
+        if growth and late > early * 1.5 + 32 * 1024:
             tally.violation("memory_growth", f"{name}: {early} KiB early, {late} KiB late")
     return out
 
@@ -886,7 +894,7 @@ def main() -> int:
     finally:
         stop.set()
         system.stop()
-    mem = check_memory(system, tally)
+    mem = check_memory(system, tally, growth=args.seconds >= 300)
     text = report(args, tally, mem, started, time.monotonic() - t0)
     print(text)
     if args.report:
