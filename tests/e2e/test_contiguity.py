@@ -61,14 +61,7 @@ class OneReplica:
             for p in self.stack.replicas.values():
                 p.stop()
             self.stack.ensure_ownership()
-            extra = ["--store-limit", STORE_LIMIT] + (["--contiguity"] if adapter else [])
-            name = f"{kind}-contiguity{'-adapter' if adapter else ''}"
-            if kind == "ts":
-                args = [i.NODE, i.INTEROP / "ts_server.mjs", "--port", self.port, "--name", "r1",
-                        "--keepalive-ms", 300, *extra]
-            else:
-                args = [i.PYTHON, i.INTEROP / "py_server.py", "--port", self.port, "--name", "py1", *extra]
-            self.replica = h.Proc(name, args, port=self.port).start()
+            self.replica = self.start_replica(kind, adapter)
             self.key = key
         if self.envoy_key != mode or self.envoy is None or not self.envoy.alive:
             if self.envoy is not None:
@@ -77,6 +70,17 @@ class OneReplica:
             self.envoy = i.affinity_envoy(f"envoy-contiguity-{mode or 'noguard'}", guard=mode is not None,
                                           plugin_overrides=overrides, replica_ports=[self.port])
             self.envoy_key = mode
+
+    def start_replica(self, kind: str, adapter: bool) -> h.Proc:
+        """The SDK server on `self.port`, its store trimming at STORE_LIMIT, wrapped by the adapter or not."""
+        extra = ["--store-limit", STORE_LIMIT] + (["--contiguity"] if adapter else [])
+        name = f"{kind}-contiguity{'-adapter' if adapter else ''}"
+        if kind == "ts":
+            args = [i.NODE, i.INTEROP / "ts_server.mjs", "--port", self.port, "--name", "r1",
+                    "--keepalive-ms", 300, *extra]
+        else:
+            args = [i.PYTHON, i.INTEROP / "py_server.py", "--port", self.port, "--name", "py1", *extra]
+        return h.Proc(name, args, port=self.port).start()
 
     def stop(self) -> None:
         for p in (self.envoy, self.replica):

@@ -16,51 +16,29 @@ import shutil
 import pytest
 
 import harness as h
-import interop as i
-from test_contiguity import EXPECTED, scenario
+from test_contiguity import EXPECTED, OneReplica, scenario
 
 STORE_LIMIT = 100
 RESULTS: list[dict] = []
 
 
-class OneRmcpReplica:
-    """One rmcp replica on the first harness replica port, and one Envoy at a time (ports borrowed from `stack`)."""
+class OneRmcpReplica(OneReplica):
+    """test_contiguity.py's stack, with an rmcp replica in place of the SDK servers."""
 
     def __init__(self, stack):
-        self.stack = stack
-        self.replica: h.Proc | None = None
-        self.envoy: h.Envoy | None = None
-        self.adapter: bool | None = None
-        self.envoy_key: str | None = None
-        self.port = h.REPLICA_PORTS[0]
+        super().__init__(stack)
         self.state_dir = h.RUNS / "rmcp-contiguity"
 
     def use(self, adapter: bool, mode: str | None) -> None:
-        if self.adapter != adapter or self.replica is None or not self.replica.alive:
-            for p in (self.envoy, self.replica, self.stack.envoy, *self.stack.replicas.values()):
-                if p is not None:
-                    p.stop()
-            self.envoy, self.envoy_key = None, None
-            self.stack.ensure_ownership()
-            shutil.rmtree(self.state_dir, ignore_errors=True)
-            store = f"ring:{STORE_LIMIT}" + (",contiguity" if adapter else "")
-            self.replica = h.Proc(f"rmcp-contiguity{'-adapter' if adapter else ''}",
-                                  [h.binary("rmcp-replica"), "--listen", f"{h.HOST}:{self.port}", "--name", "r1",
-                                   "--state-dir", self.state_dir, "--event-store", store],
-                                  port=self.port).start()
-            self.adapter = adapter
-        if self.envoy_key != mode or self.envoy is None or not self.envoy.alive:
-            if self.envoy is not None:
-                self.envoy.stop()
-            overrides = {"contiguity": mode} if mode else None
-            self.envoy = i.affinity_envoy(f"envoy-contiguity-rmcp-{mode or 'noguard'}", guard=mode is not None,
-                                          plugin_overrides=overrides, replica_ports=[self.port])
-            self.envoy_key = mode
+        super().use("rmcp", adapter, mode)
 
-    def stop(self) -> None:
-        for p in (self.envoy, self.replica):
-            if p is not None:
-                p.stop()
+    def start_replica(self, kind: str, adapter: bool) -> h.Proc:
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        store = f"ring:{STORE_LIMIT}" + (",contiguity" if adapter else "")
+        return h.Proc(f"rmcp-contiguity{'-adapter' if adapter else ''}",
+                      [h.binary("rmcp-replica"), "--listen", f"{h.HOST}:{self.port}", "--name", "r1",
+                       "--state-dir", self.state_dir, "--event-store", store],
+                      port=self.port).start()
 
 
 @pytest.fixture(scope="module")
