@@ -40,6 +40,18 @@ fn module_headers(h: &[(&str, &str)]) -> Vec<HttpHeader> {
         .collect()
 }
 
+/// The callout's token when Envoy started it; a refusal is logged and read as "no callout".
+fn started(r: u32, what: &str, id: u64) -> Option<u32> {
+    if r != CALLOUT_INIT_SUCCESS {
+        log(
+            LogLevel::Warn,
+            &format!("mcp-resume-guard: host call {what} callout failed: {r}"),
+        );
+        return None;
+    }
+    token(id)
+}
+
 /// Callout ids are the exchange's tokens; Envoy numbers them from 1 per filter or config.
 fn token(id: u64) -> Option<u32> {
     u32::try_from(id).ok()
@@ -331,14 +343,7 @@ impl Host for FilterHost<'_> {
                 timeout_ms,
             )
         };
-        if r != CALLOUT_INIT_SUCCESS {
-            log(
-                LogLevel::Warn,
-                &format!("mcp-resume-guard: host call http callout failed: {r}"),
-            );
-            return None;
-        }
-        token(id)
+        started(r, "http", id)
     }
 
     fn claim_stream(&mut self, incarnation: u64, claim: u64) {
@@ -449,14 +454,7 @@ impl Host for ConfigHost<'_> {
                 timeout_ms,
             )
         };
-        if r != CALLOUT_INIT_SUCCESS {
-            log(
-                LogLevel::Warn,
-                &format!("mcp-resume-guard: host call records callout failed: {r}"),
-            );
-            return None;
-        }
-        let t = token(id)?;
+        let t = started(r, "records", id)?;
         self.dispatched.push(id);
         Some(t)
     }
