@@ -77,12 +77,13 @@ fn main() {
     for (i, c) in chunks.iter().enumerate() {
         out.clear();
         s.push(&keys, c, &mut out);
-        if let Some((first, r)) = s.take_relayed() {
+        if let Some((first, r)) = s.relayed() {
             ids += r.len();
             if flush_every > 0 {
-                queue.push_events(&mut host, session, incarnation, first, r);
+                queue.push_events(&mut host, session, incarnation, first, r.iter());
             }
         }
+        s.clear_relayed();
         max_held = max_held.max(s.held_bytes());
         if flush_every > 0 && (i + 1) % flush_every == 0 {
             queue.on_response(&mut host, token, Some(200), None);
