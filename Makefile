@@ -174,7 +174,7 @@ bench: bench-tools wasm
 	  --native-dir $(BENCH_TARGET)/$(BENCH_NATIVE_PROFILE) \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
 	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
-	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS)
+	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS) $(BENCH_ARGS)
 
 bench-smoke:
 	$(MAKE) bench BENCH_QUICK=1

@@ -511,7 +511,7 @@ impl Exchange {
         self.phase = Phase::Replied;
         if let Some(s) = self.stream.as_mut() {
             // Nothing of this chunk was relayed: nothing more to record.
-            let _ = s.take_relayed();
+            s.clear_relayed();
         }
         self.stream = None;
         self.control_pending = None;
@@ -787,15 +787,14 @@ impl Exchange {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
-        let Some((first_seq, ids)) = stream.take_relayed() else {
-            return;
-        };
-        w.rewritten += ids.len() as u64;
-        let Some((session, incarnation)) = &self.record_keys else {
-            return;
-        };
-        w.records
-            .push_events(host, session, incarnation, first_seq, ids);
+        if let Some((first_seq, ids)) = stream.relayed() {
+            w.rewritten += ids.len() as u64;
+            if let Some((session, incarnation)) = &self.record_keys {
+                w.records
+                    .push_events(host, session, incarnation, first_seq, ids.iter());
+            }
+        }
+        stream.clear_relayed();
     }
 
     /// The continued incarnation's log is lost: later cursors for it restart at once.

@@ -15,8 +15,8 @@
 use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
-    recorded_id, LongId, Record, RecordAck, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
-    MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
+    check_incarnation, check_seq, check_session, recorded_id, FieldError, LongId, Record,
+    RecordAck, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
 };
 use std::collections::VecDeque;
 
@@ -72,11 +72,123 @@ fn serialized_len(r: &Record) -> usize {
     }
 }
 
+/// What an `Events` record adds to its session and incarnation strings and its ids:
+/// `{"type":"events","session":,"incarnation":,"first_seq":,"ids":[]}` and 20 digits.
+const EVENTS_FRAME: usize = 65 + 20;
+
+/// An `Events` record as queued: its recorded ids already in JSON, comma-separated, so relaying
+/// an event appends to one buffer instead of allocating a `String` (and building, validating
+/// and merging a record per chunk). Written out in the wire form of [`Record::Events`].
+#[derive(Debug)]
+struct EventsBuf {
+    session: String,
+    incarnation: String,
+    first_seq: u64,
+    count: u64,
+    ids: Vec<u8>,
+    long: Vec<LongId>,
+}
+
+impl EventsBuf {
+    /// Checks what the whole record shares once, when it opens.
+    fn open(session: &str, incarnation: &str, first_seq: u64) -> Result<Self, FieldError> {
+        check_session("session", session)?;
+        check_incarnation("incarnation", incarnation)?;
+        check_seq("first_seq", first_seq)?;
+        Ok(EventsBuf {
+            session: session.to_owned(),
+            incarnation: incarnation.to_owned(),
+            first_seq,
+            count: 0,
+            ids: Vec::new(),
+            long: Vec::new(),
+        })
+    }
+
+    /// Bytes of the record with no ids (an upper bound).
+    fn frame_len(&self) -> usize {
+        EVENTS_FRAME + json_len(&self.session) + json_len(&self.incarnation)
+    }
+
+    /// Does seq `seq` of this session and incarnation continue this record?
+    fn continues(&self, session: &str, incarnation: &str, seq: u64) -> bool {
+        self.incarnation == incarnation
+            && self.session == session
+            && self.first_seq.checked_add(self.count) == Some(seq)
+    }
+
+    /// Appends the next seq's recorded id, and its full id when it has a `long` entry.
+    fn append(&mut self, recorded: &str, full: Option<&str>) -> Result<(), FieldError> {
+        let seq = self.first_seq.saturating_add(self.count);
+        check_seq("first_seq", seq)?;
+        if recorded.len() > MAX_EVENT_ID_BYTES {
+            // `recorded_id` never gives one; never send what the service must refuse.
+            return Err(FieldError {
+                field: format!("ids[{}]", self.count),
+                detail: format!("{} bytes, at most {MAX_EVENT_ID_BYTES}", recorded.len()),
+            });
+        }
+        if self.count > 0 {
+            self.ids.push(b',');
+        }
+        write_json(&mut self.ids, recorded)?;
+        if let Some(id) = full {
+            self.long.push(LongId {
+                seq,
+                id: id.to_owned(),
+            });
+        }
+        self.count += 1;
+        Ok(())
+    }
+
+    /// The record in its wire form (that of [`Record::Events`]).
+    fn write(&self, out: &mut Vec<u8>) -> Result<(), FieldError> {
+        out.extend_from_slice(br#"{"type":"events","session":"#);
+        write_json(out, &self.session)?;
+        out.extend_from_slice(br#","incarnation":"#);
+        write_json(out, &self.incarnation)?;
+        out.extend_from_slice(br#","first_seq":"#);
+        write_json(out, &self.first_seq)?;
+        out.extend_from_slice(br#","ids":["#);
+        out.extend_from_slice(&self.ids);
+        out.push(b']');
+        if !self.long.is_empty() {
+            out.extend_from_slice(br#","long":"#);
+            write_json(out, &self.long)?;
+        }
+        out.push(b'}');
+        Ok(())
+    }
+}
+
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), FieldError> {
+    serde_json::to_writer(out, v).map_err(|e| FieldError {
+        field: "ids".into(),
+        detail: e.to_string(),
+    })
+}
+
+#[derive(Debug)]
+enum Item {
+    Events(EventsBuf),
+    Other(Record),
+}
+
 /// A queued record and an upper bound of its serialized size.
 #[derive(Debug)]
 struct Queued {
-    record: Record,
+    item: Item,
     bytes: usize,
+}
+
+impl Queued {
+    fn write(&self, out: &mut Vec<u8>) -> Result<(), FieldError> {
+        match &self.item {
+            Item::Events(e) => e.write(out),
+            Item::Other(r) => write_json(out, r),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -130,124 +242,114 @@ impl RecordQueue {
     /// Queues a record after checking it; an invalid record is counted and dropped.
     pub fn push<H: Host>(&mut self, host: &mut H, r: Record) {
         if let Err(e) = r.validate() {
-            host.count(Stat::RecordsInvalid, 1);
-            host.log(
-                LogLevel::Warn,
-                &format!("mcp-resume-guard: record not queued: {e}"),
-            );
-            return;
+            return invalid(host, &e);
         }
-        let r = match self.merge(r) {
-            Ok(()) => return self.enforce_bounds(host),
-            Err(r) => r,
-        };
-        let bytes = serialized_len(&r);
-        self.queued_bytes += bytes;
-        self.pending.push_back(Queued { record: r, bytes });
+        match r {
+            Record::Events {
+                session,
+                incarnation,
+                first_seq,
+                ids,
+                long,
+            } => {
+                let mut long = long.into_iter().peekable();
+                let mut open = self.find_open(&session, &incarnation, first_seq);
+                for (i, id) in ids.iter().enumerate() {
+                    let seq = first_seq.saturating_add(i as u64);
+                    let full = long.next_if(|l| l.seq == seq);
+                    let full = full.as_ref().map(|l| l.id.as_str());
+                    let step = self.append(&mut open, &session, &incarnation, seq, id, full);
+                    if let Err(e) = step {
+                        invalid(host, &e);
+                        break;
+                    }
+                }
+            }
+            r => {
+                let bytes = serialized_len(&r);
+                self.queued_bytes += bytes;
+                self.pending.push_back(Queued {
+                    item: Item::Other(r),
+                    bytes,
+                });
+            }
+        }
         self.enforce_bounds(host);
     }
 
     /// Queues the events a stream relayed: seq `first_seq + i` carried replica id `ids[i]`.
-    /// Ids are recorded in bounded form; the records are split so none grows past a cap.
-    pub fn push_events<H: Host>(
+    /// Ids are recorded in bounded form; they join the incarnation's open record while it has
+    /// room (one record, and one session and incarnation key on the wire, per stream and
+    /// flush, not per chunk), and a new one opens when it has not.
+    pub fn push_events<H: Host, S: AsRef<str>>(
         &mut self,
         host: &mut H,
         session: &str,
         incarnation: &str,
         first_seq: u64,
-        ids: Vec<String>,
+        ids: impl IntoIterator<Item = S>,
     ) {
-        let mut piece = Vec::new();
-        let mut long = Vec::new();
-        let mut start = first_seq;
-        let mut bytes = 0;
+        let mut open = self.find_open(session, incarnation, first_seq);
         for (i, id) in ids.into_iter().enumerate() {
             let seq = first_seq.saturating_add(i as u64);
-            let (rec, full) = into_recorded(id);
-            let add = json_len(&rec)
-                + 1
-                + full
-                    .as_deref()
-                    .map_or(0, |f| json_len(f) + LONG_ENTRY_OVERHEAD);
-            if !piece.is_empty() && bytes + add > RECORD_MAX_BYTES {
-                let r = events(
-                    session,
-                    incarnation,
-                    start,
-                    std::mem::take(&mut piece),
-                    std::mem::take(&mut long),
-                );
-                self.push(host, r);
-                start = seq;
-                bytes = 0;
+            let id = id.as_ref();
+            let recorded = recorded_id(id);
+            let full =
+                (id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES).then_some(id);
+            let step = self.append(&mut open, session, incarnation, seq, &recorded, full);
+            if let Err(e) = step {
+                invalid(host, &e);
+                break;
             }
-            if let Some(id) = full {
-                long.push(LongId { seq, id });
-            }
-            piece.push(rec);
-            bytes += add;
         }
-        if !piece.is_empty() {
-            let r = events(session, incarnation, start, piece, long);
-            self.push(host, r);
-        }
+        self.enforce_bounds(host);
     }
 
-    /// Events that continue a recently queued record of the same incarnation join it: one
-    /// record (and one session and incarnation key on the wire) per stream and flush, not per
-    /// chunk. Streams interleave, so look back a little; only records of the same incarnation
-    /// are ordered with respect to each other. Gives the record back when it did not join.
-    fn merge(&mut self, r: Record) -> Result<(), Record> {
-        let Record::Events {
-            session: s2,
-            incarnation: i2,
-            first_seq: f2,
-            ids: more,
-            long: more_long,
-        } = r
-        else {
-            return Err(r);
-        };
-        let add: usize = more.iter().map(|i| json_len(i) + 1).sum::<usize>()
-            + more_long
-                .iter()
-                .map(|l| json_len(&l.id) + LONG_ENTRY_OVERHEAD)
-                .sum::<usize>();
-        let open = self
-            .pending
-            .iter_mut()
-            .rev()
-            .take(MERGE_LOOKBACK)
-            .find(|q| {
-                matches!(&q.record, Record::Events { session, incarnation, .. }
-                    if *incarnation == i2 && *session == s2)
-            });
-        if let Some(q) = open {
-            if let Record::Events {
-                first_seq,
-                ids,
-                long,
-                ..
-            } = &mut q.record
-            {
-                if q.bytes + add <= RECORD_MAX_BYTES
-                    && first_seq.checked_add(ids.len() as u64) == Some(f2)
-                {
-                    ids.extend(more);
-                    long.extend(more_long);
-                    q.bytes += add;
-                    self.queued_bytes += add;
-                    return Ok(());
-                }
-            }
-        }
-        Err(Record::Events {
-            session: s2,
-            incarnation: i2,
-            first_seq: f2,
-            ids: more,
-            long: more_long,
+    /// The queued record that seq `seq` of this incarnation continues, if any. Streams
+    /// interleave, so look back a little; only records of the same incarnation are ordered
+    /// with respect to each other.
+    fn find_open(&self, session: &str, incarnation: &str, seq: u64) -> Option<usize> {
+        let n = self.pending.len();
+        (n.saturating_sub(MERGE_LOOKBACK)..n).rev().find(|&k| {
+            matches!(self.pending.get(k), Some(Queued { item: Item::Events(e), .. })
+                if e.continues(session, incarnation, seq))
         })
+    }
+
+    /// Appends one event to the open record (`open`, an index into `pending`), or to a new
+    /// record when there is none or it is full (a single larger id still goes alone).
+    fn append(
+        &mut self,
+        open: &mut Option<usize>,
+        session: &str,
+        incarnation: &str,
+        seq: u64,
+        recorded: &str,
+        full: Option<&str>,
+    ) -> Result<(), FieldError> {
+        let add = json_len(recorded) + 1 + full.map_or(0, |f| json_len(f) + LONG_ENTRY_OVERHEAD);
+        let room = open
+            .and_then(|k| self.pending.get(k))
+            .is_some_and(|q| q.bytes + add <= RECORD_MAX_BYTES);
+        if !room {
+            let e = EventsBuf::open(session, incarnation, seq)?;
+            let bytes = e.frame_len();
+            self.queued_bytes += bytes;
+            self.pending.push_back(Queued {
+                item: Item::Events(e),
+                bytes,
+            });
+            *open = Some(self.pending.len() - 1);
+        }
+        let Some(q) = open.and_then(|k| self.pending.get_mut(k)) else {
+            return Ok(());
+        };
+        if let Item::Events(e) = &mut q.item {
+            e.append(recorded, full)?;
+            q.bytes += add;
+            self.queued_bytes += add;
+        }
+        Ok(())
     }
 
     /// Drops the oldest records while the queue holds more than `max_queue` records or more
@@ -288,7 +390,7 @@ impl RecordQueue {
             if i > 0 {
                 body.push(b',');
             }
-            if serde_json::to_writer(&mut body, &q.record).is_err() {
+            if q.write(&mut body).is_err() {
                 host.count(Stat::RecordsDropped, batch.len() as u64);
                 return;
             }
@@ -405,32 +507,13 @@ impl RecordQueue {
     }
 }
 
-/// The recorded form of an id, reusing its allocation when it is its own recorded form, and the
-/// full id when it is long enough to need a `long` entry.
-fn into_recorded(id: String) -> (String, Option<String>) {
-    match recorded_id(&id) {
-        std::borrow::Cow::Borrowed(_) => (id, None),
-        std::borrow::Cow::Owned(d) => {
-            let keep = id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES;
-            (d, keep.then_some(id))
-        }
-    }
-}
-
-fn events(
-    session: &str,
-    incarnation: &str,
-    first_seq: u64,
-    ids: Vec<String>,
-    long: Vec<LongId>,
-) -> Record {
-    Record::Events {
-        session: session.to_owned(),
-        incarnation: incarnation.to_owned(),
-        first_seq,
-        ids,
-        long,
-    }
+/// Counts and logs a record that is not queued.
+fn invalid<H: Host>(host: &mut H, e: &FieldError) {
+    host.count(Stat::RecordsInvalid, 1);
+    host.log(
+        LogLevel::Warn,
+        &format!("mcp-resume-guard: record not queued: {e}"),
+    );
 }
 
 #[cfg(test)]

@@ -147,7 +147,7 @@ fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
     let mut q = queue("");
     let mut host = MockHost::new();
     q.push(&mut host, open("127.0.0.1:9101"));
-    q.push_events(&mut host, S, I, 1, vec!["e1".into()]);
+    q.push_events(&mut host, S, I, 1, ["e1"]);
     q.push(
         &mut host,
         Record::OwnerGone {
@@ -255,4 +255,40 @@ fn posts_carry_the_configured_token() {
         _ => None,
     });
     assert_eq!(auth.as_deref(), Some("Bearer s3cr3t-Token_1"));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn queued_events_are_written_exactly_as_the_record_serializes() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    let long = "l\"".repeat(100);
+    let ids = ["e\n1", "é2", long.as_str(), "~x"];
+    q.push_events(&mut host, S, I, 7, ids);
+    // Joins the open record: contiguous seqs of the same incarnation.
+    q.push_events(&mut host, S, I, 11, ["e5"]);
+    assert_eq!(q.len(), 1);
+    host.take();
+    q.flush(&mut host);
+    let Some((_, body)) = host.last_dispatch() else {
+        unreachable!()
+    };
+    let want = Record::Events {
+        session: S.into(),
+        incarnation: I.into(),
+        first_seq: 7,
+        ids: vec![
+            "e\n1".into(),
+            "é2".into(),
+            recorded_id(&long).into_owned(),
+            recorded_id("~x").into_owned(),
+            "e5".into(),
+        ],
+        long: vec![LongId { seq: 9, id: long }],
+    };
+    let want = format!(
+        "{{\"records\":[{}]}}",
+        serde_json::to_string(&want).unwrap_or_default()
+    );
+    assert_eq!(String::from_utf8_lossy(body), want);
 }

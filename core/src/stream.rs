@@ -43,6 +43,51 @@ pub struct StreamState {
     skip_lf: bool,
 }
 
+/// Replica ids relayed, in order, in one buffer: relaying an event allocates nothing.
+#[derive(Debug, Default)]
+pub struct RelayedIds {
+    text: String,
+    /// End of each id in `text`.
+    ends: Vec<usize>,
+}
+
+/// A buffer grown past this by long ids is let go once they are recorded.
+const RELAYED_KEEP_BYTES: usize = 4096;
+
+impl RelayedIds {
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The ids, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let id = self.text.get(start..end).unwrap_or_default();
+            start = end;
+            id
+        })
+    }
+
+    fn push(&mut self, id: &str) {
+        self.text.push_str(id);
+        self.ends.push(self.text.len());
+    }
+
+    fn clear(&mut self) {
+        if self.text.capacity() > RELAYED_KEEP_BYTES {
+            *self = RelayedIds::default();
+        } else {
+            self.text.clear();
+            self.ends.clear();
+        }
+    }
+}
+
 /// Maps each replica event id to a cursor and checks a continuation's replay.
 struct IdMap {
     session: [u8; 8],
@@ -53,9 +98,9 @@ struct IdMap {
     expected: VecDeque<String>,
     /// The cursor's own event, which some servers (rmcp) send again first.
     echo: Option<String>,
-    /// Replica ids relayed since the last `take_relayed`; their seqs end just before
+    /// Replica ids relayed since the last `clear_relayed`; their seqs end just before
     /// `next_seq`, so the first one is derived, not stored.
-    relayed: Vec<String>,
+    relayed: RelayedIds,
     rewritten: u64,
 }
 
@@ -76,7 +121,7 @@ impl StreamState {
                 next_seq: 1,
                 expected: VecDeque::new(),
                 echo: None,
-                relayed: Vec::new(),
+                relayed: RelayedIds::default(),
                 rewritten: 0,
             },
             cut: false,
@@ -262,14 +307,29 @@ impl StreamState {
         Flow::CutReplayMismatch
     }
 
-    /// Events relayed since the last call, for the records: (first seq, replica ids).
-    pub fn take_relayed(&mut self) -> Option<(u64, Vec<String>)> {
-        if self.ids.relayed.is_empty() {
+    /// Events relayed since the last [`StreamState::clear_relayed`], for the records: (first
+    /// seq, replica ids).
+    pub fn relayed(&self) -> Option<(u64, &RelayedIds)> {
+        let ids = &self.ids.relayed;
+        if ids.is_empty() {
             return None;
         }
-        let ids = std::mem::take(&mut self.ids.relayed);
         let first = self.ids.next_seq.saturating_sub(ids.len() as u64);
         Some((first, ids))
+    }
+
+    /// Forgets the relayed ids (they were recorded).
+    pub fn clear_relayed(&mut self) {
+        self.ids.relayed.clear();
+    }
+
+    /// [`StreamState::relayed`] as owned ids, then [`StreamState::clear_relayed`].
+    pub fn take_relayed(&mut self) -> Option<(u64, Vec<String>)> {
+        let taken = self
+            .relayed()
+            .map(|(first, ids)| (first, ids.iter().map(str::to_owned).collect()));
+        self.clear_relayed();
+        taken
     }
 
     /// True when the output so far ends inside an event, so nothing may be appended to it.
@@ -495,7 +555,7 @@ impl IdMap {
             seq,
             replica_event_id: Some(id),
         });
-        self.relayed.push(id.to_string());
+        self.relayed.push(id);
         self.rewritten += 1;
         IdAction::Replace(text)
     }

@@ -1,11 +1,16 @@
 //! hotpath: the guard's per-event work on the native target, for profiling
 //! (`valgrind --tool=callgrind target/.../hotpath 1024 20000`) and quick timing.
 //!
-//! Usage: `hotpath [EVENT_BYTES] [EVENTS] [CHUNK_BYTES]`: relays EVENTS events of EVENT_BYTES
-//! through one `StreamState`, in body chunks of CHUNK_BYTES (default: one event per chunk),
-//! taking the relayed ids after every chunk as the adapter does.
+//! Usage: `hotpath [EVENT_BYTES] [EVENTS] [CHUNK_BYTES] [FLUSH_EVERY]`: relays EVENTS events of
+//! EVENT_BYTES through one `StreamState`, in body chunks of CHUNK_BYTES (default, or 0: one event
+//! per chunk), taking the relayed ids after every chunk into a `RecordQueue` as the exchange
+//! does, and flushing the queue (answered 200) every FLUSH_EVERY chunks (default 64; 0: no
+//! records at all, only the stream).
+use mcp_resume_core::config::Config;
 use mcp_resume_core::cursor::{Key, Keyring};
+use mcp_resume_core::host::MockHost;
 use mcp_resume_core::ownership::StreamKind;
+use mcp_resume_core::records::RecordQueue;
 use mcp_resume_core::stream::StreamState;
 use std::time::Instant;
 
@@ -16,7 +21,21 @@ fn main() {
         .collect();
     let size = args.first().copied().unwrap_or(1024) as usize;
     let events = args.get(1).copied().unwrap_or(100_000);
-    let chunk = args.get(2).copied().map(|c| c as usize);
+    let chunk = args.get(2).copied().filter(|c| *c > 0).map(|c| c as usize);
+    let flush_every = args.get(3).copied().unwrap_or(64) as usize;
+    let cfg = match Config::from_json(
+        br#"{"ownership":{"cluster":"c","max_queue":1000000},"keys":[{"id":1,"secret":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","active":true}]}"#,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let mut queue = RecordQueue::new(&cfg);
+    let mut host = MockHost::new();
+    let session = "0123456789abcdef0123456789abcdef";
+    let incarnation = "0000000012345678";
     let keys = match Keyring::new(
         Key {
             id: 1,
@@ -54,13 +73,24 @@ fn main() {
     let mut ids = 0usize;
     let mut max_held = 0usize;
     let t = Instant::now();
-    for c in &chunks {
+    let mut token = 0;
+    for (i, c) in chunks.iter().enumerate() {
         out.clear();
         s.push(&keys, c, &mut out);
-        if let Some((_, r)) = s.take_relayed() {
+        if let Some((first, r)) = s.relayed() {
             ids += r.len();
+            if flush_every > 0 {
+                queue.push_events(&mut host, session, incarnation, first, r.iter());
+            }
         }
+        s.clear_relayed();
         max_held = max_held.max(s.held_bytes());
+        if flush_every > 0 && (i + 1) % flush_every == 0 {
+            queue.on_response(&mut host, token, Some(200), None);
+            host.take();
+            queue.flush(&mut host);
+            token = host.next_token.wrapping_sub(1);
+        }
     }
     let ns = t.elapsed().as_nanos() as f64 / events as f64;
     println!(
