@@ -66,6 +66,10 @@ pub fn call_body(size: usize) -> Option<Vec<u8>> {
 }
 
 pub fn response_body(size: usize) -> Option<Vec<u8>> {
+    // An empty chunk (often the last) needs no host call.
+    if size == 0 {
+        return Some(Vec::new());
+    }
     match hc::get_buffer(BufferType::HttpResponseBody, 0, size) {
         Ok(b) => Some(b.unwrap_or_default()),
         Err(s) => {
@@ -179,6 +183,9 @@ impl Host for ProxyHost<'_> {
     }
 
     fn replace_body_chunk(&mut self, body: &[u8]) {
+        if body.is_empty() && self.body_size == 0 {
+            return;
+        }
         if let Err(s) = hc::set_buffer(BufferType::HttpResponseBody, 0, self.body_size, body) {
             warn("set response body", s);
         }

@@ -357,16 +357,25 @@ pub fn check_incarnation(field: &str, s: &str) -> Result<(), FieldError> {
 /// `ip:port` in canonical form, since the owner string is an identity (OwnerGone matches it
 /// byte for byte) and Envoy's `upstream.address` is canonical.
 pub fn check_owner(field: &str, s: &str) -> Result<(), FieldError> {
-    match s.parse::<SocketAddr>() {
-        Ok(a) if a.to_string() == s && a.port() != 0 => Ok(()),
-        _ => Err(field_error(
-            field,
-            format!(
-                "expected ip:port (e.g. 10.0.0.7:8080 or [fd00::7]:8080), got {}",
-                shown(s)
-            ),
-        )),
+    let canonical = match s.parse::<SocketAddr>() {
+        // The V4 parser takes no leading zeros in octets, but does in the port; formatting
+        // an address per record would cost more than the rest of the check.
+        Ok(SocketAddr::V4(a)) => {
+            a.port() != 0 && s.rsplit_once(':').is_some_and(|(_, p)| !p.starts_with('0'))
+        }
+        Ok(a @ SocketAddr::V6(_)) => a.port() != 0 && a.to_string() == s,
+        Err(_) => false,
+    };
+    if canonical {
+        return Ok(());
     }
+    Err(field_error(
+        field,
+        format!(
+            "expected ip:port (e.g. 10.0.0.7:8080 or [fd00::7]:8080), got {}",
+            shown(s)
+        ),
+    ))
 }
 
 pub fn check_seq(field: &str, seq: u64) -> Result<(), FieldError> {
@@ -497,3 +506,36 @@ pub struct ErrorBody {
 
 pub const RESUME_PATH: &str = "/v1/resume";
 pub const RECORDS_PATH: &str = "/v1/records";
+
+#[cfg(test)]
+mod tests {
+    use super::check_owner;
+
+    #[test]
+    fn owners_are_canonical_ip_port() {
+        for ok in [
+            "10.0.0.7:8080",
+            "127.0.0.1:1",
+            "0.0.0.0:65535",
+            "[fd00::7]:8080",
+            "[::1]:80",
+        ] {
+            assert!(check_owner("owner", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "10.0.0.7:08080",
+            "10.0.0.7:0",
+            "010.0.0.7:8080",
+            "10.0.0.7",
+            "10.0.0.7:+80",
+            " 10.0.0.7:80",
+            "[FD00::7]:8080",
+            "[fd00:0::7]:8080",
+            "[::1]:080",
+            "host:80",
+            "",
+        ] {
+            assert!(check_owner("owner", bad).is_err(), "{bad}");
+        }
+    }
+}
