@@ -50,6 +50,17 @@ class DemoError(Exception):
     """A reason to stop before the walk-through, said in one line."""
 
 
+def cluster_nodes(store: str) -> list[tuple[str, int]]:
+    """The host:port seeds of a redis-cluster:// URL (credentials, if any, dropped)."""
+    rest = store.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0].split("?", 1)[0]
+    out = []
+    for part in filter(None, rest.split(",")):
+        host, _, port = part.rpartition(":")
+        if host and port.isdigit():
+            out.append((host, int(port)))
+    return out
+
+
 def parse_upstreams(text: str) -> list[tuple[str, int]]:
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -129,10 +140,36 @@ class Demo:
                                                     "--save", "", "--appendonly", "no",
                                                     "--loglevel", "warning"], port=u.port)
                 self.start(p)
+        elif u.scheme == "redis-cluster" and not any(listening(a, p) for a, p in cluster_nodes(store)):
+            self.start_local_cluster(store)
         elif u.scheme not in ("redis", "redis-cluster"):
             raise DemoError(f"STORE: expected memory, redis://HOST:PORT or redis-cluster://..., got {store!r}")
         # redis-cluster:// is passed through: the service says whether it supports it.
         return ["--store", store]
+
+    def start_local_cluster(self, store: str) -> None:
+        """Nothing listens at any node of STORE=redis-cluster://127.0.0.1:P[,...]: a local cluster of three
+        masters and three replicas on six consecutive ports from the lowest one named."""
+        nodes = cluster_nodes(store)
+        if not nodes or any(a not in ("127.0.0.1", "localhost") for a, _ in nodes):
+            raise DemoError(f"STORE={store}: no node answers, and a local cluster is started only on 127.0.0.1")
+        base = min(p for _, p in nodes)
+        if any(p not in range(base, base + 6) for _, p in nodes):
+            raise DemoError(f"STORE={store}: no node answers; to start a local cluster name ports within "
+                            f"{base}..{base + 5} (three masters, three replicas)")
+        for tool in ("redis-server", "redis-cli"):
+            if not shutil.which(tool):
+                raise DemoError(f"STORE=redis-cluster://127.0.0.1:... needs {tool}: `make redis`")
+        for p in range(base, base + 6):
+            require_free(p, "local Redis Cluster node")
+        print(f"starting a local Redis Cluster on 127.0.0.1:{base}..{base + 5}, 3 masters + 3 replicas "
+              "(stopped with the demo)")
+        import cluster as rc  # tests/e2e/cluster.py, on the path with the harness
+        c = rc.RedisCluster(base, name="demo")
+        try:
+            c.start()
+        finally:
+            self.procs.extend(c.nodes.values())
 
     def run(self, args: argparse.Namespace) -> None:
         upstreams = parse_upstreams(args.upstreams)

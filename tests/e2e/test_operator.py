@@ -279,6 +279,32 @@ def test_demo_runs_a_given_config_and_store(demo_runs, tmp_path):
     h.wait_port_free(redis_port, timeout=10)
 
 
+def test_demo_starts_and_uses_a_local_redis_cluster(demo_runs, tmp_path):
+    """STORE=redis-cluster://127.0.0.1:P with nothing listening: the demo starts a 3+3 cluster there, runs
+    the walk-through on it and stops every node with itself."""
+    base = 7400 + DEMO_OFFSET
+    run = DemoRun(tmp_path, "--store", f"redis-cluster://127.0.0.1:{base}", "--once")
+    demo_runs.append(run)
+    assert run.proc.wait(timeout=180) == 0, run.text()
+    out = run.text()
+    assert f"starting a local Redis Cluster on 127.0.0.1:{base}..{base + 5}" in out, out
+    assert f"(store: redis-cluster://127.0.0.1:{base})" in out, out
+    assert "replay starts at the next event: True" in out, out  # continued at the owner, contiguous
+    assert "Mcp-Resume: restarted; reason=" in out, out  # the legacy id, said so
+    assert "Mcp-Resume: stripped; reason=post_cursor" in out, out
+    for p in range(base, base + 6):
+        h.wait_port_free(p, timeout=15)
+
+
+def test_demo_names_a_local_cluster_it_cannot_start(demo_runs, tmp_path):
+    base = 7400 + DEMO_OFFSET
+    run = DemoRun(tmp_path, "--store", f"redis-cluster://127.0.0.1:{base},127.0.0.1:{base + 10}", "--once")
+    demo_runs.append(run)
+    assert run.proc.wait(timeout=60) != 0
+    assert f"name ports within {base}..{base + 5}" in run.text(), run.text()
+    assert "Envoy on" not in run.text()
+
+
 # ---- the CLI on cursors the guard minted -----------------------------------------------------
 
 def cli(*args: str) -> subprocess.CompletedProcess:
