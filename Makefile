@@ -168,12 +168,15 @@ bench: bench-tools wasm
 	mkdir -p $(BENCH_OUT)
 	CARGO_TARGET_DIR=$(BENCH_TARGET) FLOOR_MODE=getset cargo build --release --target wasm32-wasip1 -p bench-floor-filter
 	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-copy.wasm
+	CARGO_TARGET_DIR=$(BENCH_TARGET) FLOOR_MODE=hdr cargo build --release --target wasm32-wasip1 -p bench-floor-filter
+	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-headers.wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_NATIVE_CARGO) -p mcp-resume-guard-native
 	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
 	  --native-dir $(BENCH_TARGET)/$(BENCH_NATIVE_PROFILE) \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
 	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
+	  --extra headers=$(BENCH_OUT)/floor-headers.wasm \
 	  --out $(BENCH_OUT) --report $(BENCH_REPORT) --plots $(BENCH_PLOTS) $(BENCH_ARGS)
 
 bench-smoke:

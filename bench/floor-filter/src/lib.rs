@@ -6,7 +6,10 @@
 //!
 //! For experiments only, `FLOOR_MODE` at build time makes it touch response bodies the way a
 //! rewriting filter must: `get` (copy each chunk into the VM) or `getset` (and write it back).
-//! The default build, the floor, does neither.
+//! Flags that cost out the host calls a guard makes per request, for the same experiments:
+//! `hdr` (read the request and response header maps), `prop` (read `upstream.address`), `time`
+//! (read the clock), comma-separated with the modes above (`getset,hdr`).
+//! The default build, the floor, does none of these.
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
@@ -38,9 +41,33 @@ struct Pass;
 
 impl Context for Pass {}
 
+fn flag(f: &str) -> bool {
+    MODE.split(',').any(|m| m == f)
+}
+
 impl HttpContext for Pass {
+    fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
+        if flag("hdr") {
+            let _ = proxy_wasm::hostcalls::get_map_bytes(proxy_wasm::types::MapType::HttpRequestHeaders);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _n: usize, _eos: bool) -> Action {
+        if flag("hdr") {
+            let _ = proxy_wasm::hostcalls::get_map_bytes(proxy_wasm::types::MapType::HttpResponseHeaders);
+        }
+        if flag("prop") {
+            let _ = proxy_wasm::hostcalls::get_property(vec!["upstream", "address"]);
+        }
+        if flag("time") {
+            let _ = proxy_wasm::hostcalls::get_current_time();
+        }
+        Action::Continue
+    }
+
     fn on_http_response_body(&mut self, size: usize, _end_of_stream: bool) -> Action {
-        if MODE.is_empty() {
+        if !(flag("get") || flag("getset")) {
             return Action::Continue;
         }
         let body = proxy_wasm::hostcalls::get_buffer(
@@ -48,7 +75,7 @@ impl HttpContext for Pass {
             0,
             size,
         );
-        if MODE == "getset" {
+        if flag("getset") {
             if let Ok(Some(b)) = body {
                 let _ = proxy_wasm::hostcalls::set_buffer(
                     proxy_wasm::types::BufferType::HttpResponseBody,
