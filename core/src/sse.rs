@@ -291,23 +291,23 @@ impl Rewriter {
             return n;
         }
         self.in_block = true;
-        let eol = find_eol(rest);
-        let line = rest.get(..eol.unwrap_or(rest.len())).unwrap_or_default();
-        if line.starts_with(b"id:") {
+        // Only the line's first bytes decide; the line end is found once, by the state that
+        // takes the line (a data line is scanned once, not twice).
+        if rest.starts_with(b"id:") {
             self.begin_id_line();
             self.block_bytes += 3;
             return 3;
         }
-        if line == b"id" && eol.is_some() {
+        if let Some(b"id\r" | b"id\n") = rest.get(..3) {
             // A field name without colon has an empty value: an id reset.
             self.begin_id_line();
             self.block_bytes += 2;
             return 2;
         }
-        if eol.is_none() && (line == b"i" || line == b"id") {
-            self.line = Line::Prefix(line.len() as u8);
-            self.block_bytes += line.len();
-            return line.len();
+        if rest == b"i" || rest == b"id" {
+            self.line = Line::Prefix(rest.len() as u8);
+            self.block_bytes += rest.len();
+            return rest.len();
         }
         self.line = Line::Other;
         0
