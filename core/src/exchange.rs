@@ -409,6 +409,10 @@ impl Exchange {
         }
         if is_sse && (200..300).contains(&status) {
             self.control_pending = self.refusal.map(|r| r.reason);
+            // The rewritten body's length differs; most SSE answers have none to remove.
+            if header(headers, "content-length").is_some() {
+                host.remove_response_header("content-length");
+            }
             self.open_stream(w, host);
         }
         Action::Continue
@@ -779,7 +783,6 @@ impl Exchange {
         if has_sid {
             self.record_keys = Some((skey, incarnation_hex(stream.incarnation())));
         }
-        host.remove_response_header("content-length");
         self.stream = Some(stream);
     }
 

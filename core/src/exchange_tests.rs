@@ -627,3 +627,24 @@ fn host_failures_fail_closed() {
     ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
     assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("host_error")));
 }
+
+#[test]
+fn a_rewritten_streams_length_is_removed_only_when_it_has_one() {
+    let removed = |resp: Headers| {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        rq(&mut ex, &mut w, &mut host, &get(&[]));
+        rs(&mut ex, &mut w, &mut host, &resp);
+        host.take()
+            .iter()
+            .any(|e| matches!(e, Effect::RemoveResponseHeader(n) if n == "content-length"))
+    };
+    let mut with_length = sse_ok();
+    with_length.extend(hdrs(&[("Content-Length", "15")]));
+    assert!(
+        removed(with_length),
+        "a stale length would cut the rewritten stream"
+    );
+    assert!(!removed(sse_ok()), "no length: no host call");
+}

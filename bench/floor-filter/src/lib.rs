@@ -48,14 +48,18 @@ fn flag(f: &str) -> bool {
 impl HttpContext for Pass {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
         if flag("hdr") {
-            let _ = proxy_wasm::hostcalls::get_map_bytes(proxy_wasm::types::MapType::HttpRequestHeaders);
+            let _ = proxy_wasm::hostcalls::get_map_bytes(
+                proxy_wasm::types::MapType::HttpRequestHeaders,
+            );
         }
         Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _n: usize, _eos: bool) -> Action {
         if flag("hdr") {
-            let _ = proxy_wasm::hostcalls::get_map_bytes(proxy_wasm::types::MapType::HttpResponseHeaders);
+            let _ = proxy_wasm::hostcalls::get_map_bytes(
+                proxy_wasm::types::MapType::HttpResponseHeaders,
+            );
         }
         if flag("prop") {
             let _ = proxy_wasm::hostcalls::get_property(vec!["upstream", "address"]);
