@@ -412,8 +412,9 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
 
-    def __init__(self, sse: bytes, port: int = HOSTILE_PORT):
+    def __init__(self, sse: bytes, port: int = HOSTILE_PORT, length: bool = False):
         self.sse = sse
+        self.length = length  # a Content-Length on the SSE answer (a finite stream)
         self.cursors: list[bytes] = []
         self.requests = 0
         super().__init__((h.HOST, port), self.Handler)
@@ -452,7 +453,9 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
                 elif method == b"POST":
                     self.wfile.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
                 else:
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+                    length = b"content-length: %d\r\n" % len(srv.sse) if srv.length else b""
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + length
+                                     + b"connection: close\r\n\r\n")
                     try:
                         for i in range(0, len(srv.sse), 65536):
                             self.wfile.write(srv.sse[i:i + 65536])
@@ -545,6 +548,27 @@ def test_a_replicas_hostile_sse(fresh, hostile_envoy, case):
             r.close()
         assert hostile_envoy.alive
         assert c.request("POST", {"jsonrpc": "2.0", "method": "notifications/initialized"}).status == 202
+
+
+def test_a_finite_stream_with_a_length_arrives_whole(fresh, hostile_envoy):
+    """A replica that sends its SSE with a Content-Length: the rewritten body is longer (cursors replace
+    short ids), so the stale length must go, or the client would get the stream cut short."""
+    sse = b"".join(event(i, f"h{i}".encode()) for i in range(1, 6))
+    with HostileUpstream(sse, length=True):
+        c = h.Client()
+        c.initialize()
+        s = c.get_stream()
+        assert s.status == 200
+        evs = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ev = s.next_event()
+            if ev is None:
+                break
+            evs.append(ev)
+        s.close()
+        assert [e.json()["params"]["n"] for e in evs] == [1, 2, 3, 4, 5]
+        assert all(e.id and len(e.id) > 2 for e in evs)
 
 
 def test_a_refused_protocol_version_does_not_disable_resumption(fresh, hostile_envoy):
