@@ -236,6 +236,18 @@ impl Link {
         }
     }
 
+    /// Drop a Cluster connection after an outage; the next operation connects anew. The
+    /// cluster client keeps requests it could not serve during a failover or a restart after
+    /// their callers gave up (its memory grew with every outage): a fresh one starts empty.
+    /// Busy (someone is connecting): nothing to drop.
+    fn renew_cluster(&self) {
+        if let Link::Cluster { conn, .. } = self {
+            if let Ok(mut slot) = conn.try_lock() {
+                *slot = None;
+            }
+        }
+    }
+
     /// READONLY on one endpoint: it reaches a replica now; the next operation resolves anew.
     fn replace_if_readonly(&self, e: &redis::RedisError) {
         let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
@@ -1365,15 +1377,24 @@ impl Store for RedisStore {
 
     async fn health(&self) -> Result<(), StoreError> {
         // A Cluster: every primary (all slots served); a replica down does not count.
-        self.bounded("ping", self.opts.op_timeout, async {
-            let mut conn = self.conn("ping").await?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut conn)
-                .await
-                .map(|_| ())
-                .map_err(|e| self.fail("ping", e))
-        })
-        .await
+        let r = self
+            .bounded("ping", self.opts.op_timeout, async {
+                let mut conn = self.conn("ping").await?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| self.fail("ping", e))
+            })
+            .await;
+        if r.is_err() {
+            // Every primary must answer PING: the Cluster is failing over or down.
+            self.main.renew_cluster();
+            if let Some(l) = &self.records {
+                l.renew_cluster();
+            }
+        }
+        r
     }
 
     async fn stats(&self, _now_ms: u64) -> Result<StoreStats, StoreError> {
