@@ -204,6 +204,10 @@ fn store_spec(value: &str) -> Result<StoreSpec, String> {
     }
 }
 
+// RSS follows the live heap, not its highest point (see Cargo.toml).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

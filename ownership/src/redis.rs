@@ -248,6 +248,14 @@ impl Link {
         }
     }
 
+    /// `Some(held)` for a Cluster link (`None`: one Redis, or a connect under way).
+    fn cluster_connected(&self) -> Option<bool> {
+        match self {
+            Link::Cluster { conn, .. } => conn.try_lock().ok().map(|slot| slot.is_some()),
+            Link::Single { .. } => None,
+        }
+    }
+
     /// READONLY on one endpoint: it reaches a replica now; the next operation resolves anew.
     fn replace_if_readonly(&self, e: &redis::RedisError) {
         let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
@@ -481,6 +489,24 @@ fn as_string(v: &Value) -> Option<String> {
     }
 }
 
+/// One Redis: the command. A Cluster: the command on every primary the client knows, all of
+/// which must succeed.
+async fn on_every_primary(conn: &mut Conn, c: Cmd) -> redis::RedisResult<Value> {
+    match conn {
+        Conn::Single(m) => c.query_async::<Value>(m).await,
+        Conn::Cluster(k) => {
+            k.route_command(
+                c,
+                RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
+                )),
+            )
+            .await
+        }
+    }
+}
+
 fn as_array(v: Value) -> Option<Vec<Value>> {
     match v {
         Value::Array(a) | Value::Set(a) => Some(a),
@@ -552,6 +578,11 @@ impl RedisStore {
         unavailable(what, e)
     }
 
+    /// Whether a Cluster connection is held now; `None` for one Redis or while connecting.
+    pub fn cluster_connected(&self) -> Option<bool> {
+        self.main.cluster_connected()
+    }
+
     /// `host:port` of the Redis server (a Cluster: its seeds).
     pub fn addr(&self) -> &str {
         &self.addr
@@ -618,20 +649,9 @@ impl RedisStore {
         for s in [&self.apply, &self.snapshot, &self.sweep, &self.owner_gone] {
             let mut c = redis::cmd("SCRIPT");
             c.arg("LOAD").arg(&s.code);
-            let r = match conn {
-                Conn::Single(m) => c.query_async::<Value>(m).await,
-                Conn::Cluster(k) => {
-                    k.route_command(
-                        c,
-                        RoutingInfo::MultiNode((
-                            redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
-                            Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
-                        )),
-                    )
-                    .await
-                }
-            };
-            r.map_err(|e| self.fail("script load", e))?;
+            on_every_primary(conn, c)
+                .await
+                .map_err(|e| self.fail("script load", e))?;
         }
         Ok(())
     }
@@ -1380,15 +1400,14 @@ impl Store for RedisStore {
         let r = self
             .bounded("ping", self.opts.op_timeout, async {
                 let mut conn = self.conn("ping").await?;
-                redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
+                on_every_primary(&mut conn, redis::cmd("PING"))
                     .await
                     .map(|_| ())
                     .map_err(|e| self.fail("ping", e))
             })
             .await;
         if r.is_err() {
-            // Every primary must answer PING: the Cluster is failing over or down.
+            // No primary answers, or not all: the Cluster is down or failing over.
             self.main.renew_cluster();
             if let Some(l) = &self.records {
                 l.renew_cluster();

@@ -154,6 +154,57 @@ async fn primary_killed_fails_closed_then_recovers() {
     );
 }
 
+/// A whole-cluster outage drops the Cluster connection at the first failed health check: the
+/// cluster client keeps what it could not serve, and its memory grew with every outage. The
+/// next operation connects anew and the verdicts are right again.
+#[tokio::test]
+async fn an_outage_renews_the_cluster_connection() {
+    let _one = SERIAL.lock().await;
+    let c = cluster();
+    let s = make("renew:");
+    let key = session_n(11);
+    send(
+        &s,
+        &[open(&key), get_stream(&key, A, T0), events(&key, A, 1, 3)],
+    )
+    .await;
+    let right = cont(OWNER_X, ids(2, 3), 3);
+    assert_eq!(try_verdict(&s, &key, 1).await.0.unwrap(), right);
+    assert_eq!(s.cluster_connected(), Some(true));
+    let ports = c.ports.clone();
+    for &p in &ports {
+        c.kill(p);
+    }
+    let down = Instant::now();
+    let mut renewed = false;
+    while down.elapsed() < Duration::from_secs(10) {
+        if s.health().await.is_err() {
+            renewed = s.cluster_connected() == Some(false);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for &p in &ports {
+        c.restart(p);
+    }
+    c.wait_ok(Duration::from_secs(30));
+    assert!(renewed, "a failed health check kept the old connection");
+    // Nothing persists across the restart (no save, no AOF): the records are sent again.
+    send(
+        &s,
+        &[open(&key), get_stream(&key, A, T0), events(&key, A, 1, 3)],
+    )
+    .await;
+    let mut v = try_verdict(&s, &key, 1).await.0;
+    let again = Instant::now();
+    while v.is_err() && again.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        v = try_verdict(&s, &key, 1).await.0;
+    }
+    assert_eq!(v.unwrap(), right);
+    assert_eq!(s.cluster_connected(), Some(true));
+}
+
 /// A slot holding a session moves to another primary, key by key (`CLUSTER SETSLOT …
 /// MIGRATING/IMPORTING`, `MIGRATE`, `SETSLOT … NODE`), while records land and resumes run on
 /// it. Each resume is the right continue (its head never behind an acknowledged record) or a
