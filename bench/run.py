@@ -415,8 +415,8 @@ def b2_flat(envoys, bin_dir, secs):
     return out
 
 
-def b3(envoys, bin_dir, rounds, secs):
-    e = envoys["guard"]
+def b3(envoys, bin_dir, rounds, secs, config="guard"):
+    e = envoys[config]
     hv = {"mcp-protocol-version": "2025-06-18", "content-type": "application/json",
           "accept": "application/json, text/event-stream"}
     init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}'
@@ -453,7 +453,7 @@ def b3(envoys, bin_dir, rounds, secs):
                               secs + 60)
             r["cpu_us_per_req"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
             runs[kind].append(r)
-            if kind == "resume":
+            if kind == "resume" and config == "guard":
                 COMMANDS.append("B3 resume: " + rel(cmd).replace(cursor, "<cursor>").replace(str(e.pid), "<envoy pid>"))
     after = e.stats()
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("mcp_resume_guard.")}
@@ -695,6 +695,19 @@ def write_report(res, path, plots_rel):
     a(f"Added latency: p50 **{fmt(b3['added_p50_us'], 0)} µs**, p99 **{fmt(b3['added_p99_us'], 0)} µs**. "
       f"Guard counters over the run: `{json.dumps(b3['stats'])}`.")
     a("")
+    b3n = res.get("b3_native")
+    if b3n:
+        a("**The native build** (same store, same requests):")
+        a("")
+        a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
+        a("| --- | --- | --- | --- | --- | --- |")
+        for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
+            r = b3n[k]
+            a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | "
+              f"{fmt(r['rate'], 0)} | {r['errors']} |")
+        a("")
+        a(f"Added latency, native: p50 **{fmt(b3n['added_p50_us'], 0)} µs**, p99 **{fmt(b3n['added_p99_us'], 0)} µs**.")
+        a("")
     b3r = res.get("b3_redis")
     if b3r:
         a("**With the Redis store** (`mcp-ownership --store redis://…`, a local `redis-server`):")
@@ -914,6 +927,10 @@ def targets(res):
     b3 = res["b3"]
     t.append(("B3 added p99 ≤ 1 ms (embedded store)", f"{fmt(b3['added_p99_us'], 0)} µs",
               b3["added_p99_us"] is not None and b3["added_p99_us"] <= 1000))
+    if res.get("b3_native"):
+        r = res["b3_native"]
+        t.append(("B3 added p99 ≤ 1 ms (embedded store, native build)", f"{fmt(r['added_p99_us'], 0)} µs",
+                  r["added_p99_us"] is not None and r["added_p99_us"] <= 1000))
     if res.get("b3_redis"):
         r = res["b3_redis"]
         t.append(("B3 added p99 ≤ 2 ms (Redis store)", f"{fmt(r['added_p99_us'], 0)} µs",
@@ -1010,6 +1027,8 @@ def main():
         redis_ok = has_redis(a.ownership)
         if want("b3"):
             res["b3"] = b3(envoys, bin_dir, rounds, secs if quick else 2.0)
+            if "native" in envoys:
+                res["b3_native"] = b3(envoys, bin_dir, rounds, secs if quick else 2.0, config="native")
             if redis_ok:
                 # The same benchmark with the ownership service on Redis (same port, fresh sessions).
                 own = next(p for p in procs if p.name == "ownership")
