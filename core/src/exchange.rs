@@ -670,6 +670,14 @@ impl Exchange {
                 host.set_request_header("last-event-id", &replica_id);
                 host.set_request_header(&w.config.owner_header, &pin);
                 host.count(Stat::Continued, 1);
+                // Newest wins: this continuation takes the incarnation over from any older
+                // stream of it, which ends with the `forked` control event at its next chunk.
+                // Claimed now, before the request reaches the replica: a replica that hands
+                // the stream over ends the older one as soon as it sees this request.
+                let claim = host.random_u64();
+                host.claim_stream(cursor.incarnation, claim);
+                w.claims = w.claims.wrapping_add(1);
+                self.claim = Some(claim);
                 self.phase = Phase::Continuing {
                     cursor,
                     owner,
@@ -740,22 +748,13 @@ impl Exchange {
         let stream = match &self.phase {
             Phase::Continuing {
                 cursor, expected, ..
-            } => {
-                // Newest wins: this continuation takes the incarnation over from any older
-                // stream of it, which ends with the `forked` control event at its next chunk.
-                let claim = host.random_u64();
-                host.claim_stream(cursor.incarnation, claim);
-                w.claims = w.claims.wrapping_add(1);
-                self.claims_seen = w.claims;
-                self.claim = Some(claim);
-                StreamState::continuation(
-                    cursor,
-                    expected.clone(),
-                    cfg.suppress_cursor_echo,
-                    max_hold,
-                )
-                .with_contiguity(cfg.contiguity)
-            }
+            } => StreamState::continuation(
+                cursor,
+                expected.clone(),
+                cfg.suppress_cursor_echo,
+                max_hold,
+            )
+            .with_contiguity(cfg.contiguity),
             _ => {
                 let kind = if self.req.method == "GET" {
                     StreamKind::Get

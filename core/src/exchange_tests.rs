@@ -552,6 +552,24 @@ fn an_older_continuation_that_ends_empty_is_forked_not_a_mismatch() {
     assert_eq!(body_str(&host), control_event(Reason::ReplayMismatch));
 }
 
+/// The replica ends the older stream when the newer request reaches it, which may be before
+/// the newer answer's headers pass the guard: the claim is made with the verdict.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn an_older_continuation_ended_before_the_newer_answers_is_forked() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    // At the head: an empty end alone would be a quiet, correct end.
+    let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
+    let (mut a, _) = resume(&mut w, &mut host, &c, &verdict);
+    rs(&mut a, &mut w, &mut host, &sse_ok());
+    let (_b, _) = resume(&mut w, &mut host, &c, &verdict);
+    host.take();
+    bd(&mut a, &mut w, &mut host, b"", true);
+    assert_eq!(body_str(&host), control_event(Reason::Forked));
+}
+
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn the_original_stream_is_forked_by_a_continuation_of_it() {
