@@ -197,14 +197,16 @@ bench-scale: venv redis wasm
 # under seeded faults, checked from the clients' side; writes CHAOS.md. `make test` runs a short one
 # (chaos-smoke, CHAOS_S=120) into target/chaos-smoke/. Memory: every process under a cap (the ownership
 # service's is its Kubernetes limit); a soak of 300 s or more also fails on growth (last third > 1.5x first).
+# The soak runs the release builds, as deployed: a debug build's memory says little about the service's.
 CHAOS_S       ?= 600
 CHAOS_CLIENTS ?= 50
 CHAOS_SEED    ?= 1
 CHAOS_STORE   ?= redis-cluster
 CHAOS_REPORT  ?= CHAOS.md
 
-chaos: venv interop-deps redis build
-	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-300} $(PYTHON) tests/chaos/chaos.py --seconds $(CHAOS_S) --clients $(CHAOS_CLIENTS) \
+chaos: venv interop-deps redis wasm
+	cargo build --release -p mcp-ownership -p naive-replica -p mcp-guard
+	E2E_BIN_DIR=$(CURDIR)/target/release E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-300} $(PYTHON) tests/chaos/chaos.py --seconds $(CHAOS_S) --clients $(CHAOS_CLIENTS) \
 	  --seed $(CHAOS_SEED) --store $(CHAOS_STORE) --report $(CHAOS_REPORT)
 
 chaos-smoke:

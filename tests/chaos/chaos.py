@@ -783,7 +783,8 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float) -> str
         f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {elapsed:.0f} s; seed {args.seed};"
         f" machine: {os.cpu_count()} cores, {platform.machine()}, {platform.platform()}",
         f"Topology: 2 Envoys (--concurrency 2) with the guard, 2 ownership instances, store {args.store}, "
-        f"3 naive replicas; {args.clients} scenario clients + {args.ts_clients} TypeScript SDK clients.",
+        f"3 naive replicas; {args.clients} scenario clients + {args.ts_clients} TypeScript SDK clients. "
+        f"Binaries: `{os.path.relpath(h.BIN, h.ROOT)}`.",
         "",
         "| what | count |",
         "| --- | --- |",
