@@ -359,6 +359,10 @@ class SSEStream(EventReader):
             self.reset = True
         if not line:
             self.ended = True
+            # A connection closed between two chunks (or short of a length) reads as a clean end;
+            # http.client's state tells them apart: after the last chunk no chunk is pending (None).
+            if (self.resp.chunked and self.resp.chunk_left is not None) or self.resp.length:
+                self.reset = True
         return line
 
     def read_all(self) -> list[Event]:
