@@ -449,11 +449,11 @@ def b3(envoys, bin_dir, rounds, secs, config="guard"):
             if kind == "resume":
                 hdr += ["--header", f"last-event-id:{cursor}"]
             r, cmd = sse_load(bin_dir, ["rate", "--addr", f"{HOST}:{e.port}", "--path", "/mcp?prime=0",
-                                        "--rps", 500, "--secs", secs, "--conns", 4, "--pid", e.pid, *hdr],
+                                        "--rps", 500, "--secs", secs, "--conns", 1, "--pid", e.pid, *hdr],
                               secs + 60)
             r["cpu_us_per_req"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
             runs[kind].append(r)
-            if kind == "resume" and config == "guard":
+            if kind == "resume" and config == "guard" and not any(c.startswith("B3 resume") for c in COMMANDS):
                 COMMANDS.append("B3 resume: " + rel(cmd).replace(cursor, "<cursor>").replace(str(e.pid), "<envoy pid>"))
     after = e.stats()
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("mcp_resume_guard.")}
@@ -682,7 +682,8 @@ def write_report(res, path, plots_rel):
     b3 = res["b3"]
     a("## B3 — resumptions (GET with a valid cursor: one callout)")
     a("")
-    a("500 requests/s over 4 keep-alive connections, alternating with the same GET without a cursor; latency to the "
+    a("500 requests/s over one keep-alive connection (concurrent resumes of one cursor would be forks, and newest "
+      "wins), alternating with the same GET without a cursor; latency to the "
       "end of the (short) response, measured by `sse-load rate`. The cursor is continued: the guard decodes it, asks "
       "the ownership service (embedded store), pins the owner and restores the replica's id.")
     a("")
@@ -695,6 +696,9 @@ def write_report(res, path, plots_rel):
     a(f"Added latency: p50 **{fmt(b3['added_p50_us'], 0)} µs**, p99 **{fmt(b3['added_p99_us'], 0)} µs**. "
       f"Guard counters over the run: `{json.dumps(b3['stats'])}`.")
     a("")
+    if res.get("b3_rerun"):
+        a(f"(B3 is from a rerun of B3 alone, `bench/run.py --only b3`, at {res['b3_rerun']} UTC on the same machine.)")
+        a("")
     b3n = res.get("b3_native")
     if b3n:
         a("**The native build** (same store, same requests):")

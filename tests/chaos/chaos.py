@@ -224,6 +224,11 @@ class Streamer(Scenario):
                 opened = [self.resume(cursor, port) for _ in range(forks)]
                 results = [self.take_resume(s, reason, cursor, last_payload, forks == 2)
                            for s, reason in opened]
+                if forks == 2 and any(results) and any(r == [] for r in results):
+                    # One branch continued, the other ended empty: the loser must be told (`forked`),
+                    # never just ended. (Both empty: the replica ended the stream, as it may.)
+                    self.t.violation("silent_empty_fork", f"cursor {cursor[:24]}… one branch continued, "
+                                     "the other ended with no event and no signal")
                 events = next((e for e in reversed(results) if e), None)
                 if events is None:
                     cursor, last_payload = None, None
@@ -262,9 +267,9 @@ class Streamer(Scenario):
             self.t.inc("resume_resets")
             return None
         if not events and fork:
-            # Two resumes of one cursor: the one that lost must be told (`forked`), never just ended.
-            self.t.violation("silent_empty_fork", f"cursor {cursor[:24]}… ended with no event and no signal")
-            return None
+            # Judged with the other branch (the caller): [] is "ended empty", None "refused or broken".
+            self.t.inc("continuations_ended_empty")
+            return []
         if not events:
             # The owner ended a continuation before it had anything new (a server may close a stream
             # at any time; a replica shutting down does): contiguous, and the client resumes again.
