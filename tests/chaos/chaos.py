@@ -621,30 +621,50 @@ class System:
 
     # -- faults --
 
+    def mark_gone(self, port: int, rng: random.Random, retry_s: float) -> bool:
+        """POST /v1/owners/gone for the replica on `port` (any ownership instance), retried for retry_s."""
+        import urllib.request
+        headers = {"content-type": "application/json"}
+        if self.admin_token:
+            headers["authorization"] = f"Bearer {self.admin_token}"
+        deadline = time.monotonic() + retry_s
+        while True:
+            req = urllib.request.Request(f"http://{h.HOST}:{rng.choice(OWNERSHIP_PORTS)}/v1/owners/gone",
+                                         method="POST", headers=headers,
+                                         data=json.dumps({"owner": f"{h.HOST}:{port}"}).encode())
+            try:
+                urllib.request.urlopen(req, timeout=3).read()
+                return True
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    print(f"owner_gone call failed: {e}", flush=True)
+                    return False
+            time.sleep(0.2)
+
+    def restart_replica(self, port: int, rng: random.Random) -> None:
+        """Start a replica again at its address, after marking the address gone (its startup step; it
+        waits for the ownership service like a container whose entrypoint retries)."""
+        if not self.mark_gone(port, rng, 30):
+            self.t.inc("replica_started_unmarked")
+        self.start_replica(port)
+
     def fault(self, kind: str, rng: random.Random) -> None:
         self.t.faults[kind] += 1
         print(f"{time.strftime('%H:%M:%S')} fault {kind}", flush=True)
         if kind == "replica_kill":
+            # A crash: no preStop. The restart at the same address marks it gone before serving (the
+            # startup step README asks of replicas), since this process knows none of the old streams.
             p = rng.choice(h.REPLICA_PORTS)
             self.replicas[p].kill()
             time.sleep(rng.uniform(0.5, 2.0))
-            self.start_replica(p)
+            self.restart_replica(p, rng)
         elif kind == "owner_gone":
             # The preStop path: mark the address gone, then the pod terminates and a new one starts there.
             p = rng.choice(h.REPLICA_PORTS)
-            headers = {"content-type": "application/json"}
-            if self.admin_token:
-                headers["authorization"] = f"Bearer {self.admin_token}"
-            import urllib.request
-            req = urllib.request.Request(f"http://{h.HOST}:{rng.choice(OWNERSHIP_PORTS)}/v1/owners/gone",
-                                         method="POST", headers=headers,
-                                         data=json.dumps({"owner": f"{h.HOST}:{p}"}).encode())
-            try:
-                urllib.request.urlopen(req, timeout=3).read()
-            except OSError as e:
-                print(f"owner_gone call failed: {e}", flush=True)
+            if not self.mark_gone(p, rng, 0):
+                self.t.inc("prestop_mark_failed")
             self.replicas[p].stop()
-            self.start_replica(p)
+            self.restart_replica(p, rng)
         elif kind == "ownership_kill":
             p = rng.choice(OWNERSHIP_PORTS)
             self.ownership[p].kill()
