@@ -687,11 +687,15 @@ def write_report(res, path, plots_rel):
       "end of the (short) response, measured by `sse-load rate`. The cursor is continued: the guard decodes it, asks "
       "the ownership service (embedded store), pins the owner and restores the replica's id.")
     a("")
-    a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
-    a("| --- | --- | --- | --- | --- | --- |")
-    for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
-        r = b3[k]
-        a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | {fmt(r['rate'], 0)} | {r['errors']} |")
+    def b3_table(run):
+        a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
+        a("| --- | --- | --- | --- | --- | --- |")
+        for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
+            r = run[k]
+            a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | "
+              f"{fmt(r['rate'], 0)} | {r['errors']} |")
+
+    b3_table(b3)
     a("")
     a(f"Added latency: p50 **{fmt(b3['added_p50_us'], 0)} µs**, p99 **{fmt(b3['added_p99_us'], 0)} µs**. "
       f"Guard counters over the run: `{json.dumps(b3['stats'])}`.")
@@ -703,12 +707,7 @@ def write_report(res, path, plots_rel):
     if b3n:
         a("**The native build** (same store, same requests):")
         a("")
-        a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
-        a("| --- | --- | --- | --- | --- | --- |")
-        for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
-            r = b3n[k]
-            a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | "
-              f"{fmt(r['rate'], 0)} | {r['errors']} |")
+        b3_table(b3n)
         a("")
         a(f"Added latency, native: p50 **{fmt(b3n['added_p50_us'], 0)} µs**, p99 **{fmt(b3n['added_p99_us'], 0)} µs**.")
         a("")
@@ -716,12 +715,7 @@ def write_report(res, path, plots_rel):
     if b3r:
         a("**With the Redis store** (`mcp-ownership --store redis://…`, a local `redis-server`):")
         a("")
-        a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
-        a("| --- | --- | --- | --- | --- | --- |")
-        for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
-            r = b3r[k]
-            a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | "
-              f"{fmt(r['rate'], 0)} | {r['errors']} |")
+        b3_table(b3r)
         a("")
         a(f"Added latency with Redis: p50 **{fmt(b3r['added_p50_us'], 0)} µs**, p99 **{fmt(b3r['added_p99_us'], 0)} µs**. "
           f"Guard counters: `{json.dumps(b3r['stats'])}`.")
