@@ -46,6 +46,18 @@ async fn send(s: &RedisStore, records: &[mcp_resume_core::ownership::Record]) {
     apply(s, records).await;
 }
 
+/// A session with one GET stream of three events, acknowledged; its resume at 1 continues.
+async fn stream_of_three(s: &RedisStore, key: &str) -> ResumeVerdict {
+    send(
+        s,
+        &[open(key), get_stream(key, A, T0), events(key, A, 1, 3)],
+    )
+    .await;
+    let right = cont(OWNER_X, ids(2, 3), 3);
+    assert_eq!(try_verdict(s, key, 1).await.0.unwrap(), right);
+    right
+}
+
 /// One resume of `inc` at `seq`: Ok(verdict) or the store's error, timed.
 async fn try_verdict(
     s: &RedisStore,
@@ -75,13 +87,7 @@ async fn primary_killed_fails_closed_then_recovers() {
     let c = cluster();
     let s = make("kill:");
     let key = session_n(7);
-    send(
-        &s,
-        &[open(&key), get_stream(&key, A, T0), events(&key, A, 1, 3)],
-    )
-    .await;
-    let right = cont(OWNER_X, ids(2, 3), 3);
-    assert_eq!(try_verdict(&s, &key, 1).await.0.unwrap(), right);
+    let right = stream_of_three(&s, &key).await;
     let (master, _) = c.owner_of(&format!("{}:s", s.session_base(&key)));
     let replica = c.replica_of(master);
     // The promoted node must load the scripts itself.
@@ -163,13 +169,7 @@ async fn an_outage_renews_the_cluster_connection() {
     let c = cluster();
     let s = make("renew:");
     let key = session_n(11);
-    send(
-        &s,
-        &[open(&key), get_stream(&key, A, T0), events(&key, A, 1, 3)],
-    )
-    .await;
-    let right = cont(OWNER_X, ids(2, 3), 3);
-    assert_eq!(try_verdict(&s, &key, 1).await.0.unwrap(), right);
+    let right = stream_of_three(&s, &key).await;
     assert_eq!(s.cluster_connected(), Some(true));
     let ports = c.ports.clone();
     for &p in &ports {
