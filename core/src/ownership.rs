@@ -28,6 +28,10 @@ pub const SESSION_KEY_CHARS: usize = 32;
 pub const INCARNATION_CHARS: usize = 16;
 /// The first character of a recorded digest; an id that starts with it is recorded by digest.
 pub const DIGEST_MARK: char = '~';
+/// Lowercase hex digits of an event's content digest in its recorded form.
+pub const CONTENT_DIGEST_CHARS: usize = 16;
+/// Bytes of one recorded event ([`recorded_event`]): `Events.ids` entries and `expected`.
+pub const MAX_RECORDED_EVENT_BYTES: usize = MAX_EVENT_ID_BYTES + 1 + CONTENT_DIGEST_CHARS;
 
 /// Which kind of SSE stream an incarnation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -161,8 +165,8 @@ pub enum ResumeVerdict {
     Continue {
         /// `ip:port` of the replica that owns the incarnation.
         owner: String,
-        /// Recorded replica event ids for seq+1 ..= head, oldest first (capped), so the guard can
-        /// check the replay event by event.
+        /// Recorded events ([`recorded_event`]) for seq+1 ..= head, oldest first (capped), so
+        /// the guard can check the replay event by event, ids and content.
         expected: Vec<String>,
         /// Recorded head sequence number of the incarnation.
         head: u64,
@@ -215,8 +219,8 @@ pub enum Record {
         /// even when records arrive out of order.
         opened_ms: u64,
     },
-    /// Events relayed: seq `first_seq + i` carried replica event id `ids[i]`, in recorded form
-    /// ([`recorded_id`]).
+    /// Events relayed: seq `first_seq + i` carried the event `ids[i]`, in recorded form
+    /// ([`recorded_event`]: the recorded id and the content digest; the id alone is accepted).
     Events {
         session: String,
         incarnation: String,
@@ -297,17 +301,74 @@ fn field_error(field: impl Into<String>, detail: impl Into<String>) -> FieldErro
 }
 
 /// The recorded form of a replica event id: the id itself when it is at most
-/// [`MAX_EVENT_ID_BYTES`] long and does not start with [`DIGEST_MARK`]; otherwise `~` followed
+/// [`MAX_EVENT_ID_BYTES`] long, does not start with [`DIGEST_MARK`] and holds no CR or LF (SSE
+/// never yields one; the recorded event puts its digest after a LF); otherwise `~` followed
 /// by the unpadded base64url of its SHA-256 (44 characters). Any id thus has a bounded record,
 /// and two ids have the same recorded form only if they are equal (or collide in SHA-256).
 pub fn recorded_id(id: &str) -> Cow<'_, str> {
-    if id.len() <= MAX_EVENT_ID_BYTES && !id.starts_with(DIGEST_MARK) {
+    if id.len() <= MAX_EVENT_ID_BYTES && !id.starts_with(DIGEST_MARK) && !id.contains(['\n', '\r'])
+    {
         return Cow::Borrowed(id);
     }
     let mut s = String::with_capacity(44);
     s.push(DIGEST_MARK);
     URL_SAFE_NO_PAD.encode_string(Sha256::digest(id.as_bytes()), &mut s);
     Cow::Owned(s)
+}
+
+/// The recorded form of an event: its [`recorded_id`], a LF, and its content digest
+/// (`sse::content_digest`) in [`CONTENT_DIGEST_CHARS`] lowercase hex digits. An SSE id never
+/// holds a LF, so the split is unambiguous. The digest lets a replay that reuses an id for
+/// other data be told from the event recorded under it.
+pub fn recorded_event(id: &str, digest: u64) -> String {
+    let id = recorded_id(id);
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(id.len() + 1 + CONTENT_DIGEST_CHARS);
+    s.push_str(&id);
+    // Writing to a String cannot fail.
+    let _ = write!(s, "\n{digest:016x}");
+    s
+}
+
+/// A recorded event's id part and, when it has one, its digest part (checked by
+/// [`digest_matches`]).
+pub fn split_recorded(entry: &str) -> (&str, Option<&str>) {
+    match entry.rsplit_once('\n') {
+        Some((id, digest)) => (id, Some(digest)),
+        None => (entry, None),
+    }
+}
+
+/// Does a recorded digest (`None`: recorded without one) match the digest of a replayed event?
+pub fn digest_matches(recorded: Option<&str>, digest: u64) -> bool {
+    match recorded {
+        None => true,
+        Some(d) => {
+            d.len() == CONTENT_DIGEST_CHARS && u64::from_str_radix(d, 16).ok() == Some(digest)
+        }
+    }
+}
+
+/// Checks one `Events.ids` entry: a recorded id of at most [`MAX_EVENT_ID_BYTES`], then
+/// optionally a LF and exactly [`CONTENT_DIGEST_CHARS`] lowercase hex digits.
+fn check_recorded_event(entry: &str) -> Result<(), String> {
+    let (id, digest) = split_recorded(entry);
+    if id.len() > MAX_EVENT_ID_BYTES {
+        return Err(format!(
+            "{} bytes of id, at most {MAX_EVENT_ID_BYTES}",
+            id.len()
+        ));
+    }
+    if id.contains(['\n', '\r']) {
+        return Err("an id never holds CR or LF".into());
+    }
+    match digest {
+        Some(d) if !is_lower_hex(d, CONTENT_DIGEST_CHARS) => Err(format!(
+            "the digest after the LF must be {CONTENT_DIGEST_CHARS} lowercase hex digits, got {}",
+            shown(d)
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
@@ -445,15 +506,8 @@ impl Record {
                         format!("first_seq + number of ids exceeds {MAX_SEQ}"),
                     ));
                 }
-                if let Some((j, id)) = ids
-                    .iter()
-                    .enumerate()
-                    .find(|(_, id)| id.len() > MAX_EVENT_ID_BYTES)
-                {
-                    return Err(field_error(
-                        format!("ids[{j}]"),
-                        format!("{} bytes, at most {MAX_EVENT_ID_BYTES}", id.len()),
-                    ));
+                for (j, entry) in ids.iter().enumerate() {
+                    check_recorded_event(entry).map_err(|d| field_error(format!("ids[{j}]"), d))?;
                 }
                 let mut prev: Option<u64> = None;
                 for (j, l) in long.iter().enumerate() {
@@ -479,7 +533,7 @@ impl Record {
                             ),
                         ));
                     }
-                    if recorded_id(&l.id) != recorded.as_str() {
+                    if recorded_id(&l.id) != split_recorded(recorded).0 {
                         return Err(field_error(f("id"), "does not match the recorded digest"));
                     }
                 }
@@ -509,7 +563,45 @@ pub const RECORDS_PATH: &str = "/v1/records";
 
 #[cfg(test)]
 mod tests {
-    use super::check_owner;
+    use super::*;
+
+    #[test]
+    fn recorded_events_are_checked_entry_by_entry() {
+        let events = |ids: Vec<String>| Record::Events {
+            session: "0123456789abcdef0123456789abcdef".into(),
+            incarnation: "0123456789abcdef".into(),
+            first_seq: 1,
+            ids,
+            long: vec![],
+        };
+        let ok = vec![
+            recorded_event("e1", 7),
+            "e2".into(),
+            recorded_event(&"x".repeat(500), 0),
+            recorded_event("a\nb", 1),
+        ];
+        assert!(ok.iter().all(|e| e.len() <= MAX_RECORDED_EVENT_BYTES));
+        assert_eq!(split_recorded(&ok[0]), ("e1", Some("0000000000000007")));
+        assert_eq!(events(ok).validate(), Ok(()));
+        for (bad, why) in [
+            ("e1\n0123", "lowercase hex"),
+            ("e1\n0123456789ABCDEF", "lowercase hex"),
+            ("e\n1\n0123456789abcdef", "never holds"),
+            ("e1\r\n0123456789abcdef", "never holds"),
+        ] {
+            let e = events(vec!["e0".into(), bad.into()]).validate();
+            assert!(
+                e.as_ref().is_err_and(|e| e.field == "ids[1]" && e.detail.contains(why)),
+                "{bad:?}: {e:?}"
+            );
+        }
+        let long = format!("{}\n0123456789abcdef", "y".repeat(MAX_EVENT_ID_BYTES + 1));
+        assert!(events(vec![long]).validate().is_err());
+        assert!(digest_matches(None, 5));
+        assert!(digest_matches(Some("0000000000000005"), 5));
+        assert!(!digest_matches(Some("0000000000000006"), 5));
+        assert!(!digest_matches(Some("5"), 5));
+    }
 
     #[test]
     fn owners_are_canonical_ip_port() {

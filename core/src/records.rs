@@ -15,8 +15,9 @@
 use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
-    check_incarnation, check_seq, check_session, recorded_id, FieldError, LongId, Record,
-    RecordAck, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
+    check_incarnation, check_seq, check_session, recorded_event, FieldError, LongId, Record,
+    RecordAck, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES, MAX_RECORDED_EVENT_BYTES,
+    MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
 };
 use std::collections::VecDeque;
 
@@ -117,15 +118,18 @@ impl EventsBuf {
             && self.first_seq.checked_add(self.count) == Some(seq)
     }
 
-    /// Appends the next seq's recorded id, and its full id when it has a `long` entry.
+    /// Appends the next seq's recorded event, and its full id when it has a `long` entry.
     fn append(&mut self, recorded: &str, full: Option<&str>) -> Result<(), FieldError> {
         let seq = self.first_seq.saturating_add(self.count);
         check_seq("first_seq", seq)?;
-        if recorded.len() > MAX_EVENT_ID_BYTES {
+        if recorded.len() > MAX_RECORDED_EVENT_BYTES {
             // `recorded_id` never gives one; never send what the service must refuse.
             return Err(FieldError {
                 field: format!("ids[{}]", self.count),
-                detail: format!("{} bytes, at most {MAX_EVENT_ID_BYTES}", recorded.len()),
+                detail: format!(
+                    "{} bytes, at most {MAX_RECORDED_EVENT_BYTES}",
+                    recorded.len()
+                ),
             });
         }
         if self.count > 0 {
@@ -277,8 +281,9 @@ impl RecordQueue {
         self.enforce_bounds(host);
     }
 
-    /// Queues the events a stream relayed: seq `first_seq + i` carried replica id `ids[i]`.
-    /// Ids are recorded in bounded form; they join the incarnation's open record while it has
+    /// Queues the events a stream relayed: seq `first_seq + i` carried replica id `ids[i].0`
+    /// with content digest `ids[i].1`. Events are recorded in bounded form
+    /// ([`recorded_event`]); they join the incarnation's open record while it has
     /// room (one record, and one session and incarnation key on the wire, per stream and
     /// flush, not per chunk), and a new one opens when it has not.
     pub fn push_events<H: Host, S: AsRef<str>>(
@@ -287,13 +292,13 @@ impl RecordQueue {
         session: &str,
         incarnation: &str,
         first_seq: u64,
-        ids: impl IntoIterator<Item = S>,
+        ids: impl IntoIterator<Item = (S, u64)>,
     ) {
         let mut open = self.find_open(session, incarnation, first_seq);
-        for (i, id) in ids.into_iter().enumerate() {
+        for (i, (id, digest)) in ids.into_iter().enumerate() {
             let seq = first_seq.saturating_add(i as u64);
             let id = id.as_ref();
-            let recorded = recorded_id(id);
+            let recorded = recorded_event(id, digest);
             let full =
                 (id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES).then_some(id);
             let step = self.append(&mut open, session, incarnation, seq, &recorded, full);

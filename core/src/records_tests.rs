@@ -1,7 +1,17 @@
 //! The record path: validation, bounded ids, byte caps, answers, backoff.
 use super::*;
 use crate::host::{Effect, MockHost};
-use crate::ownership::{RecordBatch, MAX_EVENT_ID_BYTES};
+use crate::ownership::{recorded_id, RecordBatch, MAX_RECORDED_EVENT_BYTES};
+
+/// Events with a content digest of 0, for the tests that are about ids.
+fn evs<S: AsRef<str>>(ids: impl IntoIterator<Item = S>) -> Vec<(S, u64)> {
+    ids.into_iter().map(|i| (i, 0)).collect()
+}
+
+/// The recorded form of `id` with digest 0.
+fn rec0(id: &str) -> String {
+    recorded_event(id, 0)
+}
 
 const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 const S: &str = "0123456789abcdef0123456789abcdef";
@@ -76,7 +86,7 @@ fn ids_of_any_length_are_recorded_in_bounded_form() {
         big.clone(),
         huge.clone(),
     ];
-    q.push_events(&mut host, S, I, 1, ids);
+    q.push_events(&mut host, S, I, 1, evs(ids));
     assert_eq!(host.stat(Stat::RecordsInvalid), 0);
     let Some((_, records, _)) = flush(&mut q, &mut host) else {
         unreachable!()
@@ -91,11 +101,12 @@ fn ids_of_any_length_are_recorded_in_bounded_form() {
         }
     }
     assert_eq!(all_ids.len(), 5);
-    assert!(all_ids.iter().all(|i| i.len() <= MAX_EVENT_ID_BYTES));
-    assert_eq!(all_ids[0], "e1");
-    assert_eq!(all_ids[1], recorded_id(&mid));
-    assert_eq!(all_ids[2], recorded_id("~tilde"));
-    assert_ne!(all_ids[2], "~tilde");
+    assert!(all_ids.iter().all(|i| i.len() <= MAX_RECORDED_EVENT_BYTES));
+    assert_eq!(all_ids[0], "e1\n0000000000000000");
+    assert_eq!(all_ids[1], rec0(&mid));
+    assert_eq!(all_ids[2], rec0("~tilde"));
+    assert!(all_ids[2].starts_with(&*recorded_id("~tilde")));
+    assert_ne!(recorded_id("~tilde"), "~tilde");
     let long: Vec<(u64, usize)> = all_long.iter().map(|l| (l.seq, l.id.len())).collect();
     // The 100 KiB id is past MAX_LONG_ID_BYTES: digest only.
     assert_eq!(long, vec![(2, 1_500), (4, 16 * 1024)]);
@@ -109,7 +120,7 @@ fn batches_and_the_queue_are_capped_by_bytes() {
     // 3000 events of 120-byte ids with escapes, in chunks of 10 (merged per incarnation).
     let id = "x\"\\\t".repeat(30);
     for c in 0..300u64 {
-        q.push_events(&mut host, S, I, 1 + c * 10, vec![id.clone(); 10]);
+        q.push_events(&mut host, S, I, 1 + c * 10, evs(vec![id.clone(); 10]));
     }
     let bound = q.queued_bytes();
     let mut actual = 0;
@@ -135,7 +146,7 @@ fn batches_and_the_queue_are_capped_by_bytes() {
     let mut q = queue(r#","max_queue":10000000"#);
     let big = "y".repeat(120);
     for c in 0..8_000u64 {
-        q.push_events(&mut host, S, I, 1 + c * 10, vec![big.clone(); 10]);
+        q.push_events(&mut host, S, I, 1 + c * 10, evs(vec![big.clone(); 10]));
     }
     assert!(q.queued_bytes() <= QUEUE_MAX_BYTES);
     assert!(host.stat(Stat::RecordsDropped) > 0);
@@ -147,7 +158,7 @@ fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
     let mut q = queue("");
     let mut host = MockHost::new();
     q.push(&mut host, open("127.0.0.1:9101"));
-    q.push_events(&mut host, S, I, 1, ["e1"]);
+    q.push_events(&mut host, S, I, 1, evs(["e1"]));
     q.push(
         &mut host,
         Record::OwnerGone {
@@ -263,10 +274,10 @@ fn queued_events_are_written_exactly_as_the_record_serializes() {
     let mut q = queue("");
     let mut host = MockHost::new();
     let long = "l\"".repeat(100);
-    let ids = ["e\n1", "é2", long.as_str(), "~x"];
+    let ids = [("e\n1", 1), ("é2", 2), (long.as_str(), 3), ("~x", u64::MAX)];
     q.push_events(&mut host, S, I, 7, ids);
     // Joins the open record: contiguous seqs of the same incarnation.
-    q.push_events(&mut host, S, I, 11, ["e5"]);
+    q.push_events(&mut host, S, I, 11, [("e5", 0xabc)]);
     assert_eq!(q.len(), 1);
     host.take();
     q.flush(&mut host);
@@ -278,11 +289,11 @@ fn queued_events_are_written_exactly_as_the_record_serializes() {
         incarnation: I.into(),
         first_seq: 7,
         ids: vec![
-            "e\n1".into(),
-            "é2".into(),
-            recorded_id(&long).into_owned(),
-            recorded_id("~x").into_owned(),
-            "e5".into(),
+            format!("{}\n0000000000000001", recorded_id("e\n1")),
+            "é2\n0000000000000002".into(),
+            format!("{}\n0000000000000003", recorded_id(&long)),
+            format!("{}\nffffffffffffffff", recorded_id("~x")),
+            "e5\n0000000000000abc".into(),
         ],
         long: vec![LongId { seq: 9, id: long }],
     };

@@ -7,8 +7,8 @@
 //!
 //! Rules, per block (the lines up to and including the blank line that dispatches it):
 //! - Every `id` line is removed. When the block has an id (the last `id` line whose value has
-//!   no NUL; an empty value is a reset and counts), `on_id` is called once at the blank line and
-//!   its [`IdAction`] decides. A replacement `id: <s>` line is written as the block's **last line,
+//!   no NUL; an empty value is a reset and counts), `on_id` is called once at the blank line,
+//!   with the id and the block's [content digest](content_digest), and its [`IdAction`] decides. A replacement `id: <s>` line is written as the block's **last line,
 //!   right before the blank line**, ending in LF, or CRLF when the blank line starts with CR.
 //!   Clients don't care about field order within a block.
 //! - `id` lines containing NUL are removed without a callback: clients ignore them too.
@@ -29,6 +29,29 @@
 //! Hot path: lines are found with a slice scan, and a block that starts and ends inside one
 //! chunk is copied once, from the chunk straight to `out`. Only blocks spanning chunks are
 //! copied into the internal hold buffer, which is reused.
+
+use xxhash_rust::xxh3::Xxh3Default;
+
+/// The content digest of an event: XXH3-64 of its lines other than `id` lines, each without its
+/// line end and followed by one LF. So a replay with the same id is told apart from a different
+/// event that reuses it, whatever line ends either used.
+pub fn content_digest(lines: &[&[u8]]) -> u64 {
+    let mut h = Xxh3Default::new();
+    for l in lines {
+        h.update(l);
+        h.update(b"\n");
+    }
+    h.digest()
+}
+
+/// The running digest (the hasher has no `Debug`).
+struct Content(Xxh3Default);
+
+impl std::fmt::Debug for Content {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Content")
+    }
+}
 
 /// What to do with a block's id, decided by the caller at the block's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +136,8 @@ pub struct Rewriter {
     line_id_over: bool,
     block_id: Vec<u8>,
     block_id_state: BlockId,
+    /// [`content_digest`] of the current block so far.
+    content: Content,
     /// Last byte this rewriter wrote was CR.
     emitted_cr: bool,
     cut: bool,
@@ -139,6 +164,7 @@ impl Rewriter {
             line_id_over: false,
             block_id: Vec::new(),
             block_id_state: BlockId::None,
+            content: Content(Xxh3Default::new()),
             emitted_cr: false,
             cut: false,
             cut_mid_block: false,
@@ -159,12 +185,13 @@ impl Rewriter {
     }
 
     /// Feeds one chunk; rewritten bytes are appended to `out`. `on_id` is called once per block
-    /// that has a (non-NUL) id, with that id (may be "" for a reset), at the block's blank line.
+    /// that has a (non-NUL) id, with that id (may be "" for a reset) and the block's
+    /// [`content_digest`], at the block's blank line.
     pub fn push(
         &mut self,
         chunk: &[u8],
         out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str) -> IdAction,
+        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
     ) {
         if self.cut {
             return;
@@ -201,7 +228,7 @@ impl Rewriter {
         }
         if let Some(n) = self.bom.take() {
             let earlier = BOM.get(..usize::from(n)).unwrap_or_default();
-            self.feed(earlier, out, &mut |_| IdAction::Keep);
+            self.feed(earlier, out, &mut |_, _| IdAction::Keep);
         }
         if let Line::Prefix(n) = self.line {
             self.add_carry(b"id".get(..usize::from(n)).unwrap_or_default(), out);
@@ -238,7 +265,12 @@ impl Rewriter {
         self.stats
     }
 
-    fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn FnMut(&str) -> IdAction) {
+    fn feed(
+        &mut self,
+        chunk: &[u8],
+        out: &mut Vec<u8>,
+        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
+    ) {
         if chunk.is_empty() {
             // Keep a pending CR's state for the next non-empty chunk.
             return;
@@ -278,7 +310,7 @@ impl Rewriter {
         chunk: &[u8],
         i: usize,
         out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str) -> IdAction,
+        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
     ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         if let Some(b'\r' | b'\n') = rest.first() {
@@ -332,7 +364,9 @@ impl Rewriter {
                 0
             }
             _ => {
-                self.add_carry(b"id".get(..usize::from(n)).unwrap_or_default(), out);
+                let carried = b"id".get(..usize::from(n)).unwrap_or_default();
+                self.content.0.update(carried);
+                self.add_carry(carried, out);
                 self.line = Line::Other;
                 0
             }
@@ -368,9 +402,12 @@ impl Rewriter {
     fn in_other(&mut self, chunk: &[u8], i: usize, out: &mut Vec<u8>) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         let Some(e) = find_eol(rest) else {
+            self.content.0.update(rest);
             self.add_run(i, chunk.len());
             return rest.len();
         };
+        self.content.0.update(rest.get(..e).unwrap_or_default());
+        self.content.0.update(b"\n");
         let (n, split) = eol_at(rest, e);
         self.add_run(i, i + e + n);
         self.line = Line::Start;
@@ -481,7 +518,7 @@ impl Rewriter {
         chunk: &[u8],
         term: &[u8],
         out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str) -> IdAction,
+        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
     ) -> Lf {
         if !self.in_block {
             self.emit_terminator(term, out);
@@ -490,7 +527,7 @@ impl Rewriter {
         let action = if self.block_id_state == BlockId::Value {
             self.stats.ids += 1;
             let id = String::from_utf8_lossy(&self.block_id);
-            Some(on_id(&id))
+            Some(on_id(&id, self.content.0.digest()))
         } else {
             None
         };
@@ -554,6 +591,7 @@ impl Rewriter {
         self.runs.clear();
         self.block_id.clear();
         self.block_id_state = BlockId::None;
+        self.content.0.reset();
     }
 }
 
@@ -690,7 +728,7 @@ mod tests {
         let mut rw = Rewriter::new(max_hold);
         let mut out = Vec::new();
         let mut ids = Vec::new();
-        let mut cb = |id: &str| {
+        let mut cb = |id: &str, _: u64| {
             ids.push(id.to_owned());
             act(id)
         };
@@ -699,6 +737,74 @@ mod tests {
         }
         rw.finish(&mut out);
         (out, ids, rw)
+    }
+
+    /// `(id, content digest)` of every `on_id` call, ids replaced.
+    fn digests(chunks: &[&[u8]], max_hold: usize, streaming: bool) -> Vec<(String, u64)> {
+        let mut rw = if streaming {
+            Rewriter::streaming(max_hold)
+        } else {
+            Rewriter::new(max_hold)
+        };
+        let (mut out, mut got) = (Vec::new(), Vec::new());
+        for c in chunks {
+            rw.push(c, &mut out, &mut |id, d| {
+                got.push((id.to_owned(), d));
+                IdAction::Replace(format!("R{id}"))
+            });
+        }
+        got
+    }
+
+    /// Reference for [`digests`]: each block with a (non-NUL) id, its last id and the digest of
+    /// its other lines, from the whole stream's lines.
+    fn reference_digests(bytes: &[u8]) -> Vec<(String, u64)> {
+        let mut rest = bytes.strip_prefix(&BOM[..]).unwrap_or(bytes);
+        let (mut lines, mut id, mut got): (Vec<&[u8]>, Option<&[u8]>, Vec<_>) =
+            (vec![], None, vec![]);
+        while let Some(p) = rest.iter().position(|&b| b == b'\r' || b == b'\n') {
+            let line = &rest[..p];
+            let eol = if rest[p..].starts_with(b"\r\n") { 2 } else { 1 };
+            rest = &rest[p + eol..];
+            if line.is_empty() {
+                if let Some(v) = id.take() {
+                    got.push((
+                        String::from_utf8_lossy(v).into_owned(),
+                        content_digest(&lines),
+                    ));
+                }
+                lines.clear();
+            } else if line == b"id" || line.starts_with(b"id:") {
+                let v = line.get(3..).unwrap_or_default();
+                let v = v.strip_prefix(b" ").unwrap_or(v);
+                if !v.contains(&0) {
+                    id = Some(v);
+                }
+            } else {
+                lines.push(line);
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn the_content_digest_ignores_ids_and_line_ends_and_sees_the_data() {
+        let d = |s: &[u8]| digests(&[s], 1 << 16, false);
+        let a = d(b"id: 1\nevent: message\ndata: {\"n\":1}\n\n");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a, d(b"event: message\r\ndata: {\"n\":1}\r\nid: 1\r\n\r\n"));
+        assert_eq!(a, d(b"event: message\rid: 1\rdata: {\"n\":1}\r\r"));
+        assert_ne!(a, d(b"id: 1\nevent: message\ndata: {\"n\":2}\n\n"));
+        assert_ne!(a, d(b"id: 1\ndata: {\"n\":1}\n\n"), "the event type counts");
+        assert_ne!(
+            d(b"id: 1\ndata: a\ndata: b\n\n"),
+            d(b"id: 1\ndata: ab\n\n"),
+            "so do line boundaries"
+        );
+        assert_eq!(
+            a[0].1,
+            content_digest(&[b"event: message", b"data: {\"n\":1}"])
+        );
     }
 
     fn upper(id: &str) -> IdAction {
@@ -761,12 +867,12 @@ mod tests {
         let mut rw = Rewriter::new(1024);
         let mut out = Vec::new();
         let mut n = 0;
-        rw.push(b"id: 1\rdata: x\r\r", &mut out, &mut |_| {
+        rw.push(b"id: 1\rdata: x\r\r", &mut out, &mut |_, _| {
             n += 1;
             IdAction::Keep
         });
         assert_eq!(n, 1);
-        rw.push(b"\ndata: y\n\n", &mut out, &mut |_| IdAction::Keep);
+        rw.push(b"\ndata: y\n\n", &mut out, &mut |_, _| IdAction::Keep);
         assert_eq!(reference(&out).events.len(), 2);
     });
 
@@ -850,7 +956,7 @@ mod tests {
         assert!(rw.is_cut() && !rw.cut_mid_block());
         let mut rw = rw;
         let mut out = Vec::new();
-        rw.push(b"data: more\n\n", &mut out, &mut upper);
+        rw.push(b"data: more\n\n", &mut out, &mut |id, _| upper(id));
         rw.finish(&mut out);
         assert!(out.is_empty());
     });
@@ -865,7 +971,7 @@ mod tests {
         let mut rw = Rewriter::new(16);
         let mut out = Vec::new();
         for c in big.as_bytes().chunks(5) {
-            rw.push(c, &mut out, &mut upper);
+            rw.push(c, &mut out, &mut |id, _| upper(id));
             assert!(rw.held_bytes() <= 16);
         }
         // DropEvent can only omit the id; Cut leaves an unterminated block.
@@ -912,10 +1018,10 @@ mod tests {
     wtest!(held_bytes_track_open_blocks {
         let mut rw = Rewriter::new(1024);
         let mut out = Vec::new();
-        rw.push(b"id: abc\ndata: hel", &mut out, &mut upper);
+        rw.push(b"id: abc\ndata: hel", &mut out, &mut |id, _| upper(id));
         assert!(out.is_empty());
         assert_eq!(rw.held_bytes(), "data: hel".len() + "abc".len());
-        rw.push(b"lo\n\n", &mut out, &mut upper);
+        rw.push(b"lo\n\n", &mut out, &mut |id, _| upper(id));
         assert_eq!(out, b"data: hello\nid: RABC\n\n");
         assert_eq!(rw.held_bytes(), 0);
     });
@@ -1051,6 +1157,15 @@ mod tests {
                 prop_assert_eq!(rw.cut_mid_block(), rw2.cut_mid_block());
                 let bytes: Vec<&[u8]> = s.chunks(1).collect();
                 prop_assert_eq!(&run_with(&bytes, max_hold, &mut act).0, &whole);
+                // Each event's content digest: the same in both modes, whatever the chunking
+                // and whether its block overflowed, and that of its lines.
+                let want = reference_digests(&s);
+                for streaming in [false, true] {
+                    prop_assert_eq!(&digests(&split(&s, &cuts), max_hold.max(s.len()), streaming), &want);
+                    prop_assert_eq!(&digests(&bytes, max_hold.max(s.len()), streaming), &want);
+                    let small = digests(&split(&s, &cuts), max_hold, streaming);
+                    prop_assert_eq!(&small, &digests(&[&s], max_hold, streaming));
+                }
             }
 
             #[test]
@@ -1061,7 +1176,7 @@ mod tests {
                     let mut rw = Rewriter::streaming(1 << 16);
                     let mut out = Vec::new();
                     let mut ids2 = Vec::new();
-                    let mut cb = |id: &str| { ids2.push(id.to_owned()); act(id) };
+                    let mut cb = |id: &str, _: u64| { ids2.push(id.to_owned()); act(id) };
                     for c in &chunks {
                         rw.push(c, &mut out, &mut cb);
                         // Nothing but an id value (and a possible "i"/"id" prefix) is ever held.
@@ -1077,7 +1192,7 @@ mod tests {
                 let mut rw = Rewriter::streaming(max_hold);
                 let mut out = Vec::new();
                 for c in split(&s, &cuts) {
-                    rw.push(c, &mut out, &mut act);
+                    rw.push(c, &mut out, &mut |id, _| act(id));
                 }
                 rw.finish(&mut out);
                 prop_assert_eq!(reference(&out), reference(&held_small));

@@ -1,7 +1,7 @@
 //! One SSE response as the guard relays it: ids rewritten to cursors, replay checked.
 use crate::config::Contiguity;
 use crate::cursor::{Cursor, DecodedCursor, Keyring};
-use crate::ownership::{recorded_id, Reason, StreamKind};
+use crate::ownership::{digest_matches, recorded_id, split_recorded, Reason, StreamKind};
 use crate::sse::{IdAction, Rewriter};
 use serde::Deserialize;
 use std::collections::VecDeque;
@@ -47,8 +47,8 @@ pub struct StreamState {
 #[derive(Debug, Default)]
 pub struct RelayedIds {
     text: String,
-    /// End of each id in `text`.
-    ends: Vec<usize>,
+    /// End of each id in `text`, and the event's content digest.
+    ends: Vec<(usize, u64)>,
 }
 
 /// A buffer grown past this by long ids is let go once they are recorded.
@@ -63,19 +63,19 @@ impl RelayedIds {
         self.ends.is_empty()
     }
 
-    /// The ids, oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+    /// The ids and content digests, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
         let mut start = 0;
-        self.ends.iter().map(move |&end| {
+        self.ends.iter().map(move |&(end, digest)| {
             let id = self.text.get(start..end).unwrap_or_default();
             start = end;
-            id
+            (id, digest)
         })
     }
 
-    fn push(&mut self, id: &str) {
+    fn push(&mut self, id: &str, digest: u64) {
         self.text.push_str(id);
-        self.ends.push(self.text.len());
+        self.ends.push((self.text.len(), digest));
     }
 
     fn clear(&mut self) {
@@ -94,7 +94,7 @@ struct IdMap {
     incarnation: u64,
     kind: StreamKind,
     next_seq: u64,
-    /// Recorded replica ids the owner must replay next, in order.
+    /// Recorded events (id and content digest) the owner must replay next, in order.
     expected: VecDeque<String>,
     /// The cursor's own event, which some servers (rmcp) send again first.
     echo: Option<String>,
@@ -200,7 +200,7 @@ impl StreamState {
         if !self.cut {
             let ids = &mut self.ids;
             self.rewriter
-                .push(bytes, out, &mut |id| ids.on_id(keys, id));
+                .push(bytes, out, &mut |id, digest| ids.on_id(keys, id, digest));
         }
     }
 
@@ -268,7 +268,8 @@ impl StreamState {
                         self.cut_with_signal(Reason::Unasserted, out);
                     }
                     Contiguity::Relayed => {
-                        self.rewriter.push(&head.buf, out, &mut |_| IdAction::Keep);
+                        self.rewriter
+                            .push(&head.buf, out, &mut |_, _| IdAction::Keep);
                     }
                 }
             }
@@ -323,11 +324,11 @@ impl StreamState {
         self.ids.relayed.clear();
     }
 
-    /// [`StreamState::relayed`] as owned ids, then [`StreamState::clear_relayed`].
-    pub fn take_relayed(&mut self) -> Option<(u64, Vec<String>)> {
+    /// [`StreamState::relayed`] as owned ids and digests, then [`StreamState::clear_relayed`].
+    pub fn take_relayed(&mut self) -> Option<(u64, Vec<(String, u64)>)> {
         let taken = self
             .relayed()
-            .map(|(first, ids)| (first, ids.iter().map(str::to_owned).collect()));
+            .map(|(first, ids)| (first, ids.iter().map(|(i, d)| (i.to_owned(), d)).collect()));
         self.clear_relayed();
         taken
     }
@@ -529,7 +530,7 @@ fn field(block: &mut Block, line: &[u8]) {
 }
 
 impl IdMap {
-    fn on_id(&mut self, keys: &Keyring, id: &str) -> IdAction {
+    fn on_id(&mut self, keys: &Keyring, id: &str, digest: u64) -> IdAction {
         if id.is_empty() {
             // An empty id resets the client's cursor; nothing to bind.
             return IdAction::Keep;
@@ -537,12 +538,15 @@ impl IdMap {
         // The records hold ids in recorded form (a digest for long ones).
         let recorded = || recorded_id(id);
         if let Some(echo) = self.echo.take() {
-            if echo == id && self.expected.front().map(String::as_str) != Some(&*recorded()) {
+            let next = self.expected.front().map(|w| split_recorded(w).0);
+            if echo == id && next != Some(&*recorded()) {
                 return IdAction::DropEvent;
             }
         }
         if let Some(want) = self.expected.pop_front() {
-            if want != *recorded() {
+            // Same id, other data: a replica that reused the id for another event.
+            let (want_id, want_digest) = split_recorded(&want);
+            if want_id != &*recorded() || !digest_matches(want_digest, digest) {
                 return IdAction::Cut;
             }
         }
@@ -555,7 +559,7 @@ impl IdMap {
             seq,
             replica_event_id: Some(id),
         });
-        self.relayed.push(id);
+        self.relayed.push(id, digest);
         self.rewritten += 1;
         IdAction::Replace(text)
     }
@@ -565,6 +569,8 @@ impl IdMap {
 mod tests {
     use super::*;
     use crate::cursor::Key;
+    use crate::ownership::recorded_event;
+    use crate::sse::content_digest;
 
     fn keys() -> Keyring {
         match Keyring::new(
@@ -611,9 +617,19 @@ mod tests {
         assert_eq!(c0, Ok((1, Some("e5".to_string()), 42)));
         assert_eq!(k.decode(&ids[1]).map(|c| c.seq), Ok(2));
         assert!(out.contains("data: no id\n\n"));
+        let digest = |lines: &[&str]| {
+            let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+            content_digest(&lines)
+        };
         assert_eq!(
             s.take_relayed(),
-            Some((1, vec!["e5".to_string(), "e9".to_string()]))
+            Some((
+                1,
+                vec![
+                    ("e5".to_string(), digest(&["data: a"])),
+                    ("e9".to_string(), digest(&["data: b"]))
+                ]
+            ))
         );
         assert_eq!(s.take_relayed(), None);
         assert_eq!(s.rewritten(), 2);
@@ -628,6 +644,45 @@ mod tests {
             seq,
             replica_event_id: Some(id.to_string()),
         }
+    }
+
+    /// The recorded form of a replica event `id` whose only line is `data: <data>`.
+    fn recorded(id: &str, data: &str) -> String {
+        let line = format!("data: {data}");
+        recorded_event(id, content_digest(&[line.as_bytes()]))
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_replay_that_reuses_the_next_id_for_other_data_is_cut() {
+        // A replica whose counter restarted hands out the recorded next id with another event.
+        let k = keys();
+        let expected = vec![recorded("e8", "8"), recorded("e9", "9")];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (out, flow) = run(&mut s, &k, "id: e8\ndata: not 8\n\nid: e9\ndata: 9\n\n");
+        assert_eq!(flow, Flow::CutReplayMismatch);
+        assert_eq!(s.cut_reason(), Some(Reason::ReplayMismatch));
+        assert!(!out.contains("not 8"), "{out}");
+        assert_eq!(out, control_event(Reason::ReplayMismatch));
+        // The same events, line ends and field order aside, continue.
+        let expected = vec![recorded("e8", "8"), recorded("e9", "9")];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (out, flow) = run(&mut s, &k, "data: 8\r\nid: e8\r\n\r\nid: e9\rdata: 9\r\r");
+        assert_eq!(
+            (flow, out.matches("id: ").count()),
+            (Flow::Open, 2),
+            "{out:?}"
+        );
+        // Records written without a digest are checked by id alone.
+        let expected = vec!["e8".to_string()];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (_, flow) = run(&mut s, &k, "id: e8\ndata: anything\n\n");
+        assert_eq!(flow, Flow::Open);
+        // A malformed digest in the records never matches.
+        let expected = vec!["e8\nnot-hex-digits!".to_string()];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (_, flow) = run(&mut s, &k, "id: e8\ndata: 8\n\n");
+        assert_eq!(flow, Flow::CutReplayMismatch);
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

@@ -54,7 +54,7 @@ fn run(
     };
     let mut out = Vec::new();
     let mut ids = Vec::new();
-    let mut cb = |id: &str| {
+    let mut cb = |id: &str, _digest: u64| {
         let a = act(ids.len(), id);
         ids.push(id.to_owned());
         a

@@ -124,7 +124,7 @@ pub fn stream_state(data: &[u8]) {
                 first_seq + relayed.len() as u64,
                 "records' first seq"
             );
-            relayed.extend(ids);
+            relayed.extend(ids.into_iter().map(|(id, _)| id));
         }
     };
     for chunk in client::split(&body, &inp.cuts) {

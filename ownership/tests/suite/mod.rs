@@ -737,6 +737,24 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
     )
     .await;
     assert_eq!(verdict_get(&s, A, 10).await, cont(OWNER_X, odd, 13));
+    // Recorded events as a guard writes them (id, LF, content digest), a long id's digest form
+    // among them, come back verbatim: the guard checks a replay's content against them.
+    use mcp_resume_core::ownership::recorded_event;
+    let long = long_id(1, 300);
+    let recorded = vec![
+        recorded_event("e14", 0x0123_4567_89ab_cdef),
+        recorded_event(&long, u64::MAX),
+    ];
+    let r = Record::Events {
+        session: S1.into(),
+        incarnation: A.into(),
+        first_seq: 14,
+        ids: recorded.clone(),
+        long: vec![mcp_resume_core::ownership::LongId { seq: 15, id: long }],
+    };
+    r.validate().expect("a guard-built record is valid");
+    apply(&s, &[r]).await;
+    assert_eq!(verdict_get(&s, A, 13).await, cont(OWNER_X, recorded, 15));
 }
 
 pub async fn health_and_stats<S: Store>(make: impl Fn(Limits) -> S) {
