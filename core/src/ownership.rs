@@ -591,7 +591,8 @@ mod tests {
         ] {
             let e = events(vec!["e0".into(), bad.into()]).validate();
             assert!(
-                e.as_ref().is_err_and(|e| e.field == "ids[1]" && e.detail.contains(why)),
+                e.as_ref()
+                    .is_err_and(|e| e.field == "ids[1]" && e.detail.contains(why)),
                 "{bad:?}: {e:?}"
             );
         }

@@ -15,9 +15,9 @@
 use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
-    check_incarnation, check_seq, check_session, recorded_event, FieldError, LongId, Record,
-    RecordAck, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES, MAX_RECORDED_EVENT_BYTES,
-    MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
+    check_incarnation, check_seq, check_session, recorded_id, FieldError, LongId, Record,
+    RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
+    MAX_RECORDED_EVENT_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
 };
 use std::collections::VecDeque;
 
@@ -118,11 +118,17 @@ impl EventsBuf {
             && self.first_seq.checked_add(self.count) == Some(seq)
     }
 
-    /// Appends the next seq's recorded event, and its full id when it has a `long` entry.
-    fn append(&mut self, recorded: &str, full: Option<&str>) -> Result<(), FieldError> {
+    /// Appends the next seq's event, and its full id when it has a `long` entry.
+    fn append(&mut self, ev: &Entry<'_>) -> Result<(), FieldError> {
+        let Entry {
+            recorded,
+            digest,
+            full,
+        } = *ev;
         let seq = self.first_seq.saturating_add(self.count);
         check_seq("first_seq", seq)?;
-        if recorded.len() > MAX_RECORDED_EVENT_BYTES {
+        let digest_len = digest.map_or(0, |_| 1 + CONTENT_DIGEST_CHARS);
+        if recorded.len() + digest_len > MAX_RECORDED_EVENT_BYTES {
             // `recorded_id` never gives one; never send what the service must refuse.
             return Err(FieldError {
                 field: format!("ids[{}]", self.count),
@@ -136,6 +142,13 @@ impl EventsBuf {
             self.ids.push(b',');
         }
         write_json(&mut self.ids, recorded)?;
+        if let Some(d) = digest {
+            // Inside the JSON string: an escaped LF, then the hex digits (no allocation).
+            self.ids.pop();
+            self.ids.extend_from_slice(b"\\n");
+            self.ids.extend_from_slice(&hex16(d));
+            self.ids.push(b'"');
+        }
         if let Some(id) = full {
             self.long.push(LongId {
                 seq,
@@ -164,6 +177,28 @@ impl EventsBuf {
         out.push(b'}');
         Ok(())
     }
+}
+
+/// One event for an `Events` record.
+#[derive(Clone, Copy)]
+struct Entry<'a> {
+    /// A recorded id; with `digest`, written as [`crate::ownership::recorded_event`] would
+    /// (without allocating); alone, an entry already in recorded form.
+    recorded: &'a str,
+    digest: Option<u64>,
+    /// The full id, when it gets a `long` entry.
+    full: Option<&'a str>,
+}
+
+/// `v` as [`CONTENT_DIGEST_CHARS`] lowercase hex digits.
+fn hex16(v: u64) -> [u8; CONTENT_DIGEST_CHARS] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [b'0'; CONTENT_DIGEST_CHARS];
+    for (i, o) in out.iter_mut().enumerate() {
+        let shift = 4 * (CONTENT_DIGEST_CHARS - 1 - i);
+        *o = HEX[((v >> shift) & 0xf) as usize];
+    }
+    out
 }
 
 fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), FieldError> {
@@ -262,7 +297,12 @@ impl RecordQueue {
                     let seq = first_seq.saturating_add(i as u64);
                     let full = long.next_if(|l| l.seq == seq);
                     let full = full.as_ref().map(|l| l.id.as_str());
-                    let step = self.append(&mut open, &session, &incarnation, seq, id, full);
+                    let ev = Entry {
+                        recorded: id,
+                        digest: None,
+                        full,
+                    };
+                    let step = self.append(&mut open, &session, &incarnation, seq, &ev);
                     if let Err(e) = step {
                         invalid(host, &e);
                         break;
@@ -298,10 +338,15 @@ impl RecordQueue {
         for (i, (id, digest)) in ids.into_iter().enumerate() {
             let seq = first_seq.saturating_add(i as u64);
             let id = id.as_ref();
-            let recorded = recorded_event(id, digest);
+            let recorded = recorded_id(id);
             let full =
                 (id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES).then_some(id);
-            let step = self.append(&mut open, session, incarnation, seq, &recorded, full);
+            let ev = Entry {
+                recorded: &recorded,
+                digest: Some(digest),
+                full,
+            };
+            let step = self.append(&mut open, session, incarnation, seq, &ev);
             if let Err(e) = step {
                 invalid(host, &e);
                 break;
@@ -329,10 +374,14 @@ impl RecordQueue {
         session: &str,
         incarnation: &str,
         seq: u64,
-        recorded: &str,
-        full: Option<&str>,
+        ev: &Entry<'_>,
     ) -> Result<(), FieldError> {
-        let add = json_len(recorded) + 1 + full.map_or(0, |f| json_len(f) + LONG_ENTRY_OVERHEAD);
+        // An escaped LF and the hex digits inside the string.
+        let digest_len = ev.digest.map_or(0, |_| 2 + CONTENT_DIGEST_CHARS);
+        let add = json_len(ev.recorded)
+            + digest_len
+            + 1
+            + ev.full.map_or(0, |f| json_len(f) + LONG_ENTRY_OVERHEAD);
         let room = open
             .and_then(|k| self.pending.get(k))
             .is_some_and(|q| q.bytes + add <= RECORD_MAX_BYTES);
@@ -350,7 +399,7 @@ impl RecordQueue {
             return Ok(());
         };
         if let Item::Events(e) = &mut q.item {
-            e.append(recorded, full)?;
+            e.append(ev)?;
             q.bytes += add;
             self.queued_bytes += add;
         }

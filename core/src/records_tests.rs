@@ -1,7 +1,7 @@
 //! The record path: validation, bounded ids, byte caps, answers, backoff.
 use super::*;
 use crate::host::{Effect, MockHost};
-use crate::ownership::{recorded_id, RecordBatch, MAX_RECORDED_EVENT_BYTES};
+use crate::ownership::{recorded_event, recorded_id, RecordBatch, MAX_RECORDED_EVENT_BYTES};
 
 /// Events with a content digest of 0, for the tests that are about ids.
 fn evs<S: AsRef<str>>(ids: impl IntoIterator<Item = S>) -> Vec<(S, u64)> {

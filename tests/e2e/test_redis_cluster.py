@@ -164,9 +164,10 @@ def session_keys_by_master(c: RedisCluster) -> dict[int, list[str]]:
 
 def test_primary_killed_mid_load_no_wrong_continue_fails_closed_recovers(shared):
     c = shared.cluster
-    # Six sessions, two per replica: each naive replica's ring (16 events, shared by all its
-    # sessions) must still hold every cursor's successor, or the replica reuses the id for another
-    # event (its counter restarts at the cursor) and the first replayed event differs.
+    # Six sessions on three naive replicas whose rings (16 events) are shared by all their
+    # sessions: a ring that wrapped makes its replica reuse the cursor's successor id for another
+    # event (its counter restarts at the cursor), which the guard must cut (replay_mismatch,
+    # explicit), never pass as the continuation.
     loads = checked_sessions(6)
     by_master = session_keys_by_master(c)
     victim = max(by_master, key=lambda m: len(by_master[m]))
@@ -178,34 +179,37 @@ def test_primary_killed_mid_load_no_wrong_continue_fails_closed_recovers(shared)
         c.kill(victim)
         return t
 
-    killed_at = run_under(loads, fault, settle=8.0)
-    results = [r for ld in loads for r in ld.results]
-    wrong = [r for r in results if r[2].startswith("WRONG")]
-    assert not wrong, wrong[:5]
-    before = [r for r in results if r[0] + r[1] < killed_at]
-    assert not [r for r in before if r[2] == f"refused {REFUSED}"], "the store failed before the kill"
-    after = [r for r in results if r[0] >= killed_at]
-    # Fails closed, fast, while the Cluster fails over. (The other refusals, owner_unavailable and
-    # unknown_stream, are the guard's own answers to the naive replica replaying one cursor again
-    # and again; they come as often on one Redis without any fault. Explicit all the same.)
-    refused = [r for r in after if r[2] == f"refused {REFUSED}"]
-    assert refused, "the dead primary's sessions were never refused"
-    worst = max(r[1] for r in refused)
-    assert worst < CALLOUT_TIMEOUT_MS / 1000 + 0.75, f"slowest refusal took {worst:.3f}s"
-    window = max(r[0] for r in refused) - killed_at
-    assert window < 6.0, f"still failing {window:.1f}s after the kill"
-    # Recovered without restarting anything: the store answers every session again.
-    for ld in loads:
-        tail = [r for r in ld.results if r[0] > killed_at + window]
-        assert len(tail) >= 3 and all(r[2] != f"refused {REFUSED}" for r in tail), tail[-3:]
-    assert {p: shared.own[p].proc.pid for p in (O1, O2)} == pids
-    assert victim not in c.masters_now()
-    assert_only_replica_ids_reached_replicas()
-    kinds = collections.Counter(r[2] for r in after)
-    print(f"\nprimary {victim} killed: {len(refused)} of {len(after)} resumes ownership_unavailable "
-          f"(slowest {worst * 1000:.0f} ms), the last {window:.2f}s after the kill; after it: {dict(kinds)}")
-    c.restart(victim)
-    c.wait_ok()
+    try:
+        killed_at = run_under(loads, fault, settle=8.0)
+        results = [r for ld in loads for r in ld.results]
+        wrong = [r for r in results if r[2].startswith("WRONG")]
+        assert not wrong, wrong[:5]
+        before = [r for r in results if r[0] + r[1] < killed_at]
+        assert not [r for r in before if r[2] == f"refused {REFUSED}"], "the store failed before the kill"
+        after = [r for r in results if r[0] >= killed_at]
+        # Fails closed, fast, while the Cluster fails over. (The other refusals, owner_unavailable and
+        # unknown_stream, are the guard's own answers to the naive replica replaying one cursor again
+        # and again; they come as often on one Redis without any fault. Explicit all the same.)
+        refused = [r for r in after if r[2] == f"refused {REFUSED}"]
+        assert refused, "the dead primary's sessions were never refused"
+        worst = max(r[1] for r in refused)
+        assert worst < CALLOUT_TIMEOUT_MS / 1000 + 0.75, f"slowest refusal took {worst:.3f}s"
+        window = max(r[0] for r in refused) - killed_at
+        assert window < 6.0, f"still failing {window:.1f}s after the kill"
+        # Recovered without restarting anything: the store answers every session again.
+        for ld in loads:
+            tail = [r for r in ld.results if r[0] > killed_at + window]
+            assert len(tail) >= 3 and all(r[2] != f"refused {REFUSED}" for r in tail), tail[-3:]
+        assert {p: shared.own[p].proc.pid for p in (O1, O2)} == pids
+        assert victim not in c.masters_now()
+        assert_only_replica_ids_reached_replicas()
+        kinds = collections.Counter(r[2] for r in after)
+        print(f"\nprimary {victim} killed: {len(refused)} of {len(after)} resumes ownership_unavailable "
+              f"(slowest {worst * 1000:.0f} ms), the last {window:.2f}s after the kill; after it: {dict(kinds)}")
+    finally:
+        # Whatever failed above, the next test gets a whole Cluster back.
+        c.restart(victim)
+        c.wait_ok()
 
 
 def test_slot_migration_under_resumes_keeps_verdicts(shared):

@@ -260,6 +260,61 @@ def test_trimmed_buffer_with_guard_restarts_explicitly(fresh):
 
 
 # ---------------------------------------------------------------------------------------------
+# Reused id: the owner lost the stream's events (other sessions' events wrapped its ring) and
+# numbers new events right after the cursor, so the next id is the one the client had, with
+# another payload.
+# ---------------------------------------------------------------------------------------------
+
+def _wrap_the_ring_of(owner: str) -> None:
+    """Other sessions' events push a stream's events out of its owner's process-wide ring."""
+    for _ in range(12):
+        c = h.Client()
+        c.initialize()
+        s = c.get_stream()
+        if s.header("x-replica") == owner:
+            assert len(s.read(RING + 4)) == RING + 4
+            s.close()
+            return
+        s.close()
+    pytest.fail("round robin never reached the owner")
+
+
+def test_reused_id_without_guard_has_another_payload(fresh):
+    fresh.use(guard=False)
+    c = h.Client()
+    c.initialize()
+    s, evs = open_and_read(c, 4)
+    owner = s.header("x-replica")
+    _wrap_the_ring_of(owner)
+    r = c.get_stream(last_event_id=evs[2].id, headers=pin(replica_port(s)))
+    assert r.status == 200 and r.header("x-replica") == owner
+    got = r.read(1)
+    r.close()
+    assert got[0].id == evs[3].id, "the owner numbers on from the cursor"
+    assert got[0].data != evs[3].data, "same id, different payload"
+
+
+def test_reused_id_with_guard_is_cut_as_replay_mismatch(fresh):
+    env = fresh.use(guard=True)
+    c = h.Client()
+    c.initialize()
+    s, evs = open_and_read(c, 4)
+    owner = s.header("x-replica")
+    time.sleep(0.1)  # the stream's records land
+    _wrap_the_ring_of(owner)
+    before = env.stats()["mcp_resume_guard.replay_mismatch"]
+    r = c.get_stream(last_event_id=evs[2].id)
+    # The owner is the right replica and the next id matches the records: only the event's
+    # content tells the reused id from the event the client already had.
+    assert r.status == 200 and r.header("x-replica") == owner and r.header(GUARD_HEADER) is None
+    r.conn.sock.settimeout(3)
+    assert_control_event(r, "replay_mismatch")
+    assert r.read(3) == [], "nothing of the other stream may follow the cut"
+    r.close()
+    assert env.stats()["mcp_resume_guard.replay_mismatch"] == before + 1
+
+
+# ---------------------------------------------------------------------------------------------
 # Superseded incarnation: a stale cursor after a new GET stream.
 # ---------------------------------------------------------------------------------------------
 
