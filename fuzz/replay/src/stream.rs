@@ -3,11 +3,13 @@
 //! Invariants: every non-empty id a client sees is a cursor of this guard, bound to the
 //! stream's session, incarnation and kind, numbered consecutively from the stream's first
 //! seq and naming the replica id it replaced; nothing else carries an id. The events handed
-//! to the records are exactly those cursors. A continuation relays the recorded events in
-//! their order or is cut; once cut, nothing more leaves.
+//! to the records are exactly those cursors, with the content digest of the event each one
+//! replaced. A continuation relays the recorded events in their order, with the recorded
+//! content where the records have a digest, or is cut; once cut, nothing more leaves.
 use arbitrary::{Arbitrary, Unstructured};
 use mcp_resume_core::cursor::{DecodedCursor, MAX_REPLICA_ID_BYTES};
-use mcp_resume_core::ownership::{Reason, StreamKind};
+use mcp_resume_core::ownership::{recorded_event, Reason, StreamKind};
+use mcp_resume_core::sse::content_digest;
 use mcp_resume_core::stream::{control_event, Flow, StreamState};
 
 use crate::client;
@@ -39,7 +41,14 @@ struct Continuation {
     seq: u64,
     replica: Option<u8>,
     expected: Vec<u8>,
+    /// The data byte the records hold for `expected[i]` (a digest), or none (id only).
+    recorded_data: Vec<Option<u8>>,
     suppress_echo: bool,
+}
+
+/// The content digest of an event [`render`] writes with `data`.
+fn digest_of(data: u8) -> u64 {
+    content_digest(&[format!("data: d{data}").as_bytes()])
 }
 
 #[derive(Debug, Arbitrary)]
@@ -107,24 +116,36 @@ pub fn stream_state(data: &[u8]) {
                 seq,
                 replica_event_id: c.replica.map(ev),
             };
-            let expected: Vec<String> = c.expected.iter().copied().map(ev).collect();
-            let s = StreamState::continuation(&cursor, expected.clone(), c.suppress_echo, max_hold);
+            let expected: Vec<(String, Option<u64>)> = c
+                .expected
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let data = c.recorded_data.get(i).copied().flatten();
+                    (ev(n), data.map(digest_of))
+                })
+                .collect();
+            let records = expected
+                .iter()
+                .map(|(id, d)| d.map_or_else(|| id.clone(), |d| recorded_event(id, d)))
+                .collect();
+            let s = StreamState::continuation(&cursor, records, c.suppress_echo, max_hold);
             (s, seq + 1, expected, cursor.replica_event_id)
         }
     };
     assert_eq!(s.incarnation(), inp.incarnation);
     let body = render(&inp.pieces, echo.as_deref());
     let mut out = Vec::new();
-    let mut relayed: Vec<String> = Vec::new();
+    let mut relayed: Vec<(String, u64)> = Vec::new();
     let mut flow = Flow::Open;
-    let take = |s: &mut StreamState, relayed: &mut Vec<String>| {
+    let take = |s: &mut StreamState, relayed: &mut Vec<(String, u64)>| {
         if let Some((first, ids)) = s.take_relayed() {
             assert_eq!(
                 first,
                 first_seq + relayed.len() as u64,
                 "records' first seq"
             );
-            relayed.extend(ids.into_iter().map(|(id, _)| id));
+            relayed.extend(ids);
         }
     };
     for chunk in client::split(&body, &inp.cuts) {
@@ -171,14 +192,42 @@ pub fn stream_state(data: &[u8]) {
         relayed.len(),
         "cursors seen vs events recorded"
     );
-    for (n, r) in named.iter().zip(&relayed) {
+    for (n, (r, _)) in named.iter().zip(&relayed) {
         if r.len() <= MAX_REPLICA_ID_BYTES {
             assert_eq!(n.as_deref(), Some(r.as_str()));
         }
     }
     // Contiguity: the recorded next events come first, in order.
-    for (got, want) in relayed.iter().zip(&expected) {
-        assert_eq!(got, want, "a continuation relayed an unrecorded event");
+    for ((id, digest), (want, want_digest)) in relayed.iter().zip(&expected) {
+        assert_eq!(id, want, "a continuation relayed an unrecorded event");
+        if let Some(d) = want_digest {
+            assert_eq!(
+                digest, d,
+                "a continuation relayed other content under a recorded id"
+            );
+        }
+    }
+    // Without raw bytes or line ends in ids, every event is `data: d<k>`: each digest recorded
+    // is one of those lines'.
+    let plain = inp.pieces.iter().all(|p| match p {
+        Piece::Raw(_) => false,
+        Piece::Event {
+            id: Id::Other(t), ..
+        } => !t.contains(['\r', '\n']),
+        _ => true,
+    });
+    if plain {
+        let lines: Vec<u64> = inp
+            .pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Event { data, .. } => Some(digest_of(*data)),
+                _ => None,
+            })
+            .collect();
+        for (_, d) in &relayed {
+            assert!(lines.contains(d), "a recorded digest is no event's content");
+        }
     }
     if flow == Flow::Open && !expected.is_empty() {
         assert!(
