@@ -49,6 +49,8 @@ class Tally:
     counts: collections.Counter = field(default_factory=collections.Counter)
     signals: collections.Counter = field(default_factory=collections.Counter)
     faults: collections.Counter = field(default_factory=collections.Counter)
+    # (monotonic time, kind) of every fault, for the report's timeline.
+    fault_log: list = field(default_factory=list)
     violations: list = field(default_factory=list)
     resume_ms: list = field(default_factory=list)
     accepted_entries: set = field(default_factory=set)
@@ -534,7 +536,8 @@ class System:
         self.replicas: dict[int, h.Proc] = {}
         self.ownership: dict[int, h.Proc] = {}
         self.envoys: list[ChaosEnvoy] = []
-        self.rss: dict[str, list[int]] = collections.defaultdict(list)
+        # name -> [(monotonic time, KiB)], sampled every second by `sample_forever`.
+        self.rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
         self.token = None
         self.admin_token = None
         self.token_args: list[str] = []
@@ -598,11 +601,21 @@ class System:
         return out
 
     def sample_rss(self) -> None:
-        for name, proc in self.processes().items():
+        try:
+            procs = self.processes()
+        except RuntimeError:  # a fault replaced a process while we looked: next second
+            return
+        now = time.monotonic()
+        for name, proc in procs.items():
             if proc.alive and proc.proc is not None:
                 v = rss_kib(proc.proc.pid)
                 if v is not None:
-                    self.rss[name].append(v)
+                    self.rss[name].append((now, v))
+
+    def sample_forever(self, stop: threading.Event) -> None:
+        """Every second, faults included (a fault blocks the main loop for up to 30 s)."""
+        while not stop.wait(1.0):
+            self.sample_rss()
 
     def stop(self) -> None:
         for p, _ in getattr(self, "ts", []):
@@ -650,6 +663,7 @@ class System:
 
     def fault(self, kind: str, rng: random.Random) -> None:
         self.t.faults[kind] += 1
+        self.t.fault_log.append((time.monotonic(), kind))
         print(f"{time.strftime('%H:%M:%S')} fault {kind}", flush=True)
         if kind == "replica_kill":
             # A crash: no preStop. The restart at the same address marks it gone before serving (the
@@ -777,7 +791,8 @@ def check_memory(system: System, tally: Tally, growth: bool) -> dict[str, tuple[
     """Bounded: every process under its kind's cap; and, for a soak long enough to tell warm-up from a
     leak (`growth`), the last third of the samples within 1.5x (+32 MiB) of the first third's peak."""
     out = {}
-    for name, samples in system.rss.items():
+    for name, timed in system.rss.items():
+        samples = [v for _, v in timed]
         if len(samples) < 6:
             continue
         third = len(samples) // 3
@@ -791,6 +806,35 @@ def check_memory(system: System, tally: Tally, growth: bool) -> dict[str, tuple[
     return out
 
 
+FAULT_MARKS = {"replica_kill": "K", "owner_gone": "G", "ownership_kill": "O", "redis_master_kill": "M",
+               "redis_cluster_restart": "R", "envoy_restart": "E"}
+
+
+def rss_timeline(system: System, tally: Tally, t0: float, bucket_s: float = 60.0) -> list[str]:
+    """Peak RSS per minute of the service and proxy processes, with the faults of each minute, so a
+    climb that stays tells itself apart from the peak of one outage."""
+    end = max([t for timed in system.rss.values() for t, _ in timed] or [t0])
+    n = max(1, int((end - t0) // bucket_s) + 1)
+    head = "| process | " + " | ".join(f"{i + 1}" for i in range(n)) + " |"
+    lines = ["RSS peak per minute (MiB); the last row: faults that minute (" +
+             ", ".join(f"{m} {k}" for k, m in FAULT_MARKS.items()) + ").", "", head,
+             "| --- |" + " --- |" * n]
+    for name in sorted(system.rss):
+        if not name.startswith(("ownership", "envoy")):
+            continue
+        peaks = [0] * n
+        for t, v in system.rss[name]:
+            i = min(n - 1, max(0, int((t - t0) // bucket_s)))
+            peaks[i] = max(peaks[i], v)
+        lines.append(f"| {name} | " + " | ".join(f"{p / 1024:.0f}" if p else "-" for p in peaks) + " |")
+    marks = [""] * n
+    for t, kind in tally.fault_log:
+        i = min(n - 1, max(0, int((t - t0) // bucket_s)))
+        marks[i] += FAULT_MARKS.get(kind, "?")
+    lines.append("| faults | " + " | ".join(m or "-" for m in marks) + " |")
+    return lines
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -798,7 +842,7 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def report(args, tally: Tally, mem: dict, started: float, elapsed: float) -> str:
+def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeline: list[str]) -> str:
     c = tally.counts
     lines = [
         "# Chaos soak",
@@ -834,6 +878,8 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float) -> str
         "| process | RSS early peak / max (MiB) |",
         "| --- | --- |",
         *[f"| {k} | {a / 1024:.1f} / {b / 1024:.1f} |" for k, (a, b) in sorted(mem.items())],
+        "",
+        *timeline,
     ]
     other = {k: v for k, v in c.items() if k.startswith("envoy_5xx:") or k in ("connect_retries",
              "resume_transport_errors", "client_crashes", "continuations_ended_empty", "resume_resets",
@@ -896,12 +942,10 @@ def main() -> int:
         system.ts = ts
         every = args.fault_every or 8.0
         next_fault = time.monotonic() + min(every, 5.0)
-        last_sample = 0.0
+        sampler = threading.Thread(target=system.sample_forever, args=(stop,), daemon=True)
+        sampler.start()
         while time.monotonic() < deadline:
             now = time.monotonic()
-            if now - last_sample > 2.0:
-                system.sample_rss()
-                last_sample = now
             if now >= next_fault and deadline - now > 8:
                 system.fault(rng.choices(FAULTS, WEIGHTS)[0], rng)
                 next_fault = time.monotonic() + every * rng.uniform(0.6, 1.4)
@@ -921,7 +965,7 @@ def main() -> int:
         stop.set()
         system.stop()
     mem = check_memory(system, tally, growth=args.seconds >= 300)
-    text = report(args, tally, mem, started, time.monotonic() - t0)
+    text = report(args, tally, mem, started, time.monotonic() - t0, rss_timeline(system, tally, t0))
     print(text)
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
