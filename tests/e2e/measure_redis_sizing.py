@@ -16,6 +16,7 @@ Profiles:
 from __future__ import annotations
 
 import argparse
+import random
 import subprocess
 import sys
 import uuid
@@ -65,7 +66,8 @@ def session_records(profile: str, n_events_override: int | None = None) -> tuple
         for first in range(1, n + 1, 1000):
             last = min(n, first + 999)
             recs.append({"type": "events", "session": sess, "incarnation": inc, "first_seq": first,
-                         "ids": [mk(k) for k in range(first, last + 1)]})
+                         # As the guard records them: the id, a LF, the content digest (16 hex).
+                         "ids": [f"{mk(k)}\n{random.getrandbits(64):016x}" for k in range(first, last + 1)]})
     return sess, recs, incs
 
 
