@@ -322,12 +322,22 @@ pub fn recorded_id(id: &str) -> Cow<'_, str> {
 /// other data be told from the event recorded under it.
 pub fn recorded_event(id: &str, digest: u64) -> String {
     let id = recorded_id(id);
-    use std::fmt::Write as _;
     let mut s = String::with_capacity(id.len() + 1 + CONTENT_DIGEST_CHARS);
     s.push_str(&id);
-    // Writing to a String cannot fail.
-    let _ = write!(s, "\n{digest:016x}");
+    s.push('\n');
+    s.extend(digest_hex(digest).iter().map(|&b| char::from(b)));
     s
+}
+
+/// A content digest as it is recorded: [`CONTENT_DIGEST_CHARS`] lowercase hex digits.
+pub fn digest_hex(digest: u64) -> [u8; CONTENT_DIGEST_CHARS] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [b'0'; CONTENT_DIGEST_CHARS];
+    for (i, o) in out.iter_mut().enumerate() {
+        let shift = 4 * (CONTENT_DIGEST_CHARS - 1 - i);
+        *o = HEX[((digest >> shift) & 0xf) as usize];
+    }
+    out
 }
 
 /// A recorded event's id part and, when it has one, its digest part (checked by
@@ -343,9 +353,7 @@ pub fn split_recorded(entry: &str) -> (&str, Option<&str>) {
 pub fn digest_matches(recorded: Option<&str>, digest: u64) -> bool {
     match recorded {
         None => true,
-        Some(d) => {
-            d.len() == CONTENT_DIGEST_CHARS && u64::from_str_radix(d, 16).ok() == Some(digest)
-        }
+        Some(d) => d.as_bytes() == digest_hex(digest),
     }
 }
 

@@ -15,8 +15,8 @@
 use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
-    check_incarnation, check_seq, check_session, recorded_id, FieldError, LongId, Record,
-    RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
+    check_incarnation, check_seq, check_session, digest_hex, recorded_id, FieldError, LongId,
+    Record, RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
     MAX_RECORDED_EVENT_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
 };
 use std::collections::VecDeque;
@@ -146,7 +146,7 @@ impl EventsBuf {
             // Inside the JSON string: an escaped LF, then the hex digits (no allocation).
             self.ids.pop();
             self.ids.extend_from_slice(b"\\n");
-            self.ids.extend_from_slice(&hex16(d));
+            self.ids.extend_from_slice(&digest_hex(d));
             self.ids.push(b'"');
         }
         if let Some(id) = full {
@@ -188,17 +188,6 @@ struct Entry<'a> {
     digest: Option<u64>,
     /// The full id, when it gets a `long` entry.
     full: Option<&'a str>,
-}
-
-/// `v` as [`CONTENT_DIGEST_CHARS`] lowercase hex digits.
-fn hex16(v: u64) -> [u8; CONTENT_DIGEST_CHARS] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [b'0'; CONTENT_DIGEST_CHARS];
-    for (i, o) in out.iter_mut().enumerate() {
-        let shift = 4 * (CONTENT_DIGEST_CHARS - 1 - i);
-        *o = HEX[((v >> shift) & 0xf) as usize];
-    }
-    out
 }
 
 fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), FieldError> {
@@ -323,7 +312,7 @@ impl RecordQueue {
 
     /// Queues the events a stream relayed: seq `first_seq + i` carried replica id `ids[i].0`
     /// with content digest `ids[i].1`. Events are recorded in bounded form
-    /// ([`recorded_event`]); they join the incarnation's open record while it has
+    /// ([`crate::ownership::recorded_event`]); they join the incarnation's open record while it has
     /// room (one record, and one session and incarnation key on the wire, per stream and
     /// flush, not per chunk), and a new one opens when it has not.
     pub fn push_events<H: Host, S: AsRef<str>>(
