@@ -510,6 +510,7 @@ impl Store for MemoryStore {
             incarnations,
             bytes: inner.bytes as u64,
             evicted: inner.evicted,
+            reconnects: 0,
             owners: inner.owner_epochs.len() as u64,
         })
     }

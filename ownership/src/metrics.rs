@@ -54,6 +54,7 @@ pub struct Metrics {
     pub incarnations: Gauge,
     pub store_bytes: Gauge,
     pub evicted: Gauge,
+    pub reconnects: Gauge,
 }
 
 /// Store operations as they appear in the `op` label.
@@ -91,6 +92,7 @@ impl Metrics {
         let incarnations = Gauge::default();
         let store_bytes = Gauge::default();
         let evicted = Gauge::default();
+        let reconnects = Gauge::default();
 
         // Counter names get `_total` appended by the encoder.
         registry.register(
@@ -149,6 +151,11 @@ impl Metrics {
             "Sessions evicted by the global caps since this instance started",
             evicted.clone(),
         );
+        registry.register(
+            "mcp_ownership_store_reconnects",
+            "Redis Cluster connections this instance dropped as broken (no answer for the stall bound, or no primary answering the health check) and made anew, since it started",
+            reconnects.clone(),
+        );
 
         // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
         let _ = verdicts.get_or_create(&OutcomeLabels {
@@ -176,6 +183,7 @@ impl Metrics {
             incarnations,
             store_bytes,
             evicted,
+            reconnects,
         }
     }
 
@@ -197,6 +205,8 @@ impl Metrics {
             .set(i64::try_from(stats.bytes).unwrap_or(i64::MAX));
         self.evicted
             .set(i64::try_from(stats.evicted).unwrap_or(i64::MAX));
+        self.reconnects
+            .set(i64::try_from(stats.reconnects).unwrap_or(i64::MAX));
     }
 
     /// OpenMetrics text exposition (Prometheus scrapes it natively).

@@ -22,6 +22,7 @@
 //!   the guard's callout timeout, and the connection is re-established in the background when
 //!   Redis is back.
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
@@ -130,18 +131,88 @@ fn hash_tag(key: &str) -> &str {
     key
 }
 
+/// Milliseconds on a monotonic clock, from the first call (never 0).
+fn clock_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let ms = START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX).saturating_add(1)
+}
+
+/// A Cluster connection that answers nothing for this long (and at least 4 operation
+/// bounds) is dropped and made anew.
+const STALL_MIN: Duration = Duration::from_secs(1);
+
+/// Whether one Cluster connection still answers. The cluster client can wedge: in a slot
+/// refresh that never ends after a failover, it answers nothing and queues every request in
+/// memory (its queue only drains when the refresh completes). Dropping the connection ends
+/// its task and frees the queue; a new one starts from the seeds.
+#[derive(Default)]
+struct Pulse {
+    /// `clock_ms` when the oldest request sent since the last answer was sent; 0: none.
+    waiting_since: std::sync::atomic::AtomicU64,
+}
+
+impl Pulse {
+    fn sent(&self, now: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self
+            .waiting_since
+            .compare_exchange(0, now, Relaxed, Relaxed);
+    }
+
+    /// Any reply counts, errors from Redis included (TRYAGAIN, NOSCRIPT: it is listening);
+    /// a timeout or a broken connection does not.
+    fn settle<T>(&self, r: &redis::RedisResult<T>) {
+        let answered = match r {
+            Ok(_) => true,
+            Err(e) => {
+                !(e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
+            }
+        };
+        if answered {
+            self.waiting_since
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn stalled(&self, now: u64, stall_ms: u64) -> bool {
+        let since = self
+            .waiting_since
+            .load(std::sync::atomic::Ordering::Relaxed);
+        since != 0 && now.saturating_sub(since) >= stall_ms
+    }
+}
+
+/// A request on a Cluster connection, watched by its pulse.
+fn pulsed<'a, T: Send + 'a>(pulse: &Arc<Pulse>, fut: RedisFuture<'a, T>) -> RedisFuture<'a, T> {
+    let pulse = Arc::clone(pulse);
+    pulse.sent(clock_ms());
+    Box::pin(async move {
+        let r = fut.await;
+        pulse.settle(&r);
+        r
+    })
+}
+
 /// A connection of either kind.
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Arc<Pulse>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, pulse) => pulsed(pulse, c.req_packed_command(cmd)),
         }
     }
 
@@ -153,14 +224,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c, pulse) => pulsed(pulse, c.req_packed_commands(cmd, offset, count)),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
         }
     }
 }
@@ -182,10 +253,14 @@ enum Link {
         conn: std::sync::Mutex<ConnectionManager>,
     },
     /// Connected by the first operation (the service starts while the Cluster is down); the
-    /// cluster client then follows slot moves and failovers itself.
+    /// cluster client then follows slot moves and failovers itself. Made anew when it has
+    /// answered nothing for `stall_ms` (see `Pulse`).
     Cluster {
         client: ClusterClient,
-        conn: tokio::sync::Mutex<Option<ClusterConnection>>,
+        conn: tokio::sync::Mutex<Option<(ClusterConnection, Arc<Pulse>)>>,
+        stall_ms: u64,
+        /// Connections dropped as broken: stalled, or every primary failing its PING.
+        dropped: std::sync::atomic::AtomicU64,
     },
 }
 
@@ -217,6 +292,8 @@ impl Link {
             Target::Cluster(client) => Ok(Link::Cluster {
                 client: client.clone(),
                 conn: tokio::sync::Mutex::new(None),
+                stall_ms: ms(STALL_MIN.max(opts.op_timeout * 4)),
+                dropped: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -224,14 +301,28 @@ impl Link {
     async fn get(&self) -> Result<Conn, redis::RedisError> {
         match self {
             Link::Single { conn, .. } => Ok(Conn::Single(lock(conn).clone())),
-            Link::Cluster { client, conn } => {
+            Link::Cluster {
+                client,
+                conn,
+                stall_ms,
+                dropped,
+            } => {
                 let mut slot = conn.lock().await;
-                if let Some(c) = slot.as_ref() {
-                    return Ok(Conn::Cluster(c.clone()));
+                if let Some((c, pulse)) = slot.as_ref() {
+                    if !pulse.stalled(clock_ms(), *stall_ms) {
+                        return Ok(Conn::Cluster(c.clone(), Arc::clone(pulse)));
+                    }
+                    // Its task ends (and what it queued is freed) with the last clone.
+                    *slot = None;
+                    dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    eprintln!(
+                        "mcp-ownership: the Redis Cluster connection answered nothing for {stall_ms} ms; connecting anew"
+                    );
                 }
                 let c = client.get_async_connection().await?;
-                *slot = Some(c.clone());
-                Ok(Conn::Cluster(c))
+                let pulse = Arc::new(Pulse::default());
+                *slot = Some((c.clone(), Arc::clone(&pulse)));
+                Ok(Conn::Cluster(c, pulse))
             }
         }
     }
@@ -241,10 +332,20 @@ impl Link {
     /// their callers gave up (its memory grew with every outage): a fresh one starts empty.
     /// Busy (someone is connecting): nothing to drop.
     fn renew_cluster(&self) {
-        if let Link::Cluster { conn, .. } = self {
+        if let Link::Cluster { conn, dropped, .. } = self {
             if let Ok(mut slot) = conn.try_lock() {
-                *slot = None;
+                if slot.take().is_some() {
+                    dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             }
+        }
+    }
+
+    /// Cluster connections dropped as broken so far (0 for one Redis).
+    fn dropped(&self) -> u64 {
+        match self {
+            Link::Cluster { dropped, .. } => dropped.load(std::sync::atomic::Ordering::Relaxed),
+            Link::Single { .. } => 0,
         }
     }
 
@@ -494,15 +595,12 @@ fn as_string(v: &Value) -> Option<String> {
 async fn on_every_primary(conn: &mut Conn, c: Cmd) -> redis::RedisResult<Value> {
     match conn {
         Conn::Single(m) => c.query_async::<Value>(m).await,
-        Conn::Cluster(k) => {
-            k.route_command(
-                c,
-                RoutingInfo::MultiNode((
-                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
-                    Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
-                )),
-            )
-            .await
+        Conn::Cluster(k, pulse) => {
+            let routing = RoutingInfo::MultiNode((
+                redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
+            ));
+            pulsed(pulse, Box::pin(k.route_command(c, routing))).await
         }
     }
 }
@@ -581,6 +679,11 @@ impl RedisStore {
     /// Whether a Cluster connection is held now; `None` for one Redis or while connecting.
     pub fn cluster_connected(&self) -> Option<bool> {
         self.main.cluster_connected()
+    }
+
+    /// Cluster connections dropped as broken and made anew, both links (0 for one Redis).
+    pub fn reconnects(&self) -> u64 {
+        self.main.dropped() + self.records.as_ref().map_or(0, Link::dropped)
     }
 
     /// `host:port` of the Redis server (a Cluster: its seeds).
@@ -773,11 +876,13 @@ impl RedisStore {
         }
         if let (true, Some(first)) = (wait > 0, group.first()) {
             let acked = match &mut conn {
-                Conn::Cluster(k) => {
+                Conn::Cluster(k, pulse) => {
                     let route = Route::with_key(first.key.as_bytes(), SlotAddr::Master);
-                    k.route_command(
-                        self.wait_cmd(wait),
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    pulsed(
+                        pulse,
+                        Box::pin(k.route_command(self.wait_cmd(wait), routing)),
                     )
                     .await
                 }
@@ -1201,9 +1306,11 @@ impl RedisStore {
             .await
             .map_err(|e| self.fail("stats", e))?;
         let evicted = self.evicted.load(std::sync::atomic::Ordering::Relaxed);
+        let reconnects = self.reconnects();
         if sessions == 0 {
             return Ok(StoreStats {
                 evicted,
+                reconnects,
                 owners,
                 ..StoreStats::default()
             });
@@ -1237,6 +1344,7 @@ impl RedisStore {
             incarnations,
             bytes: 0,
             evicted,
+            reconnects,
             owners,
         })
     }
@@ -1430,7 +1538,34 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use super::parse_url;
+    use super::{parse_url, Pulse};
+
+    #[test]
+    fn a_connection_stalls_only_when_nothing_answers_for_the_bound() {
+        let io = || redis::RedisError::from(std::io::Error::other("reset"));
+        let server = || {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+                "TRYAGAIN",
+            ))
+        };
+        let p = Pulse::default();
+        assert!(!p.stalled(10_000, 1000), "nothing sent: not stalled");
+        p.sent(1000);
+        p.sent(1500);
+        assert!(!p.stalled(1999, 1000));
+        assert!(
+            p.stalled(2000, 1000),
+            "the oldest unanswered request counts"
+        );
+        p.settle::<()>(&Err(io()));
+        assert!(p.stalled(2000, 1000), "a broken connection is no answer");
+        p.settle::<()>(&Err(server()));
+        assert!(!p.stalled(2000, 1000), "an error reply is an answer");
+        p.sent(3000);
+        p.settle(&Ok(()));
+        assert!(!p.stalled(9000, 1000));
+    }
 
     #[test]
     fn urls() {

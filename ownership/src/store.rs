@@ -102,6 +102,8 @@ pub struct StoreStats {
     pub bytes: u64,
     /// Sessions evicted by the global caps since start (this instance's count).
     pub evicted: u64,
+    /// Store connections this instance dropped as broken and made anew (Redis Cluster).
+    pub reconnects: u64,
     /// Owner addresses whose `owner_gone` epoch is still remembered.
     pub owners: u64,
 }

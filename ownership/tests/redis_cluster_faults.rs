@@ -205,6 +205,41 @@ async fn an_outage_renews_the_cluster_connection() {
     assert_eq!(s.cluster_connected(), Some(true));
 }
 
+/// Every node stops answering (`CLIENT PAUSE … ALL`: connections stay open, nothing is
+/// served), with no health check to notice: the operations themselves find that the Cluster
+/// connection answered nothing for the stall bound, drop it, and connect anew. The cluster
+/// client can wedge like this after a failover and then queue every request in memory.
+#[tokio::test]
+async fn a_connection_that_answers_nothing_is_made_anew() {
+    let _one = SERIAL.lock().await;
+    let c = cluster();
+    let s = make("stall:");
+    let key = session_n(12);
+    let right = stream_of_three(&s, &key).await;
+    assert_eq!(s.reconnects(), 0);
+    for &p in &c.ports {
+        assert_eq!(cli(p, &["CLIENT", "PAUSE", "2500", "ALL"]).trim(), "OK");
+    }
+    let paused = Instant::now();
+    while paused.elapsed() < Duration::from_millis(2300) {
+        let (v, took) = try_verdict(&s, &key, 1).await;
+        assert!(v.is_err() || v.as_ref().unwrap() == &right, "{v:?}");
+        assert!(took < Duration::from_millis(400), "not bounded: {took:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        s.reconnects() >= 1,
+        "a connection that answered nothing for 2 s was kept"
+    );
+    let mut v = try_verdict(&s, &key, 1).await.0;
+    let again = Instant::now();
+    while v.is_err() && again.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        v = try_verdict(&s, &key, 1).await.0;
+    }
+    assert_eq!(v.unwrap(), right);
+}
+
 /// A slot holding a session moves to another primary, key by key (`CLUSTER SETSLOT …
 /// MIGRATING/IMPORTING`, `MIGRATE`, `SETSLOT … NODE`), while records land and resumes run on
 /// it. Each resume is the right continue (its head never behind an acknowledged record) or a
