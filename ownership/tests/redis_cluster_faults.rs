@@ -77,6 +77,22 @@ async fn try_verdict(
     (r.map(|r| r.verdict).map_err(|e| e.to_string()), t.elapsed())
 }
 
+/// Resumes of `inc` at `seq` until one is answered, or `within` has passed: the last result.
+async fn verdict_once_answering(
+    s: &RedisStore,
+    session: &str,
+    seq: u64,
+    within: Duration,
+) -> Result<ResumeVerdict, String> {
+    let mut v = try_verdict(s, session, seq).await.0;
+    let started = Instant::now();
+    while v.is_err() && started.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        v = try_verdict(s, session, seq).await.0;
+    }
+    v
+}
+
 /// A primary dies: while the Cluster fails over every resume on it is a fast error (never a
 /// verdict other than the right one), records acknowledged before (WAIT 1) survive on the
 /// promoted replica, which has no scripts loaded (NOSCRIPT → loaded on every primary), and
@@ -195,12 +211,7 @@ async fn an_outage_renews_the_cluster_connection() {
         &[open(&key), get_stream(&key, A, T0), events(&key, A, 1, 3)],
     )
     .await;
-    let mut v = try_verdict(&s, &key, 1).await.0;
-    let again = Instant::now();
-    while v.is_err() && again.elapsed() < Duration::from_secs(20) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        v = try_verdict(&s, &key, 1).await.0;
-    }
+    let v = verdict_once_answering(&s, &key, 1, Duration::from_secs(20)).await;
     assert_eq!(v.unwrap(), right);
     assert_eq!(s.cluster_connected(), Some(true));
 }
@@ -231,12 +242,7 @@ async fn a_connection_that_answers_nothing_is_made_anew() {
         s.reconnects() >= 1,
         "a connection that answered nothing for 2 s was kept"
     );
-    let mut v = try_verdict(&s, &key, 1).await.0;
-    let again = Instant::now();
-    while v.is_err() && again.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        v = try_verdict(&s, &key, 1).await.0;
-    }
+    let v = verdict_once_answering(&s, &key, 1, Duration::from_secs(10)).await;
     assert_eq!(v.unwrap(), right);
 }
 
