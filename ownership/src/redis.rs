@@ -22,6 +22,7 @@
 //!   the guard's callout timeout, and the connection is re-established in the background when
 //!   Redis is back.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,12 +153,12 @@ const STALL_MIN: Duration = Duration::from_secs(1);
 #[derive(Default)]
 struct Pulse {
     /// `clock_ms` when the oldest request sent since the last answer was sent; 0: none.
-    waiting_since: std::sync::atomic::AtomicU64,
+    waiting_since: AtomicU64,
 }
 
 impl Pulse {
     fn sent(&self, now: u64) {
-        use std::sync::atomic::Ordering::Relaxed;
+        use Ordering::Relaxed;
         let _ = self
             .waiting_since
             .compare_exchange(0, now, Relaxed, Relaxed);
@@ -177,15 +178,12 @@ impl Pulse {
             }
         };
         if answered {
-            self.waiting_since
-                .store(0, std::sync::atomic::Ordering::Relaxed);
+            self.waiting_since.store(0, Ordering::Relaxed);
         }
     }
 
     fn stalled(&self, now: u64, stall_ms: u64) -> bool {
-        let since = self
-            .waiting_since
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let since = self.waiting_since.load(Ordering::Relaxed);
         since != 0 && now.saturating_sub(since) >= stall_ms
     }
 }
@@ -260,7 +258,7 @@ enum Link {
         conn: tokio::sync::Mutex<Option<(ClusterConnection, Arc<Pulse>)>>,
         stall_ms: u64,
         /// Connections dropped as broken: stalled, or every primary failing its PING.
-        dropped: std::sync::atomic::AtomicU64,
+        dropped: AtomicU64,
     },
 }
 
@@ -293,7 +291,7 @@ impl Link {
                 client: client.clone(),
                 conn: tokio::sync::Mutex::new(None),
                 stall_ms: ms(STALL_MIN.max(opts.op_timeout * 4)),
-                dropped: std::sync::atomic::AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
             }),
         }
     }
@@ -314,7 +312,7 @@ impl Link {
                     }
                     // Its task ends (and what it queued is freed) with the last clone.
                     *slot = None;
-                    dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    dropped.fetch_add(1, Ordering::Relaxed);
                     eprintln!(
                         "mcp-ownership: the Redis Cluster connection answered nothing for {stall_ms} ms; connecting anew"
                     );
@@ -335,7 +333,7 @@ impl Link {
         if let Link::Cluster { conn, dropped, .. } = self {
             if let Ok(mut slot) = conn.try_lock() {
                 if slot.take().is_some() {
-                    dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    dropped.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -344,7 +342,7 @@ impl Link {
     /// Cluster connections dropped as broken so far (0 for one Redis).
     fn dropped(&self) -> u64 {
         match self {
-            Link::Cluster { dropped, .. } => dropped.load(std::sync::atomic::Ordering::Relaxed),
+            Link::Cluster { dropped, .. } => dropped.load(Ordering::Relaxed),
             Link::Single { .. } => 0,
         }
     }
@@ -396,7 +394,7 @@ pub struct RedisStore {
     owner_gone: LoadedScript,
     changes: watch::Sender<u64>,
     /// Sessions this instance evicted for the session cap.
-    evicted: std::sync::atomic::AtomicU64,
+    evicted: AtomicU64,
 }
 
 /// A Redis URL safe to print: any user and password replaced by `***`.
@@ -658,7 +656,7 @@ impl RedisStore {
             sweep: LoadedScript::new(redis_lua::sweep_script()),
             owner_gone: LoadedScript::new(redis_lua::owner_gone_script()),
             changes,
-            evicted: std::sync::atomic::AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
         })
     }
 
@@ -1179,10 +1177,8 @@ impl RedisStore {
             });
         }
         self.exec("apply", &cmds, true).await?;
-        self.evicted.fetch_add(
-            want.min(by_use.len()) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.evicted
+            .fetch_add(want.min(by_use.len()) as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1305,7 +1301,7 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.fail("stats", e))?;
-        let evicted = self.evicted.load(std::sync::atomic::Ordering::Relaxed);
+        let evicted = self.evicted.load(Ordering::Relaxed);
         let reconnects = self.reconnects();
         if sessions == 0 {
             return Ok(StoreStats {

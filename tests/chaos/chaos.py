@@ -35,10 +35,10 @@ import harness as h  # noqa: E402
 ROOT = h.ROOT
 # Events each replica keeps (the guard is told the same). The naive replica's ring is shared by all
 # its streams, about 150 events/s here (some 20 GET streams ticking every 50 ms on 3 replicas): 4096
-# wrap in under 30 s, within a call's resume retries,
-# and lost events of a call whose client was away. Those events never passed the guard, which says so
-# (README, Limits): no check can see them without the replica's assertion. 65536 lasts the soak's
-# resume horizon many times over (~26 MB per replica).
+# wrap in under 30 s, within a call's resume retries, and lost events of a call whose client was
+# away. Those events never passed the guard, which says so (README, Limits): no check can see them
+# without the replica's assertion. 65536 lasts the soak's resume horizon many times over (~26 MB per
+# replica).
 RING = 1 << 16
 ENVOY_PORTS = [h.ENVOY_PORT, h.ENVOY_PORT + 10]
 ADMIN_PORTS = [h.ADMIN_PORT, h.ADMIN_PORT + 10]
