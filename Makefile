@@ -205,11 +205,14 @@ CHAOS_CLIENTS ?= 50
 CHAOS_SEED    ?= 1
 CHAOS_STORE   ?= redis-cluster
 CHAOS_REPORT  ?= CHAOS.md
+# Empty: every fault kind. Or a comma-separated subset, e.g. CHAOS_FAULTS=redis_master_kill.
+CHAOS_FAULTS  ?=
 
 chaos: venv interop-deps redis wasm
 	cargo build --release -p mcp-ownership -p naive-replica -p mcp-guard
 	E2E_BIN_DIR=$(CURDIR)/target/release E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-300} $(PYTHON) tests/chaos/chaos.py --seconds $(CHAOS_S) --clients $(CHAOS_CLIENTS) \
-	  --seed $(CHAOS_SEED) --store $(CHAOS_STORE) --report $(CHAOS_REPORT)
+	  --seed $(CHAOS_SEED) --store $(CHAOS_STORE) --report $(CHAOS_REPORT) \
+	  $(if $(CHAOS_FAULTS),--faults $(CHAOS_FAULTS))
 
 chaos-smoke:
 	$(MAKE) chaos CHAOS_S=120 CHAOS_REPORT=target/chaos-smoke/CHAOS.md

@@ -59,6 +59,8 @@ class Tally:
     fault_log: list = field(default_factory=list)
     violations: list = field(default_factory=list)
     resume_ms: list = field(default_factory=list)
+    # Seconds from each Redis fault's restart until the cluster was ok again.
+    settle_s: list = field(default_factory=list)
     accepted_entries: set = field(default_factory=set)
     completed_entries: set = field(default_factory=set)
 
@@ -538,6 +540,11 @@ class System:
         self.state_dir = state_dir
         self.t = tally
         self.cluster: rc.RedisCluster | None = None
+        # False while the cluster has not come back to ok after a fault; no further Redis fault is
+        # injected until it has (a master killed while its replica is unsynced loses data no failover
+        # could save, which is not the fault being soaked).
+        self.cluster_settled = True
+        self.settling_since: float | None = None
         self.redis: h.Proc | None = None
         self.replicas: dict[int, h.Proc] = {}
         self.ownership: dict[int, h.Proc] = {}
@@ -667,7 +674,32 @@ class System:
             self.t.inc("replica_started_unmarked")
         self.start_replica(port)
 
+    def settle(self, bound_s: float) -> bool:
+        """Wait (at most bound_s) for the cluster to be ok again after a fault. A cluster slower than
+        that is the store's trouble, not a guard violation: it is reported with what each node said,
+        and the soak goes on against a degraded store, which the guard must fail closed through."""
+        if self.settling_since is None:
+            self.settling_since = time.monotonic()
+        try:
+            self.cluster.wait_ok(bound_s)
+        except TimeoutError as e:
+            if self.cluster_settled:
+                print(f"{time.strftime('%H:%M:%S')} the Redis Cluster did not settle: {e}", flush=True)
+                self.t.inc("redis_unsettled")
+            self.cluster_settled = False
+            return False
+        with self.t.lock:
+            self.t.settle_s.append(time.monotonic() - self.settling_since)
+        self.settling_since = None
+        self.cluster_settled = True
+        return True
+
     def fault(self, kind: str, rng: random.Random) -> None:
+        if kind in REDIS_FAULTS and self.cluster is not None and not self.cluster_settled:
+            if not self.settle(2.0):
+                self.t.inc("redis_faults_deferred")
+                print(f"{time.strftime('%H:%M:%S')} fault {kind} deferred: the cluster is not ok yet", flush=True)
+                return
         self.t.faults[kind] += 1
         self.t.fault_log.append((time.monotonic(), kind))
         print(f"{time.strftime('%H:%M:%S')} fault {kind}", flush=True)
@@ -697,14 +729,15 @@ class System:
                 self.cluster.kill(m)
                 time.sleep(rng.uniform(2.0, 4.0))  # failover
                 self.cluster.restart(m)
-                self.cluster.wait_ok(30)
+                self.settle(30)
             elif self.redis is not None:
                 self.redis.kill()
                 time.sleep(rng.uniform(0.5, 2.0))
                 self.redis = h.start_redis()
         elif kind == "redis_cluster_restart":
             if self.cluster is not None:
-                self.cluster.restart_all(30)
+                self.cluster.restart_all()
+                self.settle(30)
             elif self.redis is not None:
                 self.redis.stop()
                 self.redis = h.start_redis()
@@ -715,6 +748,7 @@ class System:
                                         ENVOY_PORTS[i]).start()
 
 
+REDIS_FAULTS = ("redis_master_kill", "redis_cluster_restart")
 FAULTS = ["replica_kill", "owner_gone", "ownership_kill", "redis_master_kill", "redis_cluster_restart",
           "envoy_restart"]
 WEIGHTS = [3, 2, 2, 2, 1, 2]
@@ -881,6 +915,10 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
         "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in sorted(tally.faults.items())],
         "",
+        *([f"The Redis Cluster was ok again {len(tally.settle_s)} times after its faults, at the slowest in "
+           f"{max(tally.settle_s):.1f} s.", ""] if tally.settle_s else []),
+        *(["**The Redis Cluster was not ok again by the end of the run** (see the log for what each node "
+           "reported).", ""] if c["redis_unsettled_at_end"] else []),
         "| process | RSS early peak / max (MiB) |",
         "| --- | --- |",
         *[f"| {k} | {a / 1024:.1f} / {b / 1024:.1f} |" for k, (a, b) in sorted(mem.items())],
@@ -888,7 +926,8 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
         *timeline,
     ]
     other = {k: v for k, v in c.items() if k.startswith("envoy_5xx:") or k in ("connect_retries",
-             "resume_transport_errors", "client_crashes", "continuations_ended_empty", "resume_resets",
+             "resume_transport_errors", "client_crashes", "redis_unsettled", "redis_faults_deferred",
+             "continuations_ended_empty", "resume_resets",
              "call_resume_other_stream")}
     if other:
         lines += ["", "| other | count |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in sorted(other.items())]]
@@ -906,8 +945,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--store", choices=["redis-cluster", "redis"], default="redis-cluster")
     ap.add_argument("--fault-every", type=float, default=None, help="seconds between faults (default: 8)")
+    ap.add_argument("--faults", default=",".join(FAULTS),
+                    help="comma-separated fault kinds to draw from (default: all), e.g. redis_master_kill")
     ap.add_argument("--report", type=Path, default=None)
     args = ap.parse_args()
+    kinds_wanted = [k for k in args.faults.split(",") if k]
+    unknown = [k for k in kinds_wanted if k not in FAULTS]
+    if unknown or not kinds_wanted:
+        ap.error(f"--faults: unknown kind(s) {unknown or args.faults!r}; known: {', '.join(FAULTS)}")
+    fault_kinds = [(k, w) for k, w in zip(FAULTS, WEIGHTS) if k in kinds_wanted]
     if args.ts_clients is None:
         args.ts_clients = max(2, args.clients // 10)
     rng = random.Random(args.seed)
@@ -953,10 +999,12 @@ def main() -> int:
         while time.monotonic() < deadline:
             now = time.monotonic()
             if now >= next_fault and deadline - now > 8:
-                system.fault(rng.choices(FAULTS, WEIGHTS)[0], rng)
+                system.fault(rng.choices([k for k, _ in fault_kinds], [w for _, w in fault_kinds])[0], rng)
                 next_fault = time.monotonic() + every * rng.uniform(0.6, 1.4)
             time.sleep(0.2)
         stop.set()
+        if system.cluster is not None and not system.cluster_settled and not system.settle(30):
+            tally.inc("redis_unsettled_at_end")
         phase("clients stopping")
         for th in threads:
             th.join(timeout=15)

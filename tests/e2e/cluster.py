@@ -75,20 +75,34 @@ class RedisCluster:
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Until every live node reports cluster_state:ok and every live replica is in sync with a master
-        (a replica that never synced cannot take over)."""
+        (a replica that never synced cannot take over). On timeout the error says what each node last
+        reported, so a cluster that would not settle can be diagnosed from the log alone."""
         deadline = time.monotonic() + timeout
+        seen: dict[int, str] = {}
         while time.monotonic() < deadline:
             live = [p for p, n in self.nodes.items() if n.alive]
             try:
-                ok = live and all(self.info(p).get("cluster_state") == "ok" for p in live)
-                synced = all(r.get("role") != "slave" or r.get("master_link_status") == "up"
-                             for r in (self.replication(p) for p in live))
-                if ok and synced:
-                    return
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+                states = {p: (self.info(p), self.replication(p)) for p in live}
+            except (OSError, subprocess.TimeoutExpired) as e:
+                seen = {0: f"redis-cli failed: {e}"}
+                time.sleep(0.2)
+                continue
+            seen = {p: f"cluster_state={i.get('cluster_state')} slots_ok={i.get('cluster_slots_ok')} "
+                       f"pfail={i.get('cluster_slots_pfail')} fail={i.get('cluster_slots_fail')} "
+                       f"epoch={i.get('cluster_current_epoch')} role={r.get('role')} "
+                       f"master_port={r.get('master_port', '-')} link={r.get('master_link_status', '-')} "
+                       f"sync_in_progress={r.get('master_sync_in_progress', '-')}"
+                    for p, (i, r) in states.items()}
+            ok = live and all(i.get("cluster_state") == "ok" for i, _ in states.values())
+            synced = all(r.get("role") != "slave" or r.get("master_link_status") == "up"
+                         for _, r in states.values())
+            if ok and synced:
+                return
             time.sleep(0.2)
-        raise TimeoutError(f"cluster {self.name} not ok within {timeout}s")
+        dead = [p for p, n in self.nodes.items() if not n.alive]
+        lines = "\n".join(f"  {p}: {v}" for p, v in sorted(seen.items()))
+        raise TimeoutError(f"cluster {self.name} not ok within {timeout}s (dead nodes: {dead or 'none'}); "
+                           f"last seen:\n{lines}")
 
     def masters_now(self) -> list[int]:
         """Ports of the nodes that are masters right now (as a live node sees it)."""
@@ -115,13 +129,15 @@ class RedisCluster:
         for n in self.nodes.values():
             n.stop()
 
-    def restart_all(self, timeout: float = 30.0) -> None:
-        """A whole-cluster restart: every node stops, then every node starts again from its nodes.conf."""
+    def restart_all(self, timeout: float | None = 30.0) -> None:
+        """A whole-cluster restart: every node stops, then every node starts again from its nodes.conf;
+        then, unless timeout is None, wait until it is ok."""
         for n in self.nodes.values():
             n.stop()
         for p in self.ports:
             self.nodes[p] = self._node(p).start()
-        self.wait_ok(timeout)
+        if timeout is not None:
+            self.wait_ok(timeout)
 
     def rss_pids(self) -> dict[str, int]:
         return {n.name: n.proc.pid for n in self.nodes.values() if n.alive and n.proc is not None}
