@@ -915,7 +915,7 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
         "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in sorted(tally.faults.items())],
         "",
-        *([f"The Redis Cluster was ok again {len(tally.settle_s)} times after its faults, at the slowest in "
+        *([f"The Redis Cluster was ok again after {len(tally.settle_s)} of its faults; the slowest took "
            f"{max(tally.settle_s):.1f} s.", ""] if tally.settle_s else []),
         *(["**The Redis Cluster was not ok again by the end of the run** (see the log for what each node "
            "reported).", ""] if c["redis_unsettled_at_end"] else []),
