@@ -59,7 +59,7 @@ class Tally:
     fault_log: list = field(default_factory=list)
     violations: list = field(default_factory=list)
     resume_ms: list = field(default_factory=list)
-    # Seconds from each Redis fault's restart until the cluster was ok again.
+    # Seconds from each Redis fault's restart (of the node, or of the whole cluster) until it was ok again.
     settle_s: list = field(default_factory=list)
     accepted_entries: set = field(default_factory=set)
     completed_entries: set = field(default_factory=set)
@@ -688,8 +688,10 @@ class System:
                 self.t.inc("redis_unsettled")
             self.cluster_settled = False
             return False
+        took = time.monotonic() - self.settling_since
         with self.t.lock:
-            self.t.settle_s.append(time.monotonic() - self.settling_since)
+            self.t.settle_s.append(took)
+        print(f"{time.strftime('%H:%M:%S')} the Redis Cluster is ok again ({took:.1f} s)", flush=True)
         self.settling_since = None
         self.cluster_settled = True
         return True
@@ -729,6 +731,7 @@ class System:
                 self.cluster.kill(m)
                 time.sleep(rng.uniform(2.0, 4.0))  # failover
                 self.cluster.restart(m)
+                self.settling_since = time.monotonic()
                 self.settle(30)
             elif self.redis is not None:
                 self.redis.kill()
@@ -736,6 +739,7 @@ class System:
                 self.redis = h.start_redis()
         elif kind == "redis_cluster_restart":
             if self.cluster is not None:
+                self.settling_since = time.monotonic()
                 self.cluster.restart_all()
                 self.settle(30)
             elif self.redis is not None:
