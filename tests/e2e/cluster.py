@@ -41,7 +41,7 @@ class RedisCluster:
             *self.extra_args,
         ], port=port)
 
-    def start(self, timeout: float = 30.0) -> "RedisCluster":
+    def start(self, timeout: float = 60.0) -> "RedisCluster":
         shutil.rmtree(self.dir, ignore_errors=True)
         for p in self.ports:
             self.nodes[p] = self._node(p).start()
@@ -73,7 +73,7 @@ class RedisCluster:
             out[k] = v
         return out
 
-    def wait_ok(self, timeout: float = 30.0) -> None:
+    def wait_ok(self, timeout: float = 60.0) -> None:
         """Until every live node reports cluster_state:ok and every live replica is in sync with a master
         (a replica that never synced cannot take over). On timeout the error says what each node last
         reported, so a cluster that would not settle can be diagnosed from the log alone."""
@@ -129,7 +129,7 @@ class RedisCluster:
         for n in self.nodes.values():
             n.stop()
 
-    def restart_all(self, timeout: float | None = 30.0) -> None:
+    def restart_all(self, timeout: float | None = 60.0) -> None:
         """A whole-cluster restart: every node stops, then every node starts again from its nodes.conf;
         then, unless timeout is None, wait until it is ok."""
         for n in self.nodes.values():

@@ -70,7 +70,7 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        c.wait_ok(Duration::from_secs(30));
+        c.wait_ok(Duration::from_secs(60));
         c
     }
 
@@ -128,10 +128,34 @@ impl Cluster {
             if ok && synced && agree && !live.is_empty() {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "cluster not ok within {timeout:?}"
-            );
+            if Instant::now() >= deadline {
+                // Say what each node reported, so a cluster that would not settle is diagnosed
+                // from the test log alone.
+                let seen: Vec<String> = live
+                    .iter()
+                    .map(|p| {
+                        let info = cli(*p, &["cluster", "info"]);
+                        let repl = cli(*p, &["info", "replication"]);
+                        let pick = |text: &str, key: &str| {
+                            text.lines()
+                                .find_map(|l| l.trim().strip_prefix(key))
+                                .unwrap_or("-")
+                                .to_string()
+                        };
+                        format!(
+                            "{p}: state={} role={} link={} masters={:?}",
+                            pick(&info, "cluster_state:"),
+                            pick(&repl, "role:"),
+                            pick(&repl, "master_link_status:"),
+                            self.masters_seen_by(*p)
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "cluster not ok within {timeout:?}; live nodes:\n{}",
+                    seen.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
