@@ -540,11 +540,10 @@ class System:
         self.state_dir = state_dir
         self.t = tally
         self.cluster: rc.RedisCluster | None = None
-        # False while the cluster has not come back to ok after a fault; no further Redis fault is
-        # injected until it has (a master killed while its replica is unsynced loses data no failover
-        # could save, which is not the fault being soaked).
-        self.cluster_settled = True
-        self.settling_since: float | None = None
+        # When the Redis fault the cluster has not yet come back from restarted it; None: the cluster
+        # is ok. No further Redis fault is injected until it is (a master killed while its replica is
+        # unsynced loses data no failover could save, which is not the fault being soaked).
+        self.unsettled_since: float | None = None
         self.redis: h.Proc | None = None
         self.replicas: dict[int, h.Proc] = {}
         self.ownership: dict[int, h.Proc] = {}
@@ -674,26 +673,29 @@ class System:
             self.t.inc("replica_started_unmarked")
         self.start_replica(port)
 
-    def settle(self, bound_s: float) -> bool:
-        """Wait (at most bound_s) for the cluster to be ok again after a fault. A cluster slower than
-        that is the store's trouble, not a guard violation: it is reported with what each node said,
-        and the soak goes on against a degraded store, which the guard must fail closed through."""
-        if self.settling_since is None:
-            self.settling_since = time.monotonic()
+    @property
+    def cluster_settled(self) -> bool:
+        return self.unsettled_since is None
+
+    def settle(self, bound_s: float, since: float | None = None) -> bool:
+        """Wait (at most bound_s) for the cluster to be ok again after a fault that restarted it at
+        `since` (default: when it was last found not ok, or now). A cluster slower than that is the
+        store's trouble, not a guard violation: it is reported with what each node said, and the soak
+        goes on against a degraded store, which the guard must fail closed through."""
+        start = since or self.unsettled_since or time.monotonic()
         try:
             self.cluster.wait_ok(bound_s)
         except TimeoutError as e:
             if self.cluster_settled:
                 print(f"{time.strftime('%H:%M:%S')} the Redis Cluster did not settle: {e}", flush=True)
                 self.t.inc("redis_unsettled")
-            self.cluster_settled = False
+            self.unsettled_since = start
             return False
-        took = time.monotonic() - self.settling_since
+        took = time.monotonic() - start
         with self.t.lock:
             self.t.settle_s.append(took)
         print(f"{time.strftime('%H:%M:%S')} the Redis Cluster is ok again ({took:.1f} s)", flush=True)
-        self.settling_since = None
-        self.cluster_settled = True
+        self.unsettled_since = None
         return True
 
     def fault(self, kind: str, rng: random.Random) -> None:
@@ -731,17 +733,16 @@ class System:
                 self.cluster.kill(m)
                 time.sleep(rng.uniform(2.0, 4.0))  # failover
                 self.cluster.restart(m)
-                self.settling_since = time.monotonic()
-                self.settle(30)
+                self.settle(30, since=time.monotonic())
             elif self.redis is not None:
                 self.redis.kill()
                 time.sleep(rng.uniform(0.5, 2.0))
                 self.redis = h.start_redis()
         elif kind == "redis_cluster_restart":
             if self.cluster is not None:
-                self.settling_since = time.monotonic()
-                self.cluster.restart_all()
-                self.settle(30)
+                since = time.monotonic()
+                self.cluster.restart_all(timeout=None)
+                self.settle(30, since)
             elif self.redis is not None:
                 self.redis.stop()
                 self.redis = h.start_redis()
@@ -957,7 +958,7 @@ def main() -> int:
     unknown = [k for k in kinds_wanted if k not in FAULTS]
     if unknown or not kinds_wanted:
         ap.error(f"--faults: unknown kind(s) {unknown or args.faults!r}; known: {', '.join(FAULTS)}")
-    fault_kinds = [(k, w) for k, w in zip(FAULTS, WEIGHTS) if k in kinds_wanted]
+    kinds, weights = zip(*[(k, w) for k, w in zip(FAULTS, WEIGHTS) if k in kinds_wanted])
     if args.ts_clients is None:
         args.ts_clients = max(2, args.clients // 10)
     rng = random.Random(args.seed)
@@ -1003,7 +1004,7 @@ def main() -> int:
         while time.monotonic() < deadline:
             now = time.monotonic()
             if now >= next_fault and deadline - now > 8:
-                system.fault(rng.choices([k for k, _ in fault_kinds], [w for _, w in fault_kinds])[0], rng)
+                system.fault(rng.choices(kinds, weights)[0], rng)
                 next_fault = time.monotonic() + every * rng.uniform(0.6, 1.4)
             time.sleep(0.2)
         stop.set()

@@ -78,21 +78,22 @@ class RedisCluster:
         (a replica that never synced cannot take over). On timeout the error says what each node last
         reported, so a cluster that would not settle can be diagnosed from the log alone."""
         deadline = time.monotonic() + timeout
-        seen: dict[int, str] = {}
+        seen = "  nothing yet"
         while time.monotonic() < deadline:
             live = [p for p, n in self.nodes.items() if n.alive]
             try:
                 states = {p: (self.info(p), self.replication(p)) for p in live}
             except (OSError, subprocess.TimeoutExpired) as e:
-                seen = {0: f"redis-cli failed: {e}"}
+                seen = f"  redis-cli failed: {e}"
                 time.sleep(0.2)
                 continue
-            seen = {p: f"cluster_state={i.get('cluster_state')} slots_ok={i.get('cluster_slots_ok')} "
-                       f"pfail={i.get('cluster_slots_pfail')} fail={i.get('cluster_slots_fail')} "
-                       f"epoch={i.get('cluster_current_epoch')} role={r.get('role')} "
-                       f"master_port={r.get('master_port', '-')} link={r.get('master_link_status', '-')} "
-                       f"sync_in_progress={r.get('master_sync_in_progress', '-')}"
-                    for p, (i, r) in states.items()}
+            seen = "\n".join(
+                f"  {p}: cluster_state={i.get('cluster_state')} slots_ok={i.get('cluster_slots_ok')} "
+                f"pfail={i.get('cluster_slots_pfail')} fail={i.get('cluster_slots_fail')} "
+                f"epoch={i.get('cluster_current_epoch')} role={r.get('role')} "
+                f"master_port={r.get('master_port', '-')} link={r.get('master_link_status', '-')} "
+                f"sync_in_progress={r.get('master_sync_in_progress', '-')}"
+                for p, (i, r) in sorted(states.items()))
             ok = live and all(i.get("cluster_state") == "ok" for i, _ in states.values())
             synced = all(r.get("role") != "slave" or r.get("master_link_status") == "up"
                          for _, r in states.values())
@@ -100,9 +101,8 @@ class RedisCluster:
                 return
             time.sleep(0.2)
         dead = [p for p, n in self.nodes.items() if not n.alive]
-        lines = "\n".join(f"  {p}: {v}" for p, v in sorted(seen.items()))
         raise TimeoutError(f"cluster {self.name} not ok within {timeout}s (dead nodes: {dead or 'none'}); "
-                           f"last seen:\n{lines}")
+                           f"last seen:\n{seen}")
 
     def masters_now(self) -> list[int]:
         """Ports of the nodes that are masters right now (as a live node sees it)."""
