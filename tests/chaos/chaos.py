@@ -958,7 +958,7 @@ def main() -> int:
     unknown = [k for k in kinds_wanted if k not in FAULTS]
     if unknown or not kinds_wanted:
         ap.error(f"--faults: unknown kind(s) {unknown or args.faults!r}; known: {', '.join(FAULTS)}")
-    kinds, weights = zip(*[(k, w) for k, w in zip(FAULTS, WEIGHTS) if k in kinds_wanted])
+    fault_kinds, fault_weights = zip(*[(k, w) for k, w in zip(FAULTS, WEIGHTS) if k in kinds_wanted])
     if args.ts_clients is None:
         args.ts_clients = max(2, args.clients // 10)
     rng = random.Random(args.seed)
@@ -1004,7 +1004,7 @@ def main() -> int:
         while time.monotonic() < deadline:
             now = time.monotonic()
             if now >= next_fault and deadline - now > 8:
-                system.fault(rng.choices(kinds, weights)[0], rng)
+                system.fault(rng.choices(fault_kinds, fault_weights)[0], rng)
                 next_fault = time.monotonic() + every * rng.uniform(0.6, 1.4)
             time.sleep(0.2)
         stop.set()
