@@ -94,10 +94,22 @@ pub enum Reason {
     /// `contiguity: asserted`, and the continuation did not start with the replica's
     /// contiguity assertion.
     Unasserted,
+    /// The owner failed this continuation in a way that may pass (a refused or reset
+    /// connection, its own 5xx, a full circuit breaker): a later resume may continue.
+    OwnerBusy,
+    /// The store could not keep this session's records (full, or refusing writes), so it
+    /// cannot vouch for the cursor; not a statement that the session ended.
+    RecordsLost,
+    /// A continuation was answered without a replay (no SSE body, 204, another content type,
+    /// a redirect or an error status) while events after the cursor are recorded.
+    ReplayMissing,
+    /// The replica answered SSE with a `Content-Encoding` other than identity: its ids
+    /// cannot be read, so the stream is not relayed.
+    EncodedStream,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 19] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -113,6 +125,10 @@ impl Reason {
         Reason::DuplicateHeader,
         Reason::HostError,
         Reason::Unasserted,
+        Reason::OwnerBusy,
+        Reason::RecordsLost,
+        Reason::ReplayMissing,
+        Reason::EncodedStream,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -132,6 +148,10 @@ impl Reason {
             Reason::DuplicateHeader => "duplicate_header",
             Reason::HostError => "host_error",
             Reason::Unasserted => "unasserted",
+            Reason::OwnerBusy => "owner_busy",
+            Reason::RecordsLost => "records_lost",
+            Reason::ReplayMissing => "replay_missing",
+            Reason::EncodedStream => "encoded_stream",
         }
     }
 }
