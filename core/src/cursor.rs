@@ -12,7 +12,13 @@
 //! | seq              | 1..=10    | u64 as LEB128, minimal encoding only                    |
 //! | replica id len   | 1         | 0..=[`MAX_REPLICA_ID_BYTES`], or 0xFF = not embedded    |
 //! | replica id       | len       | UTF-8 bytes of the replica's own event id               |
+//! | request id len   | 1         | version 4 only: 1..=[`MAX_REQUEST_ID_BYTES`]            |
+//! | request id       | len       | version 4 only: the JSON-RPC id of the POST (raw JSON)  |
 //! | MAC              | 16        | see below, over all bytes before it                     |
+//!
+//! A request stream's cursors are version **4**: version 3's layout and MAC plus the id of the
+//! request that opened the stream, so a refusal can settle the client's pending call without
+//! asking anyone. Every other cursor is version 3.
 //!
 //! The version byte names the MAC (the layout is the same for all three):
 //! - **3**, every cursor minted now: the first 16 bytes of BLAKE3 `keyed_hash(K₃, body)`, where
@@ -41,10 +47,13 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::block_api::compress256;
 use sha2::{Digest, Sha256};
 
+use crate::jsonrpc::{valid_request_id, MAX_REQUEST_ID_BYTES};
 use crate::ownership::StreamKind;
 
-/// The version of every cursor minted now: BLAKE3 `keyed_hash` tag.
+/// The version of every cursor minted now without a request id: BLAKE3 `keyed_hash` tag.
 pub const CURSOR_VERSION: u8 = 3;
+/// Version 3 plus the JSON-RPC id of the request that opened the stream; same MAC.
+pub const CURSOR_VERSION_REQUEST: u8 = 4;
 /// Legacy, verify-only: HMAC-SHA256 tag.
 pub const CURSOR_VERSION_HMAC: u8 = 1;
 /// Legacy, verify-only: one keyed SHA-256 compression (bodies of at most [`ONE_BLOCK`] bytes).
@@ -77,8 +86,10 @@ pub const MAC_BYTES: usize = 16;
 const NOT_EMBEDDED: u8 = 0xFF;
 const FIXED_HEAD: usize = 1 + 1 + 8 + 8 + 1;
 const MAX_VARINT: usize = 10;
-/// Largest binary cursor: fixed head, longest varint, length byte, longest replica id, MAC.
-pub const MAX_CURSOR_BYTES: usize = FIXED_HEAD + MAX_VARINT + 1 + MAX_REPLICA_ID_BYTES + MAC_BYTES;
+/// Largest binary cursor: fixed head, longest varint, length byte, longest replica id, the
+/// longest request id with its length byte, MAC.
+pub const MAX_CURSOR_BYTES: usize =
+    FIXED_HEAD + MAX_VARINT + 1 + MAX_REPLICA_ID_BYTES + 1 + MAX_REQUEST_ID_BYTES + MAC_BYTES;
 /// Smallest binary cursor: one-byte varint, no replica id.
 const MIN_CURSOR_BYTES: usize = FIXED_HEAD + 1 + 1 + MAC_BYTES;
 /// Any longer `Last-Event-ID` is rejected before decoding (unpadded base64 of [`MAX_CURSOR_BYTES`]).
@@ -164,6 +175,9 @@ pub struct Cursor<'a> {
     pub seq: u64,
     /// Embedded only when at most [`MAX_REPLICA_ID_BYTES`] long; otherwise decodes as `None`.
     pub replica_event_id: Option<&'a str>,
+    /// The JSON-RPC id (raw JSON) of the request whose stream this is; carried only when it is
+    /// a valid id of at most [`MAX_REQUEST_ID_BYTES`] (see [`crate::jsonrpc`]).
+    pub request_id: Option<&'a str>,
 }
 
 /// A verified cursor. The session binding is not checked here (the caller knows the session).
@@ -175,6 +189,8 @@ pub struct DecodedCursor {
     pub kind: StreamKind,
     pub seq: u64,
     pub replica_event_id: Option<String>,
+    /// The opening request's JSON-RPC id (raw JSON), for a version-4 cursor.
+    pub request_id: Option<String>,
 }
 
 impl DecodedCursor {
@@ -267,7 +283,14 @@ impl Keyring {
     /// Appends the text cursor to `out`; allocates only if `out` must grow.
     pub fn encode_into(&self, c: &Cursor<'_>, out: &mut String) {
         let mut buf = Buf::new();
-        buf.push(&[CURSOR_VERSION, self.active]);
+        let request_id = c
+            .request_id
+            .filter(|r| r.len() <= MAX_REQUEST_ID_BYTES && !r.is_empty());
+        let version = match request_id {
+            Some(_) => CURSOR_VERSION_REQUEST,
+            None => CURSOR_VERSION,
+        };
+        buf.push(&[version, self.active]);
         buf.push(&c.session);
         buf.push(&c.incarnation.to_be_bytes());
         buf.push(&[c.kind.as_u8()]);
@@ -281,6 +304,11 @@ impl Keyring {
                 buf.push(r.as_bytes());
             }
             _ => buf.push(&[NOT_EMBEDDED]),
+        }
+        if let Some(r) = request_id {
+            // Fits in u8: MAX_REQUEST_ID_BYTES < 0xFF.
+            buf.push(&[r.len() as u8]);
+            buf.push(r.as_bytes());
         }
         if let Some(key) = self.key(self.active) {
             let tag = v3_tag(&key.blake3, buf.bytes());
@@ -302,7 +330,7 @@ impl Keyring {
         let bytes = raw.get(..n).ok_or(CursorError::Malformed)?;
         let version = match bytes.first() {
             None => return Err(CursorError::Malformed),
-            Some(&CURSOR_VERSION) => CURSOR_VERSION,
+            Some(&v @ (CURSOR_VERSION | CURSOR_VERSION_REQUEST)) => v,
             Some(&v @ (CURSOR_VERSION_HMAC | CURSOR_VERSION_ONE_BLOCK)) if self.legacy => v,
             Some(_) => return Err(CursorError::UnknownVersion),
         };
@@ -315,7 +343,7 @@ impl Keyring {
             .split_at_checked(n - MAC_BYTES)
             .ok_or(CursorError::Malformed)?;
         let authentic = match version {
-            CURSOR_VERSION => ct_eq(&v3_tag(&key.blake3, body), tag),
+            CURSOR_VERSION | CURSOR_VERSION_REQUEST => ct_eq(&v3_tag(&key.blake3, body), tag),
             // Only single-block bodies were ever signed this way.
             CURSOR_VERSION_ONE_BLOCK => {
                 let want = one_block_tag(&key.one_block, body).ok_or(CursorError::Malformed)?;
@@ -330,7 +358,7 @@ impl Keyring {
         if !authentic {
             return Err(CursorError::BadMac);
         }
-        parse_body(key_id, body)
+        parse_body(version, key_id, body)
     }
 }
 
@@ -393,7 +421,7 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Parses the MAC-verified body; any deviation from the layout is `Malformed`.
-fn parse_body(key_id: u8, body: &[u8]) -> Result<DecodedCursor, CursorError> {
+fn parse_body(version: u8, key_id: u8, body: &[u8]) -> Result<DecodedCursor, CursorError> {
     let mut r = Reader(body);
     r.take(2)?; // version and key id, already checked
     let session: [u8; 8] = r.array()?;
@@ -412,6 +440,16 @@ fn parse_body(key_id: u8, body: &[u8]) -> Result<DecodedCursor, CursorError> {
         }
         _ => return Err(CursorError::Malformed),
     };
+    let request_id = if version == CURSOR_VERSION_REQUEST {
+        let len = usize::from(r.byte()?);
+        let b = r.take(len)?;
+        match std::str::from_utf8(b) {
+            Ok(id) if len <= MAX_REQUEST_ID_BYTES && valid_request_id(id) => Some(id.to_owned()),
+            _ => return Err(CursorError::Malformed),
+        }
+    } else {
+        None
+    };
     if !r.0.is_empty() {
         return Err(CursorError::Malformed);
     }
@@ -422,6 +460,7 @@ fn parse_body(key_id: u8, body: &[u8]) -> Result<DecodedCursor, CursorError> {
         kind,
         seq,
         replica_event_id,
+        request_id,
     })
 }
 
@@ -584,6 +623,7 @@ mod tests {
 
     fn sample(replica: Option<&str>) -> Cursor<'_> {
         Cursor {
+            request_id: None,
             session: session_binding(b"sess-1"),
             incarnation: 0x0102_0304_0506_0708,
             kind: StreamKind::Request,
@@ -598,6 +638,7 @@ mod tests {
             && c.kind == d.kind
             && c.seq == d.seq
             && c.replica_event_id == d.replica_event_id.as_deref()
+            && c.request_id == d.request_id.as_deref()
     }
 
     /// Decodes text into raw bytes (test helper).
@@ -607,7 +648,11 @@ mod tests {
 
     /// Builds a cursor body by hand and signs it (version 3), to reach post-MAC parse errors.
     fn signed(key_fill: u8, key_id: u8, body: &[u8]) -> String {
-        let mut b = vec![CURSOR_VERSION, key_id];
+        signed_as(CURSOR_VERSION, key_fill, key_id, body)
+    }
+
+    fn signed_as(version: u8, key_fill: u8, key_id: u8, body: &[u8]) -> String {
+        let mut b = vec![version, key_id];
         b.extend_from_slice(body);
         let k3 = blake3::derive_key(K3_CONTEXT, &[key_fill; 32]);
         let tag = blake3::keyed_hash(&k3, &b);
@@ -645,10 +690,54 @@ mod tests {
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn a_request_id_rides_in_a_version_4_cursor() {
+        let r = ring(7, 0xAB);
+        for id in ["0", "12345", "\"req-1\"", "-2.5e1"] {
+            let c = Cursor {
+                request_id: Some(id),
+                ..sample(Some("ev-1"))
+            };
+            let text = r.encode(&c);
+            assert_eq!(raw(&text)[0], CURSOR_VERSION_REQUEST);
+            assert!(matches!(&r.decode(&text), Ok(d) if same(&c, d)), "{id}");
+        }
+        // Without one (or with one too long to carry) it stays version 3.
+        let too_long = format!("\"{}\"", "r".repeat(MAX_REQUEST_ID_BYTES));
+        for id in [None, Some(""), Some(too_long.as_str())] {
+            let c = Cursor {
+                request_id: id,
+                ..sample(Some("ev-1"))
+            };
+            let text = r.encode(&c);
+            assert_eq!(raw(&text)[0], CURSOR_VERSION);
+            assert!(matches!(&r.decode(&text), Ok(d) if d.request_id.is_none()));
+        }
+        // A signed version-4 body whose id is not a JSON number or string is malformed.
+        let mut body = session_binding(b"s").to_vec();
+        body.extend_from_slice(&7u64.to_be_bytes());
+        body.extend_from_slice(&[1, 5, NOT_EMBEDDED]);
+        for bad in [&b"null"[..], b"{}", b"1,2", b"", b"\"a"] {
+            let mut b = body.clone();
+            b.push(bad.len() as u8);
+            b.extend_from_slice(bad);
+            let text = signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &b);
+            assert_eq!(r.decode(&text), Err(CursorError::Malformed), "{bad:?}");
+        }
+        let mut ok = body.clone();
+        ok.extend_from_slice(&[1, b'9']);
+        assert!(r
+            .decode(&signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &ok))
+            .is_ok());
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn extremes_round_trip_and_fit_the_bound() {
         let r = ring(0, 1);
         let long = "x".repeat(MAX_REPLICA_ID_BYTES);
+        let long_request = format!("\"{}\"", "r".repeat(MAX_REQUEST_ID_BYTES - 2));
         let c = Cursor {
+            request_id: Some(&long_request),
             session: [0xFF; 8],
             incarnation: u64::MAX,
             kind: StreamKind::Get,
@@ -688,7 +777,7 @@ mod tests {
         assert_eq!(r.decode(&format!("{good}=")), Err(CursorError::Malformed));
         // An unknown version with an otherwise valid shape.
         let mut b = raw(&good);
-        b[0] = 4;
+        b[0] = 5;
         assert_eq!(
             r.decode(&URL_SAFE_NO_PAD.encode(&b)),
             Err(CursorError::UnknownVersion)
@@ -878,6 +967,7 @@ mod tests {
             [0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea]
         );
         let d = DecodedCursor {
+            request_id: None,
             key_id: 0,
             session: session_binding(b"abc"),
             incarnation: 0,
@@ -930,7 +1020,7 @@ mod tests {
             #[test]
             fn round_trips((session, incarnation, kind, seq, replica) in fields(), id in any::<u8>(), fill in any::<u8>()) {
                 let r = ring(id, fill);
-                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref(), request_id: None };
                 let text = r.encode(&c);
                 prop_assert!(text.len() <= MAX_CURSOR_CHARS);
                 let d = r.decode(&text);
@@ -947,7 +1037,7 @@ mod tests {
             #[test]
             fn any_bit_flip_is_rejected((session, incarnation, kind, seq, replica) in fields(), bit in any::<prop::sample::Index>()) {
                 let r = ring(1, 0x5A);
-                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref(), request_id: None };
                 let mut b = raw(&r.encode(&c));
                 let i = bit.index(b.len() * 8);
                 b[i / 8] ^= 1 << (i % 8);
@@ -957,7 +1047,7 @@ mod tests {
             #[test]
             fn any_truncation_is_rejected((session, incarnation, kind, seq, replica) in fields(), cut in any::<prop::sample::Index>()) {
                 let r = ring(1, 0x5A);
-                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref(), request_id: None };
                 let text = r.encode(&c);
                 let bytes = raw(&text);
                 let keep = cut.index(bytes.len());
@@ -971,7 +1061,7 @@ mod tests {
                 prop_assume!(a != b);
                 let ra = Keyring::new(Key { id: 1, secret: a.to_vec() }, vec![]).unwrap_or_else(|_| unreachable!());
                 let rb = Keyring::new(Key { id: 1, secret: b.to_vec() }, vec![]).unwrap_or_else(|_| unreachable!());
-                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref() };
+                let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref(), request_id: None };
                 prop_assert_eq!(rb.decode(&ra.encode(&c)), Err(CursorError::BadMac));
             }
 

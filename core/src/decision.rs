@@ -257,6 +257,7 @@ mod tests {
 
     fn cursor_for(keys: &Keyring, sid: &str) -> String {
         keys.encode(&crate::cursor::Cursor {
+            request_id: None,
             session: session_binding(sid.as_bytes()),
             incarnation: 5,
             kind: StreamKind::Get,

@@ -59,6 +59,7 @@ fn bd(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, chunk: &[u8], eos:
 
 fn cursor(w: &Worker, inc: u64, seq: u64, id: &str) -> String {
     w.config.keyring.encode(&Cursor {
+        request_id: None,
         session: crate::cursor::session_binding(SID.as_bytes()),
         incarnation: inc,
         kind: StreamKind::Get,
@@ -443,6 +444,7 @@ fn session_ids_are_hashed_as_raw_bytes() {
     let raw: Vec<u8> = vec![b's', 0xff, 0xfe, b'1'];
     let lossy = String::from_utf8_lossy(&raw).into_owned();
     let c = w.config.keyring.encode(&Cursor {
+        request_id: None,
         session: crate::cursor::session_binding(&raw),
         incarnation: 9,
         kind: StreamKind::Get,

@@ -9,6 +9,7 @@ pub mod cursor;
 pub mod decision;
 pub mod exchange;
 pub mod host;
+pub mod jsonrpc;
 pub mod ownership;
 pub mod path;
 pub mod records;

@@ -98,6 +98,8 @@ struct IdMap {
     expected: VecDeque<String>,
     /// The cursor's own event, which some servers (rmcp) send again first.
     echo: Option<String>,
+    /// The opening request's JSON-RPC id, carried in every cursor of a request stream.
+    request_id: Option<String>,
     /// Replica ids relayed since the last `clear_relayed`; their seqs end just before
     /// `next_seq`, so the first one is derived, not stored.
     relayed: RelayedIds,
@@ -121,6 +123,7 @@ impl StreamState {
                 next_seq: 1,
                 expected: VecDeque::new(),
                 echo: None,
+                request_id: None,
                 relayed: RelayedIds::default(),
                 rewritten: 0,
             },
@@ -147,6 +150,7 @@ impl StreamState {
         );
         s.ids.next_seq = cursor.seq.saturating_add(1);
         s.ids.expected = expected.into();
+        s.ids.request_id = cursor.request_id.clone();
         if suppress_echo {
             s.ids.echo = cursor.replica_event_id.clone();
         }
@@ -157,6 +161,22 @@ impl StreamState {
             max_hold,
         ));
         s
+    }
+
+    /// Carries the opening request's JSON-RPC id in every cursor of this stream.
+    pub fn with_request_id(mut self, id: Option<String>) -> Self {
+        self.ids.request_id = id;
+        self
+    }
+
+    /// The opening request's JSON-RPC id this stream carries.
+    pub fn request_id(&self) -> Option<&str> {
+        self.ids.request_id.as_deref()
+    }
+
+    /// The stream's kind.
+    pub fn kind(&self) -> StreamKind {
+        self.ids.kind
     }
 
     /// What a continuation without the replica's assertion gets (no effect on fresh streams).
@@ -558,6 +578,7 @@ impl IdMap {
             kind: self.kind,
             seq,
             replica_event_id: Some(id),
+            request_id: self.request_id.as_deref(),
         });
         self.relayed.push(id, digest);
         self.rewritten += 1;
@@ -637,6 +658,7 @@ mod tests {
 
     fn cursor_at(seq: u64, id: &str) -> DecodedCursor {
         DecodedCursor {
+            request_id: None,
             key_id: 1,
             session: [1; 8],
             incarnation: 42,

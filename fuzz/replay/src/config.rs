@@ -34,6 +34,7 @@ pub fn config_parse(data: &[u8]) {
             let ids: Vec<u8> = cfg.keyring.key_ids().collect();
             assert_eq!(ids.first(), Some(&cfg.keyring.active_id()));
             let c = Cursor {
+                request_id: None,
                 session: [7; 8],
                 incarnation: 9,
                 kind: StreamKind::Get,

@@ -12,7 +12,8 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use mcp_resume_core::cursor::{
     Cursor, CursorError, DecodedCursor, CURSOR_VERSION, CURSOR_VERSION_HMAC,
-    CURSOR_VERSION_ONE_BLOCK, MAC_BYTES, MAX_CURSOR_CHARS, MAX_REPLICA_ID_BYTES,
+    CURSOR_VERSION_ONE_BLOCK, CURSOR_VERSION_REQUEST, MAC_BYTES, MAX_CURSOR_CHARS,
+    MAX_REPLICA_ID_BYTES,
 };
 use mcp_resume_core::ownership::StreamKind;
 use sha2::Sha256;
@@ -85,6 +86,7 @@ fn encode_decode(rest: &[u8]) {
         return;
     };
     let c = Cursor {
+        request_id: None,
         session: f.session,
         incarnation: f.incarnation,
         kind: if f.request {
@@ -105,6 +107,7 @@ fn encode_decode(rest: &[u8]) {
         .replica_event_id
         .filter(|r| r.len() <= MAX_REPLICA_ID_BYTES);
     let want = DecodedCursor {
+        request_id: None,
         key_id: ACTIVE,
         session: c.session,
         incarnation: c.incarnation,
@@ -116,10 +119,11 @@ fn encode_decode(rest: &[u8]) {
 }
 
 /// `raw` decoded to `d`: the fields re-encoded give the same bytes between the key id and the
-/// MAC (new cursors are always version 3; legacy versions 1 and 2 only verify).
+/// MAC (new cursors are version 3, or 4 with a request id; legacy versions 1 and 2 only verify).
 fn assert_canonical(raw: &[u8], d: &DecodedCursor) {
     assert!(d.key_id == ACTIVE || d.key_id == VERIFY_ONLY);
     let c = Cursor {
+        request_id: d.request_id.as_deref(),
         session: d.session,
         incarnation: d.incarnation,
         kind: d.kind,
@@ -138,6 +142,7 @@ fn assert_canonical(raw: &[u8], d: &DecodedCursor) {
     assert!(
         [
             CURSOR_VERSION,
+            CURSOR_VERSION_REQUEST,
             CURSOR_VERSION_HMAC,
             CURSOR_VERSION_ONE_BLOCK
         ]
@@ -145,10 +150,15 @@ fn assert_canonical(raw: &[u8], d: &DecodedCursor) {
         .contains(&version),
         "{version:?}"
     );
+    let minted = if d.request_id.is_some() {
+        CURSOR_VERSION_REQUEST
+    } else {
+        CURSOR_VERSION
+    };
     assert_eq!(
         again.first().copied(),
-        Some(CURSOR_VERSION),
-        "new cursors are version 3"
+        Some(minted),
+        "new cursors are version 3, or 4 with a request id"
     );
     assert_eq!(
         keyring()

@@ -349,6 +349,7 @@ impl Run {
                 seq,
                 replica,
             } => self.w.config.keyring.encode(&Cursor {
+                request_id: None,
                 session: session_binding(pick(&SESSIONS, *session).as_bytes()),
                 incarnation: u64::from(*incarnation),
                 kind: if *request {

@@ -109,6 +109,7 @@ pub fn stream_state(data: &[u8]) {
         Some(c) => {
             let seq = c.seq % (MAX_SEQ + 1);
             let cursor = DecodedCursor {
+                request_id: None,
                 key_id: ACTIVE,
                 session: inp.session,
                 incarnation: inp.incarnation,
