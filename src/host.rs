@@ -66,17 +66,33 @@ pub fn call_body(size: usize) -> Option<Vec<u8>> {
 }
 
 pub fn response_body(size: usize) -> Option<Vec<u8>> {
+    body(BufferType::HttpResponseBody, size)
+}
+
+pub fn request_body(size: usize) -> Option<Vec<u8>> {
+    body(BufferType::HttpRequestBody, size)
+}
+
+/// This callback's body chunk; `None` when the host refused it.
+fn body(which: BufferType, size: usize) -> Option<Vec<u8>> {
     // An empty chunk (often the last) needs no host call.
     if size == 0 {
         return Some(Vec::new());
     }
-    match hc::get_buffer(BufferType::HttpResponseBody, 0, size) {
+    match hc::get_buffer(which, 0, size) {
         Ok(b) => Some(b.unwrap_or_default()),
         Err(s) => {
-            warn("get response body", s);
+            warn("get body", s);
             None
         }
     }
+}
+
+fn property(path: Vec<&str>) -> Option<String> {
+    hc::get_property(path)
+        .ok()
+        .flatten()
+        .and_then(|b| String::from_utf8(b).ok())
 }
 
 /// Metric ids, one per [`Stat`] in [`Stat::all`] order; 0 where the host refused to define one
@@ -140,10 +156,11 @@ impl Host for ProxyHost<'_> {
     }
 
     fn upstream_address(&self) -> Option<String> {
-        hc::get_property(vec!["upstream", "address"])
-            .ok()
-            .flatten()
-            .and_then(|b| String::from_utf8(b).ok())
+        property(vec!["upstream", "address"])
+    }
+
+    fn response_code_details(&self) -> Option<String> {
+        property(vec!["response", "code_details"])
     }
 
     fn set_request_header(&mut self, name: &str, value: &str) {

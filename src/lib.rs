@@ -138,7 +138,15 @@ impl HttpContext for Guard {
         )
     }
 
-    fn on_http_response_headers(&mut self, _n: usize, _eos: bool) -> Action {
+    fn on_http_request_body(&mut self, size: usize, eos: bool) -> Action {
+        if self.exchange.wants_request_body() {
+            let chunk = host::request_body(size);
+            self.exchange.on_request_body(chunk.as_deref(), eos);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _n: usize, eos: bool) -> Action {
         let mut h = ProxyHost {
             metrics: &self.metrics,
             body_size: 0,
@@ -152,7 +160,7 @@ impl HttpContext for Guard {
         let headers = host::header_map(MapType::HttpResponseHeaders);
         action(
             self.exchange
-                .on_response_headers(&mut w, &mut h, headers.as_deref()),
+                .on_response_headers(&mut w, &mut h, headers.as_deref(), eos),
         )
     }
 

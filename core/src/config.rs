@@ -13,6 +13,10 @@ pub enum Policy {
     Restart,
     /// Answer locally with a JSON-RPC style error (`reject_status`, never 404 or 405).
     Reject,
+    /// For a request stream: answer `200 text/event-stream` with the control event and a
+    /// JSON-RPC error for the opening request's id, so the client's pending call settles at
+    /// once. Other streams are restarted.
+    Settle,
 }
 
 /// What evidence a continuation needs before its events are relayed
@@ -53,7 +57,7 @@ fn default_get_policy() -> Policy {
     Policy::Restart
 }
 fn default_request_policy() -> Policy {
-    Policy::Reject
+    Policy::Settle
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -400,7 +404,7 @@ mod tests {
         assert!(c.is_mcp_path("/mcp?x=1"));
         assert!(!c.is_mcp_path("/mcpx"));
         assert_eq!(c.policy.get_stream, Policy::Restart);
-        assert_eq!(c.policy.request_stream, Policy::Reject);
+        assert_eq!(c.policy.request_stream, Policy::Settle);
         assert_eq!(c.reject_status, 409);
         assert_eq!(c.owner_header, "x-mcp-owner");
         assert_eq!(c.ownership.timeout_ms, 250);

@@ -108,12 +108,18 @@ pub enum LocalVerdict {
     Refuse {
         reason: Reason,
         kind: Option<StreamKind>,
+        /// The opening request's JSON-RPC id the cursor carries, when it could be read.
+        request_id: Option<String>,
     },
 }
 
 /// Version, method, format/MAC/key, then session binding; in that order.
 pub fn check_locally(keys: &Keyring, req: &CursorRequest<'_>) -> LocalVerdict {
-    let refuse = |reason, kind| LocalVerdict::Refuse { reason, kind };
+    let refuse = |reason, kind| LocalVerdict::Refuse {
+        reason,
+        kind,
+        request_id: None,
+    };
     if !version_resumable(req.protocol_version) {
         return refuse(Reason::NotResumableVersion, None);
     }
@@ -128,13 +134,15 @@ pub fn check_locally(keys: &Keyring, req: &CursorRequest<'_>) -> LocalVerdict {
         Ok(c) => c,
         Err(_) => return refuse(Reason::ForeignCursor, None),
     };
-    let kind = Some(cursor.kind);
-    match req.session_id {
-        None => refuse(Reason::SessionInactive, kind),
-        Some(sid) if session_binding(sid) != cursor.session => {
-            refuse(Reason::SessionMismatch, kind)
-        }
-        Some(_) => LocalVerdict::Ask(cursor),
+    let reason = match req.session_id {
+        None => Reason::SessionInactive,
+        Some(sid) if session_binding(sid) != cursor.session => Reason::SessionMismatch,
+        Some(_) => return LocalVerdict::Ask(cursor),
+    };
+    LocalVerdict::Refuse {
+        reason,
+        kind: Some(cursor.kind),
+        request_id: cursor.request_id,
     }
 }
 
@@ -285,7 +293,11 @@ mod tests {
     }
 
     fn refused(reason: Reason, kind: Option<StreamKind>) -> LocalVerdict {
-        LocalVerdict::Refuse { reason, kind }
+        LocalVerdict::Refuse {
+            reason,
+            kind,
+            request_id: None,
+        }
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

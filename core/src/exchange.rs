@@ -12,6 +12,7 @@ use crate::config::{Config, Policy};
 use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, DecodedCursor};
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
 use crate::host::{CalloutFailure, Host, Stat};
+use crate::jsonrpc::{RequestIdScanner, Scan};
 use crate::ownership::{
     check_version, Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
 };
@@ -25,6 +26,11 @@ pub const MCP_RESUME_HEADER: &str = "mcp-resume";
 pub const INVALID_VERSION: &str = "invalid";
 /// The worker's scratch buffer is dropped after a chunk that grew it beyond this.
 const SCRATCH_KEEP_BYTES: usize = 1 << 20;
+/// The JSON-RPC error code of a refused resume (in the 409 body and the settling answer).
+pub const REFUSED_CODE: i64 = -32010;
+/// `response.code_details` of strict stateful_session when the owner is not in the cluster:
+/// the one failure that shows the owner is gone, not just busy.
+pub const OWNER_NOT_IN_CLUSTER: &str = "no_healthy_upstream";
 
 /// What the proxy does with the request or response after an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +110,10 @@ struct RequestInfo {
     /// `Mcp-Session-Id` of the response: an SSE `initialize` response relays its events
     /// before any request carried the session id.
     response_session_id: Option<Vec<u8>>,
+    /// A POST's JSON-RPC id while its body is still being read ([`RequestIdScanner`]).
+    id_scan: Option<Box<RequestIdScanner>>,
+    /// The POST's JSON-RPC id (raw JSON), once found: its stream's cursors carry it.
+    request_id: Option<String>,
 }
 
 /// The request headers the exchange reads, from one pass over the map. Repeated headers the
@@ -119,6 +129,7 @@ struct RequestView<'h> {
     version: Option<&'h [u8]>,
     versions: usize,
     owner_header: bool,
+    accept_encoding: Option<&'h [u8]>,
 }
 
 impl<'h> RequestView<'h> {
@@ -142,6 +153,8 @@ impl<'h> RequestView<'h> {
                 first(&mut r.version, &mut r.versions);
             } else if k.eq_ignore_ascii_case(owner_header) {
                 r.owner_header = true;
+            } else if k.eq_ignore_ascii_case("accept-encoding") {
+                r.accept_encoding.get_or_insert(v);
             }
         }
         r
@@ -231,6 +244,38 @@ impl Exchange {
         }
     }
 
+    /// Whether the adapter must read the next request body chunk and pass it to
+    /// [`Exchange::on_request_body`] (a POST whose JSON-RPC id is not found yet).
+    pub fn wants_request_body(&self) -> bool {
+        self.req.id_scan.is_some()
+    }
+
+    /// One request body chunk (`None`: the host could not read it; the id is then unknown and
+    /// a refusal of this stream's cursors cannot name it). The chunk always passes unchanged.
+    pub fn on_request_body(&mut self, chunk: Option<&[u8]>, eos: bool) {
+        let Some(scan) = self.req.id_scan.as_mut() else {
+            return;
+        };
+        let found = match chunk {
+            Some(c) => {
+                scan.push(c);
+                if eos {
+                    scan.finish();
+                }
+                scan.result().clone()
+            }
+            None => Scan::None,
+        };
+        match found {
+            Scan::Pending => {}
+            Scan::Found(id) => {
+                self.req.request_id = Some(id);
+                self.req.id_scan = None;
+            }
+            Scan::None => self.req.id_scan = None,
+        }
+    }
+
     /// Whether the adapter must read the next body chunk and pass it in (otherwise it passes
     /// through untouched and need not be read at all).
     pub fn wants_body(&self) -> bool {
@@ -270,6 +315,14 @@ impl Exchange {
         }
         self.req.mcp = true;
         self.req.method = h.method.map(lossy).unwrap_or_default();
+        // The guard must read every SSE answer: replicas are asked for identity encoding (an
+        // encoded SSE answer is refused, `encoded_stream`). A compressor belongs after the guard.
+        if h.accept_encoding != Some(&b"identity"[..]) {
+            host.set_request_header("accept-encoding", "identity");
+        }
+        if self.req.method == "POST" {
+            self.req.id_scan = Some(Box::default());
+        }
         // A repeated session id is ambiguous: nothing is recorded or bound for it.
         self.req.session_id = h
             .session_id
@@ -282,7 +335,7 @@ impl Exchange {
         host.count(Stat::CursorsSeen, 1);
         if h.last_event_ids > 1 || h.session_ids > 1 || h.versions > 1 {
             // Which value would the replica read? Not a question to guess at.
-            return self.refuse(w, host, Reason::DuplicateHeader, None);
+            return self.refuse(w, host, Reason::DuplicateHeader, None, None);
         }
         let req = CursorRequest {
             is_get: self.req.method == "GET",
@@ -291,7 +344,11 @@ impl Exchange {
             protocol_version: self.req.protocol_version.as_deref(),
         };
         match check_locally(&cfg.keyring, &req) {
-            LocalVerdict::Refuse { reason, kind } => self.refuse(w, host, reason, kind),
+            LocalVerdict::Refuse {
+                reason,
+                kind,
+                request_id,
+            } => self.refuse(w, host, reason, kind, request_id.as_deref()),
             LocalVerdict::Ask(cursor) => {
                 let sid = self.req.session_id.clone().unwrap_or_default();
                 self.ask(w, host, cursor, &sid)
@@ -325,12 +382,12 @@ impl Exchange {
         let action = match status {
             // A reset after the callout's headers, or a failure before any response, arrives
             // without headers; Envoy reports timeouts and refused connections as its own 503/504.
-            None => self.callout_failed(w, host, cursor.kind, CalloutFailure::NoResponse),
+            None => self.callout_failed(w, host, &cursor, CalloutFailure::NoResponse),
             Some(200) => {
                 let verdict = body.and_then(|b| serde_json::from_slice(b).ok());
                 self.on_verdict(w, host, cursor, verdict)
             }
-            Some(_) => self.callout_failed(w, host, cursor.kind, CalloutFailure::Status),
+            Some(_) => self.callout_failed(w, host, &cursor, CalloutFailure::Status),
         };
         if action == Action::Continue {
             host.resume_request();
@@ -350,12 +407,14 @@ impl Exchange {
         host.remove_response_header(&w.config.owner_header);
     }
 
-    /// The response headers, or `None` when the host could not read them.
+    /// The response headers, or `None` when the host could not read them; `end_of_stream`:
+    /// the response has no body (headers only).
     pub fn on_response_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
         &mut self,
         w: &mut Worker,
         host: &mut H,
         headers: Option<&[(K, V)]>,
+        end_of_stream: bool,
     ) -> Action {
         if !self.wants_response_headers() {
             self.on_response_headers_unread(w, host);
@@ -396,6 +455,8 @@ impl Exchange {
             }
         }
         self.record_session(w, host, status);
+        // The body is final now: a POST's id not found yet is not coming.
+        self.req.id_scan = None;
         let is_sse = header(headers, "content-type")
             .map(|ct| {
                 lossy(ct)
@@ -404,10 +465,36 @@ impl Exchange {
                     .starts_with("text/event-stream")
             })
             .unwrap_or(false);
+        let sse_ok = is_sse && (200..300).contains(&status);
+        if sse_ok && encoded(header(headers, "content-encoding")) {
+            // Its ids cannot be read, rewritten or checked: never relayed.
+            let (kind, request_id) = self.stream_identity();
+            self.refuse_response(w, host, Reason::EncodedStream, kind, request_id.as_deref());
+            return Action::Continue;
+        }
+        if let Phase::Continuing {
+            cursor, expected, ..
+        } = &self.phase
+        {
+            // Events after the cursor are recorded, and the owner answered without a replay
+            // (no SSE, an error, or no body at all): what it holds is not that log.
+            if !expected.is_empty() && (!sse_ok || end_of_stream) {
+                let cursor = cursor.clone();
+                self.record_stream_lost(w, host, &cursor);
+                self.refuse_response(
+                    w,
+                    host,
+                    Reason::ReplayMissing,
+                    cursor.kind,
+                    cursor.request_id.as_deref(),
+                );
+                return Action::Continue;
+            }
+        }
         if let Some(refusal) = self.refusal {
             host.set_response_header(MCP_RESUME_HEADER, &refusal.header());
         }
-        if is_sse && (200..300).contains(&status) {
+        if sse_ok {
             self.control_pending = self.refusal.map(|r| r.reason);
             // The rewritten body's length differs; most SSE answers have none to remove.
             if header(headers, "content-length").is_some() {
@@ -446,13 +533,13 @@ impl Exchange {
             None => {
                 // The chunk is lost: what follows would not be contiguous. Cut, say so.
                 host.count(Stat::HostErrors, 1);
-                self.cut(&mut out, Reason::HostError);
+                self.cut(w, &mut out, Reason::HostError);
             }
             Some(_) if self.forked(w, host) => {
                 // A newer continuation of this incarnation owns it now (newest wins): this one
                 // ends, explicitly, and records nothing more (the owner's log is fine).
                 host.count(Stat::Forked, 1);
-                self.cut(&mut out, Reason::Forked);
+                self.cut(w, &mut out, Reason::Forked);
             }
             Some(chunk) => self.relay(w, host, chunk, eos, &mut out),
         }
@@ -487,6 +574,7 @@ impl Exchange {
         }
         if flow == Flow::CutReplayMismatch {
             self.cut_sent = true;
+            self.settle_tail(w, out, cut_reason.unwrap_or(Reason::ReplayMismatch));
             // Tell the cluster once; the control event is already in `out`.
             if let Phase::Continuing { cursor, .. } =
                 std::mem::replace(&mut self.phase, Phase::Replied)
@@ -503,13 +591,14 @@ impl Exchange {
 
     /// Ends the stream after the control event for `reason` (left out when the output so far
     /// ends inside an event: the next chunk resets the stream instead).
-    fn cut(&mut self, out: &mut Vec<u8>, reason: Reason) {
+    fn cut(&mut self, w: &Worker, out: &mut Vec<u8>, reason: Reason) {
         let mid_block = self
             .stream
             .as_ref()
             .is_some_and(StreamState::output_mid_block);
         if !mid_block {
             out.extend_from_slice(control_event(reason).as_bytes());
+            self.settle_tail(w, out, reason);
         }
         self.cut_sent = true;
         self.phase = Phase::Replied;
@@ -539,19 +628,25 @@ impl Exchange {
         }
     }
 
-    /// Refuse a cursor: strip it and forward (restart), or answer locally (reject).
+    /// Refuse a cursor: strip it and forward (restart), or answer locally (settle a request
+    /// stream's pending call, or reject).
     fn refuse<H: Host>(
         &mut self,
         w: &mut Worker,
         host: &mut H,
         reason: Reason,
         kind: Option<StreamKind>,
+        request_id: Option<&str>,
     ) -> Action {
         host.count(Stat::Refused(reason), 1);
         let is_get = self.req.method == "GET";
         match w.config.policy_for(kind, reason) {
             Policy::Reject if is_get => {
                 self.reject(w, host, reason);
+                Action::Pause
+            }
+            Policy::Settle if is_get && kind == Some(StreamKind::Request) => {
+                self.settle(host, reason, request_id);
                 Action::Pause
             }
             _ => {
@@ -570,6 +665,66 @@ impl Exchange {
                 );
                 Action::Continue
             }
+        }
+    }
+
+    /// A refusal once the request went to the owner (no restart is possible any more): a
+    /// request stream's pending call is settled, anything else is rejected.
+    fn refuse_response<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        reason: Reason,
+        kind: StreamKind,
+        request_id: Option<&str>,
+    ) {
+        host.count(Stat::Refused(reason), 1);
+        if kind == StreamKind::Request && w.config.policy.request_stream == Policy::Settle {
+            self.settle(host, reason, request_id);
+        } else {
+            self.reject(w, host, reason);
+        }
+    }
+
+    /// Answers a request stream's cursor with its end: the control event, then a JSON-RPC
+    /// error for the opening request, which settles the client's pending call at once.
+    fn settle<H: Host>(&mut self, host: &mut H, reason: Reason, request_id: Option<&str>) {
+        host.count(Stat::Rejected, 1);
+        self.phase = Phase::Replied;
+        let mut body = control_event(reason);
+        body.push_str(&settle_event(reason, request_id));
+        let header = format!("rejected; reason={reason}");
+        host.send_local_response(
+            200,
+            &[
+                ("content-type", "text/event-stream"),
+                ("cache-control", "no-cache"),
+                (MCP_RESUME_HEADER, &header),
+            ],
+            body.as_bytes(),
+        );
+    }
+
+    /// After a cut's control event in `out`: a request stream the client relies on also gets
+    /// the error that settles its pending call. Not after `forked`: the newer branch goes on.
+    fn settle_tail(&self, w: &Worker, out: &mut Vec<u8>, reason: Reason) {
+        let Some(stream) = self.stream.as_ref() else {
+            return;
+        };
+        let settles = stream.kind() == StreamKind::Request
+            && w.config.policy.request_stream == Policy::Settle
+            && reason != Reason::Forked;
+        if settles && out.ends_with(control_event(reason).as_bytes()) {
+            out.extend_from_slice(settle_event(reason, stream.request_id()).as_bytes());
+        }
+    }
+
+    /// The kind and request id of this response's stream (continued or about to open).
+    fn stream_identity(&self) -> (StreamKind, Option<String>) {
+        match &self.phase {
+            Phase::Continuing { cursor, .. } => (cursor.kind, cursor.request_id.clone()),
+            _ if self.req.method == "GET" => (StreamKind::Get, None),
+            _ => (StreamKind::Request, self.req.request_id.clone()),
         }
     }
 
@@ -603,7 +758,7 @@ impl Exchange {
         };
         let body = match serde_json::to_vec(&query) {
             Ok(b) => b,
-            Err(_) => return self.callout_failed(w, host, cursor.kind, CalloutFailure::Encode),
+            Err(_) => return self.callout_failed(w, host, &cursor, CalloutFailure::Encode),
         };
         let o = &w.config.ownership;
         let mut headers = vec![
@@ -625,7 +780,7 @@ impl Exchange {
                 };
                 Action::Pause
             }
-            None => self.callout_failed(w, host, cursor.kind, CalloutFailure::Dispatch),
+            None => self.callout_failed(w, host, &cursor, CalloutFailure::Dispatch),
         }
     }
 
@@ -634,12 +789,13 @@ impl Exchange {
         &mut self,
         w: &mut Worker,
         host: &mut H,
-        kind: StreamKind,
+        cursor: &DecodedCursor,
         how: CalloutFailure,
     ) -> Action {
         host.count(Stat::CalloutFailures(how), 1);
         self.phase = Phase::Idle;
-        self.refuse(w, host, Reason::OwnershipUnavailable, Some(kind))
+        let id = cursor.request_id.as_deref();
+        self.refuse(w, host, Reason::OwnershipUnavailable, Some(cursor.kind), id)
     }
 
     fn on_verdict<H: Host>(
@@ -650,9 +806,10 @@ impl Exchange {
         verdict: Option<ResumeVerdict>,
     ) -> Action {
         match verdict {
-            None => self.callout_failed(w, host, cursor.kind, CalloutFailure::Body),
+            None => self.callout_failed(w, host, &cursor, CalloutFailure::Body),
             Some(ResumeVerdict::NewStream { reason }) => {
-                self.refuse(w, host, reason, Some(cursor.kind))
+                let id = cursor.request_id.as_deref();
+                self.refuse(w, host, reason, Some(cursor.kind), id)
             }
             Some(ResumeVerdict::Continue {
                 owner,
@@ -662,7 +819,8 @@ impl Exchange {
             }) => {
                 // A long replica id is not in the cursor; the store keeps the newest ones.
                 let Some(replica_id) = cursor.replica_event_id.clone().or(resume_id) else {
-                    return self.refuse(w, host, Reason::UnknownStream, Some(cursor.kind));
+                    let id = cursor.request_id.as_deref();
+                    return self.refuse(w, host, Reason::UnknownStream, Some(cursor.kind), id);
                 };
                 let mut cursor = cursor;
                 cursor.replica_event_id = Some(replica_id.clone());
@@ -775,7 +933,11 @@ impl Exchange {
                     Self::push_record(w, host, r);
                 }
                 host.count(Stat::StreamsOpened, 1);
-                StreamState::fresh(binding, inc, kind, max_hold)
+                let request_id = match kind {
+                    StreamKind::Request => self.req.request_id.clone(),
+                    StreamKind::Get => None,
+                };
+                StreamState::fresh(binding, inc, kind, max_hold).with_request_id(request_id)
             }
         };
         // Without a session nothing is recorded: such a stream cannot be resumed anyway.
@@ -810,12 +972,51 @@ impl Exchange {
         }
     }
 
-    /// The owner failed the continuation: its log is lost. Tell the client explicitly.
+    /// The owner failed the continuation. Only an owner no longer in the cluster is evidence
+    /// that its log is gone (`owner_unavailable`, recorded lost); anything else (a refused or
+    /// reset connection, its own 5xx, a full circuit breaker) may pass, so only this resume is
+    /// refused (`owner_busy`) and a later one may continue. Either way the client hears it.
     fn owner_failed<H: Host>(&mut self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
-        self.record_stream_lost(w, host, cursor);
-        host.count(Stat::Refused(Reason::OwnerUnavailable), 1);
-        self.reject(w, host, Reason::OwnerUnavailable);
+        let gone = host.response_code_details().as_deref() == Some(OWNER_NOT_IN_CLUSTER);
+        let reason = if gone {
+            self.record_stream_lost(w, host, cursor);
+            Reason::OwnerUnavailable
+        } else {
+            Reason::OwnerBusy
+        };
+        let id = cursor.request_id.as_deref();
+        self.refuse_response(w, host, reason, cursor.kind, id);
     }
+}
+
+/// Does a `Content-Encoding` value name anything but identity?
+fn encoded(value: Option<&[u8]>) -> bool {
+    value.is_some_and(|v| {
+        !v.split(|b| *b == b',')
+            .map(<[u8]>::trim_ascii)
+            .all(|c| c.is_empty() || c.eq_ignore_ascii_case(b"identity"))
+    })
+}
+
+/// The SSE `message` event that settles a refused request stream's pending call: a JSON-RPC
+/// error for the opening request's id (`null` when the guard does not know it).
+pub fn settle_event(reason: Reason, request_id: Option<&str>) -> String {
+    let id = request_id
+        .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": REFUSED_CODE,
+            "message": format!(
+                "Last-Event-ID not honoured ({reason}): this request's stream cannot be resumed. \
+                 The call's outcome is unknown: it may or may not have run; do not assume either"
+            ),
+            "data": { "resumed": false, "reason": reason.as_str() }
+        }
+    });
+    format!("event: message\ndata: {error}\n\n")
 }
 
 /// The 409 body of a rejection (JSON-RPC error shape, `id: null`).
@@ -824,7 +1025,7 @@ pub fn reject_body(reason: Reason) -> String {
         "jsonrpc": "2.0",
         "id": null,
         "error": {
-            "code": -32010,
+            "code": REFUSED_CODE,
             "message": format!(
                 "Last-Event-ID not honoured ({reason}): reconnect without Last-Event-ID to open a new stream"
             ),

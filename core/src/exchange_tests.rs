@@ -50,7 +50,7 @@ fn rq(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, h: &[(String, Vec<
 }
 
 fn rs(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, h: &[(String, Vec<u8>)]) -> Action {
-    ex.on_response_headers(w, host, Some(h))
+    ex.on_response_headers(w, host, Some(h), false)
 }
 
 fn bd(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, chunk: &[u8], eos: bool) -> Action {
@@ -248,12 +248,14 @@ fn a_callout_failure_fails_closed() {
 
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn an_owner_503_becomes_a_rejection_and_a_lost_stream() {
+fn an_owner_out_of_the_cluster_is_a_rejection_and_a_lost_stream() {
     let mut w = worker();
     let mut host = MockHost::new();
     let c = cursor(&w, 42, 7, "e7");
     let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
     let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
+    host.upstream = None;
+    host.code_details = Some(OWNER_NOT_IN_CLUSTER.into());
     rs(&mut ex, &mut w, &mut host, &hdrs(&[(":status", "503")]));
     let reply = local_reply(&host.effects);
     assert!(matches!(reply, Some((409, b)) if b.contains("owner_unavailable")));
@@ -376,7 +378,7 @@ fn a_pin_is_never_honoured_on_any_path_and_no_response_carries_it() {
     let c = cursor(&w, 42, 7, "e7");
     let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
     let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
-    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
+    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None, false);
     assert!(removed_resp(&host.effects, "x-mcp-owner"));
     host.take();
     ex.on_response_headers_unread(&mut w, &mut host);
@@ -644,7 +646,7 @@ fn host_failures_fail_closed() {
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
     rq(&mut ex, &mut w, &mut host, &get(&[]));
-    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
+    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None, false);
     assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("host_error")));
 }
 
@@ -668,3 +670,6 @@ fn a_rewritten_streams_length_is_removed_only_when_it_has_one() {
     );
     assert!(!removed(sse_ok()), "no length: no host call");
 }
+
+#[path = "exchange_refusal_tests.rs"]
+mod refusals;

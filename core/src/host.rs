@@ -3,8 +3,8 @@
 //! The exchange ([`crate::exchange`]) and the record queue ([`crate::records`]) never call a
 //! proxy directly: they ask a [`Host`] (clock, randomness, upstream address, stream claims) and
 //! tell it what to do (set a header, replace a body chunk, dispatch a callout, count a stat).
-//! An adapter implements it for one proxy ABI (proxy-wasm today; a native Envoy dynamic module
-//! needs only another implementation). [`MockHost`] implements it over plain data and records
+//! An adapter implements it for one proxy ABI: proxy-wasm (`src/`) and the native Envoy
+//! dynamic module (`native/`). [`MockHost`] implements it over plain data and records
 //! every effect, so every rule is testable natively and the exchange can be fuzzed.
 use crate::ownership::Reason;
 use std::collections::HashMap;
@@ -196,6 +196,9 @@ pub trait Host {
     fn random_u64(&mut self) -> u64;
     /// `ip:port` of the upstream that served this request, once known.
     fn upstream_address(&self) -> Option<String>;
+    /// Envoy's `response.code_details` of this response, once known (read only when a
+    /// continuation failed, to tell an owner that left the cluster from a busy one).
+    fn response_code_details(&self) -> Option<String>;
 
     fn set_request_header(&mut self, name: &str, value: &str);
     /// Removes every value of `name`.
@@ -266,6 +269,7 @@ pub struct MockHost {
     pub now_ms: u64,
     pub rng: u64,
     pub upstream: Option<String>,
+    pub code_details: Option<String>,
     /// `true` makes every `dispatch` fail.
     pub refuse_dispatch: bool,
     pub next_token: u32,
@@ -336,6 +340,9 @@ impl Host for MockHost {
     }
     fn upstream_address(&self) -> Option<String> {
         self.upstream.clone()
+    }
+    fn response_code_details(&self) -> Option<String> {
+        self.code_details.clone()
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         self.effects

@@ -105,6 +105,7 @@ pub const REQUEST_HEADERS: u32 = 0;
 pub const RESPONSE_HEADERS: u32 = 2;
 
 // envoy_dynamic_module_type_http_body_type
+pub const RECEIVED_REQUEST_BODY: u32 = 0;
 pub const RECEIVED_RESPONSE_BODY: u32 = 2;
 
 // envoy_dynamic_module_type_log_level
@@ -123,6 +124,7 @@ pub const CALLOUT_SUCCESS: u32 = 0;
 pub const METRICS_SUCCESS: u32 = 0;
 
 // envoy_dynamic_module_type_attribute_id
+pub const ATTRIBUTE_RESPONSE_CODE_DETAILS: u32 = 16;
 pub const ATTRIBUTE_UPSTREAM_ADDRESS: u32 = 41;
 
 // envoy_dynamic_module_type_http_filter_stream_reset_reason

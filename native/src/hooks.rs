@@ -226,12 +226,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
 pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     e: HttpFilterEnvoyPtr,
     f: *const c_void,
-    _end_of_stream: bool,
+    end_of_stream: bool,
 ) -> u32 {
     // SAFETY: `f` is this stream's filter.
     unsafe {
         with_filter("response_headers", e, f, abi::HEADERS_STOP_ITERATION, |f| {
-            f.response_headers(e)
+            f.response_headers(e, end_of_stream)
         })
     }
 }
@@ -252,11 +252,17 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
-    _end_of_stream: bool,
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
+    end_of_stream: bool,
 ) -> u32 {
-    abi::BODY_CONTINUE
+    // The body always passes; only a POST's JSON-RPC id is read from it.
+    // SAFETY: `f` is this stream's filter.
+    unsafe {
+        with_filter("request_body", e, f, abi::BODY_CONTINUE, |f| {
+            f.request_body(e, end_of_stream)
+        })
+    }
 }
 
 #[no_mangle]

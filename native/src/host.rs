@@ -208,6 +208,24 @@ impl FilterHost<'_> {
     }
 }
 
+impl FilterHost<'_> {
+    /// A string attribute of this stream, copied; `None` when absent or empty.
+    fn attribute(&self, id: u32) -> Option<String> {
+        let mut b = EnvoyBuffer::NULL;
+        // SAFETY: the live filter; the result is copied before the hook ends.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+                self.filter,
+                id,
+                &mut b,
+            )
+            .then(|| String::from_utf8(b.bytes().to_vec()).ok())
+            .flatten()
+            .filter(|s| !s.is_empty())
+        }
+    }
+}
+
 impl Host for FilterHost<'_> {
     fn now_ms(&self) -> u64 {
         now_ms()
@@ -218,18 +236,11 @@ impl Host for FilterHost<'_> {
     }
 
     fn upstream_address(&self) -> Option<String> {
-        let mut b = EnvoyBuffer::NULL;
-        // SAFETY: the live filter; the result is copied before the hook ends.
-        unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
-                self.filter,
-                abi::ATTRIBUTE_UPSTREAM_ADDRESS,
-                &mut b,
-            )
-            .then(|| String::from_utf8(b.bytes().to_vec()).ok())
-            .flatten()
-            .filter(|s| !s.is_empty())
-        }
+        self.attribute(abi::ATTRIBUTE_UPSTREAM_ADDRESS)
+    }
+
+    fn response_code_details(&self) -> Option<String> {
+        self.attribute(abi::ATTRIBUTE_RESPONSE_CODE_DETAILS)
     }
 
     fn set_request_header(&mut self, name: &str, value: &str) {
@@ -422,6 +433,9 @@ impl Host for ConfigHost<'_> {
         random_u64()
     }
     fn upstream_address(&self) -> Option<String> {
+        None
+    }
+    fn response_code_details(&self) -> Option<String> {
         None
     }
     fn set_request_header(&mut self, _: &str, _: &str) {}

@@ -336,7 +336,26 @@ impl Filter {
         ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
     }
 
-    pub fn response_headers(&self, envoy: HttpFilterEnvoyPtr) -> u32 {
+    pub fn request_body(&self, envoy: HttpFilterEnvoyPtr, eos: bool) -> u32 {
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            return abi::BODY_CONTINUE;
+        };
+        if ex.wants_request_body() {
+            CHUNK.with(|c| {
+                let mut own = Vec::new();
+                let mut shared = c.try_borrow_mut();
+                let buf = match shared.as_deref_mut() {
+                    Ok(b) => b,
+                    Err(_) => &mut own,
+                };
+                let read = read_body(envoy, abi::RECEIVED_REQUEST_BODY, buf);
+                ex.on_request_body(read.then_some(&buf[..]), eos);
+            });
+        }
+        abi::BODY_CONTINUE
+    }
+
+    pub fn response_headers(&self, envoy: HttpFilterEnvoyPtr, eos: bool) -> u32 {
         let Ok(mut ex) = self.exchange.try_borrow_mut() else {
             // The guard's own local reply on its way out: it passes untouched.
             return abi::HEADERS_CONTINUE;
@@ -345,7 +364,7 @@ impl Filter {
         let mut w = self.guard().worker(self.worker);
         if ex.wants_response_headers() {
             let headers = read_headers(envoy, abi::RESPONSE_HEADERS);
-            ex.on_response_headers(&mut w, &mut h, headers.as_deref());
+            ex.on_response_headers(&mut w, &mut h, headers.as_deref(), eos);
         } else {
             // No map read: only the owner header goes.
             ex.on_response_headers_unread(&mut w, &mut h);
@@ -374,7 +393,7 @@ impl Filter {
                 Err(_) => &mut own,
             };
             // A chunk that cannot be read is the exchange's to fail closed on.
-            let read = read_received_body(envoy, buf);
+            let read = read_body(envoy, abi::RECEIVED_RESPONSE_BODY, buf);
             ex.on_response_body(&mut w, &mut h, read.then_some(&buf[..]), eos);
             if buf.capacity() > CHUNK_KEEP_BYTES {
                 *buf = Vec::new();
@@ -446,10 +465,9 @@ fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Option<Vec<(String, Vec
     }
 }
 
-/// The response data just received (this hook's chunk), copied into `out`.
-fn read_received_body(envoy: HttpFilterEnvoyPtr, out: &mut Vec<u8>) -> bool {
+/// The data just received (this hook's chunk) of body `t`, copied into `out`.
+fn read_body(envoy: HttpFilterEnvoyPtr, t: u32, out: &mut Vec<u8>) -> bool {
     out.clear();
-    let t = abi::RECEIVED_RESPONSE_BODY;
     // SAFETY: the live filter inside its response-body hook; `raw` has room for `n` slices.
     unsafe {
         let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(envoy, t);

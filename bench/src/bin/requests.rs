@@ -48,7 +48,7 @@ fn main() {
     for n in 0..requests {
         let mut ex = Exchange::new();
         ex.on_request_headers(&mut w, &mut host, Some(&req));
-        ex.on_response_headers(&mut w, &mut host, Some(&resp));
+        ex.on_response_headers(&mut w, &mut host, Some(&resp), false);
         ex.on_response_body(&mut w, &mut host, Some(event), false);
         ex.on_response_body(&mut w, &mut host, Some(b""), true);
         if (n + 1) % flush_every == 0 {

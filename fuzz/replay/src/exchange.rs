@@ -511,7 +511,7 @@ impl Run {
             h.push((OWNER_HEADER.into(), STANDARD.encode(o).into_bytes()));
         }
         let action =
-            x.ex.on_response_headers(&mut self.w, &mut self.host, Some(&h[..]));
+            x.ex.on_response_headers(&mut self.w, &mut self.host, Some(&h[..]), false);
         assert_eq!(action, Action::Continue);
         let effects = self.effects(Some(i));
         let Some(x) = self.exs.get_mut(i) else {

@@ -1,0 +1,420 @@
+//! Refusals as the client application hears them: a request stream's pending call settles,
+//! every continuation is checked whatever the owner answers, encoded SSE never passes.
+use super::*;
+
+const REQ_ID: &str = "7";
+
+fn req_cursor(w: &Worker, inc: u64, seq: u64, id: &str, request_id: Option<&str>) -> String {
+    w.config.keyring.encode(&Cursor {
+        session: crate::cursor::session_binding(SID.as_bytes()),
+        incarnation: inc,
+        kind: StreamKind::Request,
+        seq,
+        replica_event_id: Some(id),
+        request_id,
+    })
+}
+
+/// A local answer: status, headers, body.
+type Local = (u16, Vec<(String, String)>, String);
+
+fn local(effects: &[Effect]) -> Option<Local> {
+    effects.iter().find_map(|e| match e {
+        Effect::LocalResponse {
+            status,
+            headers,
+            body,
+        } => Some((
+            *status,
+            headers.clone(),
+            String::from_utf8_lossy(body).into_owned(),
+        )),
+        _ => None,
+    })
+}
+
+fn header_of<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// The JSON-RPC messages of an SSE body's `message` events.
+fn messages(body: &str) -> Vec<serde_json::Value> {
+    body.split("\n\n")
+        .filter(|b| b.lines().any(|l| l == "event: message"))
+        .filter_map(|b| b.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect()
+}
+
+/// Asserts a settling answer: 200 SSE, the header, the control event, then an error for `id`.
+fn assert_settles(effects: &[Effect], reason: Reason, id: serde_json::Value) {
+    let Some((status, headers, body)) = local(effects) else {
+        unreachable!("no local answer in {effects:?}")
+    };
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header_of(&headers, "content-type"),
+        Some("text/event-stream")
+    );
+    let want = format!("rejected; reason={reason}");
+    assert_eq!(header_of(&headers, MCP_RESUME_HEADER), Some(want.as_str()));
+    assert!(body.starts_with(&control_event(reason)), "{body}");
+    let msgs = messages(&body);
+    assert_eq!(msgs.len(), 1, "{body}");
+    let m = &msgs[0];
+    assert_eq!(m["id"], id, "{body}");
+    assert_eq!(m["error"]["code"], REFUSED_CODE);
+    assert_eq!(m["error"]["data"]["reason"], reason.as_str());
+    let text = m["error"]["message"].as_str().unwrap_or_default();
+    assert!(text.contains("outcome is unknown"), "{text}");
+}
+
+fn new_stream(reason: Reason) -> String {
+    format!(r#"{{"verdict":"new_stream","reason":"{reason}"}}"#)
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_refused_request_stream_cursor_settles_the_pending_call() {
+    for reason in [
+        Reason::Gap,
+        Reason::OwnerUnavailable,
+        Reason::SessionInactive,
+    ] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
+        let (ex, fx) = resume(&mut w, &mut host, &c, &new_stream(reason));
+        assert_settles(&fx, reason, serde_json::json!(7));
+        assert!(!fx.contains(&Effect::ResumeRequest), "answered locally");
+        assert!(!ex.wants_response_headers());
+        assert_eq!(host.stat(Stat::Refused(reason)), 1);
+        assert_eq!(host.stat(Stat::Rejected), 1);
+    }
+    // A string id keeps its type; an unknown id is `null` (Python's client still settles).
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = req_cursor(&w, 42, 3, "e3", Some(r#""call-9""#));
+    let (_, fx) = resume(&mut w, &mut host, &c, &new_stream(Reason::Gap));
+    assert_settles(&fx, Reason::Gap, serde_json::json!("call-9"));
+    let c = req_cursor(&w, 42, 3, "e3", None);
+    let (_, fx) = resume(&mut w, &mut host, &c, &new_stream(Reason::Gap));
+    assert_settles(&fx, Reason::Gap, serde_json::Value::Null);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn local_refusals_and_a_down_cluster_settle_too() {
+    // Bound to another session: refused before any callout, still settled.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let other = w.config.keyring.encode(&Cursor {
+        session: crate::cursor::session_binding(b"another"),
+        incarnation: 1,
+        kind: StreamKind::Request,
+        seq: 1,
+        replica_event_id: Some("e1"),
+        request_id: Some(REQ_ID),
+    });
+    let mut ex = Exchange::new();
+    let a = rq(
+        &mut ex,
+        &mut w,
+        &mut host,
+        &get(&[("last-event-id", &other)]),
+    );
+    assert_eq!(a, Action::Pause);
+    assert_settles(&host.take(), Reason::SessionMismatch, serde_json::json!(7));
+    // The ownership service down: the cursor itself names the call.
+    let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", &c)]));
+    let Some((token, _)) = host.last_dispatch() else {
+        unreachable!()
+    };
+    host.take();
+    ex.on_callout_response(&mut w, &mut host, token, None, None);
+    assert_settles(
+        &host.take(),
+        Reason::OwnershipUnavailable,
+        serde_json::json!(7),
+    );
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn the_409_stays_an_opt_in_policy_and_get_streams_restart() {
+    let mut w = Worker::new(config(r#","policy":{"request_stream":"reject"}"#));
+    let mut host = MockHost::new();
+    let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
+    let (_, fx) = resume(&mut w, &mut host, &c, &new_stream(Reason::Gap));
+    assert!(matches!(local_reply(&fx), Some((409, b)) if b.contains("\"gap\"")));
+    // A standalone GET stream's cursor restarts: no local answer, the cursor is stripped.
+    let mut w = worker();
+    let c = cursor(&w, 42, 3, "e3");
+    let (_, fx) = resume(&mut w, &mut host, &c, &new_stream(Reason::Gap));
+    assert!(local_reply(&fx).is_none());
+    assert!(removed_req(&fx, "last-event-id"));
+}
+
+/// A POST whose body arrives in `chunks`, answered with SSE carrying one event `id: r1`;
+/// returns the cursor the client saw.
+fn post_stream(w: &mut Worker, host: &mut MockHost, chunks: &[&str]) -> String {
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    assert_eq!(rq(&mut ex, w, host, &post), Action::Continue);
+    for (i, c) in chunks.iter().enumerate() {
+        assert!(ex.wants_request_body());
+        ex.on_request_body(Some(c.as_bytes()), i + 1 == chunks.len());
+    }
+    rs(&mut ex, w, host, &sse_ok());
+    assert!(!ex.wants_request_body());
+    bd(&mut ex, w, host, b"id: r1\ndata: {}\n\n", false);
+    let ids = ids_in(&host.body());
+    host.take();
+    ids.into_iter().next().unwrap_or_default()
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_posts_id_is_read_from_its_body_and_rides_in_its_cursors() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = post_stream(
+        &mut w,
+        &mut host,
+        &[
+            r#"{"method":"tools/call","params":{"id":1},"#,
+            r#""jsonrpc":"2.0","id":42}"#,
+        ],
+    );
+    let d = w.config.keyring.decode(&c);
+    assert!(
+        matches!(&d, Ok(d) if d.request_id.as_deref() == Some("42") && d.kind == StreamKind::Request),
+        "{d:?}"
+    );
+    // That cursor, refused later, settles call 42 without asking anyone for the id.
+    let (_, fx) = resume(&mut w, &mut host, &c, &new_stream(Reason::Superseded));
+    assert_settles(&fx, Reason::Superseded, serde_json::json!(42));
+    // A body without a usable id: the stream still works, its cursors carry none.
+    let c = post_stream(&mut w, &mut host, &[r#"[{"id":1}]"#]);
+    assert!(matches!(w.config.keyring.decode(&c), Ok(d) if d.request_id.is_none()));
+    // GETs never read a body.
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[]));
+    assert!(!ex.wants_request_body());
+}
+
+/// A continuation of a request stream (cursor at seq 3 of incarnation 42) with `expected`.
+fn continue_request(
+    w: &mut Worker,
+    host: &mut MockHost,
+    expected: &[&str],
+) -> (Exchange, Vec<Effect>) {
+    let c = req_cursor(w, 42, 3, "e3", Some(REQ_ID));
+    let verdict = serde_json::json!({
+        "verdict": "continue", "owner": OWNER, "expected": expected, "head": 3 + expected.len(),
+    })
+    .to_string();
+    resume(w, host, &c, &verdict)
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_continuation_answered_without_a_replay_is_refused_and_recorded_lost() {
+    let answers: [(&[(&str, &str)], bool); 6] = [
+        (
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            true,
+        ),
+        (
+            &[
+                (":status", "200"),
+                ("content-type", "text/event-stream"),
+                ("content-length", "0"),
+            ],
+            true,
+        ),
+        (&[(":status", "204")], true),
+        (
+            &[(":status", "200"), ("content-type", "application/json")],
+            false,
+        ),
+        (&[(":status", "307"), ("location", "/elsewhere")], true),
+        (&[(":status", "404")], false),
+    ];
+    for (answer, eos) in answers {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, _) = continue_request(&mut w, &mut host, &["e4"]);
+        ex.on_response_headers(&mut w, &mut host, Some(&hdrs(answer)), eos);
+        assert_settles(&host.effects, Reason::ReplayMissing, serde_json::json!(7));
+        assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 1);
+        assert!(!ex.wants_body(), "{answer:?}");
+        let records = drain_records(&mut w, &mut host);
+        assert!(
+            records
+                .iter()
+                .any(|r| matches!(r, Record::StreamLost { .. })),
+            "{answer:?}: {records:?}"
+        );
+    }
+    // A GET stream's continuation gets the 409.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 3, "e3");
+    let verdict =
+        format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e4"],"head":4}}"#);
+    let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
+    ex.on_response_headers(&mut w, &mut host, Some(&hdrs(&[(":status", "204")])), true);
+    assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("replay_missing")));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn at_the_recorded_head_an_empty_answer_is_no_loss() {
+    for (answer, eos) in [
+        (&[(":status", "204")][..], true),
+        (
+            &[(":status", "200"), ("content-type", "text/event-stream")][..],
+            true,
+        ),
+    ] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, _) = continue_request(&mut w, &mut host, &[]);
+        ex.on_response_headers(&mut w, &mut host, Some(&hdrs(answer)), eos);
+        assert!(local_reply(&host.effects).is_none(), "{answer:?}");
+        assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 0);
+    }
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn encoded_sse_is_never_relayed_and_replicas_are_asked_for_identity() {
+    let gz = hdrs(&[
+        (":status", "200"),
+        ("content-type", "text/event-stream"),
+        ("content-encoding", "gzip"),
+    ]);
+    // Requests on MCP paths ask for identity, whatever the client accepts.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(
+        &mut ex,
+        &mut w,
+        &mut host,
+        &get(&[("accept-encoding", "gzip, br")]),
+    );
+    assert_eq!(
+        set_req(&host.take(), "accept-encoding").as_deref(),
+        Some("identity")
+    );
+    // A fresh GET stream answered gzip: refused by name, not relayed.
+    rs(&mut ex, &mut w, &mut host, &gz);
+    assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("encoded_stream")));
+    assert!(!ex.wants_body());
+    assert_eq!(host.stat(Stat::Refused(Reason::EncodedStream)), 1);
+    // A fresh POST stream answered gzip: its call is settled.
+    host.take();
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &post);
+    ex.on_request_body(
+        Some(br#"{"jsonrpc":"2.0","id":5,"method":"tools/call"}"#),
+        true,
+    );
+    rs(&mut ex, &mut w, &mut host, &gz);
+    assert_settles(&host.take(), Reason::EncodedStream, serde_json::json!(5));
+    // A continuation answered gzip: refused; the owner's log is not declared lost for it.
+    let (mut ex, _) = continue_request(&mut w, &mut host, &["e4"]);
+    rs(&mut ex, &mut w, &mut host, &gz);
+    assert_settles(&host.effects, Reason::EncodedStream, serde_json::json!(7));
+    let records = drain_records(&mut w, &mut host);
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    // Identity (or an empty coding list) is fine.
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[]));
+    let plain = hdrs(&[
+        (":status", "200"),
+        ("content-type", "text/event-stream"),
+        ("content-encoding", "identity"),
+    ]);
+    host.take();
+    rs(&mut ex, &mut w, &mut host, &plain);
+    assert!(local_reply(&host.effects).is_none());
+    assert!(ex.wants_body());
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_cut_request_stream_settles_its_call_but_a_forked_one_does_not() {
+    // A replay that diverges: the control event, then the error for the call.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut ex, _) = continue_request(&mut w, &mut host, &["e4"]);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, b"id: other\ndata: x\n\n", false);
+    let body = body_str(&host);
+    assert!(
+        body.starts_with(&control_event(Reason::ReplayMismatch)),
+        "{body}"
+    );
+    let msgs = messages(&body);
+    assert_eq!(msgs.len(), 1, "{body}");
+    assert_eq!(msgs[0]["id"], 7);
+    assert_eq!(msgs[0]["error"]["data"]["reason"], "replay_mismatch");
+    // A newer continuation takes the stream over: the old branch ends with `forked` only.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut old, _) = continue_request(&mut w, &mut host, &[]);
+    rs(&mut old, &mut w, &mut host, &sse_ok());
+    let (_newer, _) = continue_request(&mut w, &mut host, &[]);
+    host.take();
+    bd(&mut old, &mut w, &mut host, b"id: e4\ndata: x\n\n", false);
+    let body = body_str(&host);
+    assert!(body.contains("forked"), "{body}");
+    assert!(messages(&body).is_empty(), "{body}");
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_busy_owner_refuses_this_resume_only() {
+    for details in [
+        "upstream_reset_before_response_started{remote_connection_failure}",
+        "upstream_reset_before_response_started{overflow}",
+        "via_upstream",
+    ] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, _) = continue_request(&mut w, &mut host, &["e4"]);
+        host.code_details = Some(details.into());
+        rs(&mut ex, &mut w, &mut host, &hdrs(&[(":status", "503")]));
+        assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7));
+        let records = drain_records(&mut w, &mut host);
+        assert!(
+            !records
+                .iter()
+                .any(|r| matches!(r, Record::StreamLost { .. })),
+            "{details}: {records:?}"
+        );
+    }
+    // Answered by another replica than the owner: not the owner's log either way.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut ex, _) = continue_request(&mut w, &mut host, &["e4"]);
+    host.upstream = Some("127.0.0.1:9999".into());
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7));
+}
