@@ -179,7 +179,7 @@ fn the_plugin_json_alone_passes_and_a_short_key_fails() {
     let (code, out) = run(&["check-config", &write("plugin.json", &p)]);
     assert_eq!(code, 0, "{out}");
     let mut short = p.clone();
-    short["keys"][0]["secret"] = Value::from("c2hvcnQ=");
+    short["keys"][0] = json!({"id": 1, "active": true, "secret": "c2hvcnQ="});
     fails_naming(
         &short,
         "short.json",
@@ -212,7 +212,7 @@ fn broken_envoy_configs_fail_and_name_the_field() {
 
     let mut v = base.clone();
     let mut p = plugin(&mut v);
-    p["keys"][0]["secret"] = Value::from("c2hvcnQ=");
+    p["keys"][0] = json!({"id": 1, "active": true, "secret": "c2hvcnQ="});
     set_plugin(&mut v, &p);
     fails_naming(
         &v,
