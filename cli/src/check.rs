@@ -29,6 +29,10 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Validated plugin configurations found, with where they came from.
     pub configs: Vec<(String, Config)>,
+    /// Read `secret_env` / `token_env` from this process's environment and refuse unset ones
+    /// (commands that use the keys). Otherwise (check-config) an unset variable gets a
+    /// stand-in value and a note: the guard's environment is not this shell's.
+    pub real_env: bool,
 }
 
 impl Report {
@@ -44,10 +48,30 @@ impl Report {
         self.notes.push(msg.into());
     }
 
-    /// Parse a plugin configuration with the filter's own parser.
-    fn plugin(&mut self, field: &str, json: &str) -> Option<usize> {
-        match Config::from_json(json.as_bytes()) {
+    /// Parse a plugin configuration with the filter's own parser, then check that every
+    /// variable it reads (`secret_env`, `token_env`) reaches the guard, and warn about literal
+    /// secrets in a manifest.
+    fn plugin(&mut self, field: &str, json: &str, scope: EnvScope) -> Option<usize> {
+        let unset = std::cell::RefCell::new(Vec::new());
+        let real_env = self.real_env;
+        let env = |name: &str| {
+            let v = std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+            if v.is_none() && !real_env {
+                unset.borrow_mut().push(name.to_string());
+                return Some(STAND_IN.to_string());
+            }
+            v
+        };
+        let parsed = Config::from_json_with_env(json.as_bytes(), &env);
+        for var in unset.into_inner() {
+            self.note(format!(
+                "{field}: {var} is not set in this shell: its value is checked where the guard \
+                 runs (set it here to check it with check-config)"
+            ));
+        }
+        match parsed {
             Ok(c) => {
+                self.env_scope(field, &c, json, &scope);
                 self.configs.push((field.to_string(), c));
                 Some(self.configs.len() - 1)
             }
@@ -55,6 +79,52 @@ impl Report {
                 self.error(field, e.to_string());
                 None
             }
+        }
+    }
+
+    fn env_scope(&mut self, field: &str, c: &Config, json: &str, scope: &EnvScope) {
+        let EnvScope::Host { at, host, inline } = scope else {
+            return;
+        };
+        for r in &c.from_env {
+            let var = &r.var;
+            if inline.contains(var) {
+                self.error(
+                    at,
+                    format!(
+                        "{var} (the plugin's {}) is set here as a literal value: a secret in a \
+                         manifest; pass it from the host instead (Envoy: host_env_keys; Istio: \
+                         valueFrom: HOST) and set it in the proxy's environment from a Secret",
+                        r.field
+                    ),
+                );
+            } else if !host.contains(var) {
+                self.error(
+                    at,
+                    format!(
+                        "missing {var}: the plugin's {} names it, but only the variables listed \
+                         here reach the guard's VM, so it refuses to load",
+                        r.field
+                    ),
+                );
+            }
+        }
+        // Literal secrets: fine in a test's plugin JSON, not in a manifest others can read.
+        let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+        for (i, k) in arr(&v, "keys").iter().enumerate() {
+            if k.get("secret").is_some() {
+                self.warn(
+                    format!("{field}: keys[{i}].secret"),
+                    "a literal cursor key in a manifest: whoever reads it can forge cursors; use \
+                     secret_env (an env var set from a Secret)",
+                );
+            }
+        }
+        if v.pointer("/ownership/token").is_some() {
+            self.warn(
+                format!("{field}: ownership.token"),
+                "a literal token in a manifest: use token_env (an env var set from a Secret)",
+            );
         }
     }
 
@@ -86,20 +156,54 @@ impl Report {
     }
 }
 
+/// Where the guard's `secret_env` / `token_env` variables come from.
+enum EnvScope {
+    /// The plugin JSON alone, or the native module (Envoy's own environment): not checked.
+    Unknown,
+    /// A Wasm VM that sees only the variables listed at `at`: `host` from Envoy's environment,
+    /// `inline` given as literal values.
+    Host {
+        at: String,
+        host: Vec<String>,
+        inline: Vec<String>,
+    },
+}
+
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_str().map(str::to_string))
+        .collect()
+}
+
+/// What check-config parses an unset `secret_env` / `token_env` with: the base64 of 32 random
+/// bytes, a valid key and a valid token.
+const STAND_IN: &str = "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U=";
+
 /// Check every document of every file given together (an Istio or Envoy Gateway deployment is
 /// several objects; their cross-checks use the plugin config found among them).
 pub fn check(docs: &[Doc]) -> Report {
-    let mut r = Report::default();
+    check_with(docs, false)
+}
+
+/// [`check`]; `real_env`: see [`Report::real_env`].
+pub fn check_with(docs: &[Doc], real_env: bool) -> Report {
+    let mut r = Report {
+        real_env,
+        ..Report::default()
+    };
     for d in docs {
         match d {
             Doc::Plugin(text) => {
-                r.plugin("plugin config", text);
+                r.plugin("plugin config", text, EnvScope::Unknown);
             }
             Doc::Envoy(v) => envoy(v, &mut r),
             Doc::Kube { .. } => {}
         }
     }
     kube(docs, &mut r);
+    ownership_token(docs, &mut r);
     if r.configs.is_empty() && r.errors.is_empty() {
         r.error(
             "(files)",
@@ -108,6 +212,53 @@ pub fn check(docs: &[Doc]) -> Report {
         );
     }
     r
+}
+
+/// An ownership service among the files that requires a bearer token (a container with
+/// MCP_OWNERSHIP_TOKEN_FILE or --token-file): every plugin config must send one, or every
+/// callout and record gets 401 and every resume is refused.
+fn ownership_token(docs: &[Doc], r: &mut Report) {
+    let mut service = None;
+    for d in docs {
+        let Doc::Kube { kind, name, value } = d else {
+            continue;
+        };
+        let containers = value
+            .pointer("/spec/template/spec/containers")
+            .cloned()
+            .unwrap_or(Value::Null);
+        for (ci, c) in containers.as_array().into_iter().flatten().enumerate() {
+            let by_env = arr(c, "env")
+                .iter()
+                .any(|e| str_of(e, "/name") == Some("MCP_OWNERSHIP_TOKEN_FILE"));
+            let by_arg = strings(c.get("args"))
+                .iter()
+                .chain(strings(c.get("command")).iter())
+                .any(|a| a == "--token-file" || a.starts_with("--token-file="));
+            if by_env || by_arg {
+                service = Some(format!("{kind}/{name}.spec.template.spec.containers[{ci}]"));
+            }
+        }
+    }
+    let Some(service) = service else {
+        return;
+    };
+    let tokenless: Vec<String> = r
+        .configs
+        .iter()
+        .filter(|(_, c)| c.ownership.token.is_none())
+        .map(|(at, _)| at.clone())
+        .collect();
+    for at in tokenless {
+        r.error(
+            format!("{at}: ownership.token_env"),
+            format!(
+                "missing: the ownership service {service} requires a bearer token and this \
+                 config sends none, so every callout and record gets 401 and every resume is \
+                 refused; set token_env to a variable holding the service's `guard` token"
+            ),
+        );
+    }
 }
 
 // ---- small JSON helpers ------------------------------------------------------------------
@@ -311,6 +462,20 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
         ),
     }
     // The plugin JSON: the Wasm filter's `configuration`, or the native build's `filter_config`.
+    let scope = if is_guard_native(&filters[g]) {
+        EnvScope::Unknown
+    } else {
+        let ev = wasm.pointer("/vm_config/environment_variables");
+        EnvScope::Host {
+            at: format!("{gat}.typed_config.config.vm_config.environment_variables.host_env_keys"),
+            host: strings(ev.and_then(|e| e.get("host_env_keys"))),
+            inline: ev
+                .and_then(|e| e.get("key_values"))
+                .and_then(Value::as_object)
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default(),
+        }
+    };
     let (conf, conf_at) = if is_guard_native(&filters[g]) {
         (
             &filters[g]["typed_config"]["filter_config"],
@@ -320,7 +485,7 @@ fn hcm(root: &Value, tc: &Value, at: &str, r: &mut Report) -> bool {
         (&wasm["configuration"], "typed_config.config.configuration")
     };
     let idx = match conf.get("value").and_then(Value::as_str) {
-        Some(json) => r.plugin(&format!("{gat}.{conf_at}.value"), json),
+        Some(json) => r.plugin(&format!("{gat}.{conf_at}.value"), json, scope),
         None => {
             r.error(
                 format!("{gat}.{conf_at}"),
@@ -622,8 +787,24 @@ fn kube(docs: &[Doc], r: &mut Report) {
                          crashed must not let cursors through unchecked",
                     );
                 }
+                // vmConfig.env: valueFrom HOST reads the proxy's environment; INLINE (the
+                // default) is a literal value in this object.
+                let env = arr(v.pointer("/spec/vmConfig").unwrap_or(&Value::Null), "env");
+                let named = |host: bool| -> Vec<String> {
+                    env.iter()
+                        .filter(|e| (str_of(e, "/valueFrom") == Some("HOST")) == host)
+                        .filter_map(|e| str_of(e, "/name").map(str::to_string))
+                        .collect()
+                };
+                let scope = EnvScope::Host {
+                    at: format!("{at}.vmConfig.env"),
+                    host: named(true),
+                    inline: named(false),
+                };
                 match v.pointer("/spec/pluginConfig") {
-                    Some(pc) => idx = r.plugin(&format!("{at}.pluginConfig"), &pc.to_string()),
+                    Some(pc) => {
+                        idx = r.plugin(&format!("{at}.pluginConfig"), &pc.to_string(), scope)
+                    }
                     None => r.error(format!("{at}.pluginConfig"), "missing"),
                 }
             }
@@ -642,8 +823,13 @@ fn kube(docs: &[Doc], r: &mut Report) {
                         "must be false: a guard that failed must not let cursors through unchecked",
                     );
                 }
+                let scope = EnvScope::Host {
+                    at: format!("{at}.env.hostKeys"),
+                    host: strings(wasm[i].pointer("/env/hostKeys")),
+                    inline: Vec::new(),
+                };
                 match wasm[i].get("config") {
-                    Some(c) => idx = r.plugin(&format!("{at}.config"), &c.to_string()),
+                    Some(c) => idx = r.plugin(&format!("{at}.config"), &c.to_string(), scope),
                     None => r.error(format!("{at}.config"), "missing: the plugin configuration"),
                 }
             }

@@ -63,6 +63,10 @@ struct KeygenArgs {
     /// A config whose keys the new id must not collide with.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Print only the secret (base64), for a Secret or an env file:
+    /// `kubectl create secret generic ... --from-literal=key-1="$(mcp-guard keygen --secret)"`.
+    #[arg(long, conflicts_with_all = ["id", "active", "config"])]
+    secret: bool,
 }
 
 #[derive(Args)]
@@ -158,10 +162,22 @@ type Res = Result<ExitCode, String>;
 fn keygen(a: KeygenArgs) -> Res {
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    // The guard refuses keys that do not look random; a draw that does not (p < 1e-13) is
+    // drawn again rather than printed.
+    while mcp_resume_core::config::check_random(&secret).is_err() {
+        getrandom::fill(&mut secret).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    }
+    if a.secret {
+        println!(
+            "{}",
+            base64::engine::general_purpose::STANDARD.encode(secret)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let id = match (a.id, &a.config) {
         (Some(id), _) => id,
         (None, Some(path)) => {
-            let c = load_config(path)?;
+            let c = load_config(path, false)?;
             let max = c.keyring.key_ids().max().unwrap_or(0);
             max.checked_add(1)
                 .ok_or("every key id up to 255 is taken; pass --id")?
@@ -169,7 +185,7 @@ fn keygen(a: KeygenArgs) -> Res {
         (None, None) => 1,
     };
     if let Some(path) = &a.config {
-        let c = load_config(path)?;
+        let c = load_config(path, false)?;
         if c.keyring.key_ids().any(|k| k == id) {
             return Err(format!("key id {id} is already in {}", path.display()));
         }
@@ -192,9 +208,11 @@ fn load_docs(files: &[PathBuf]) -> Result<Vec<source::Doc>, String> {
 }
 
 /// The one valid plugin config in a file, for commands that need its keys.
-fn load_config(path: &Path) -> Result<Config, String> {
+/// `real_env`: read `secret_env` from this shell (the keys themselves are needed), else only
+/// the ids are.
+fn load_config(path: &Path, real_env: bool) -> Result<Config, String> {
     let docs = source::load(path)?;
-    let mut r = check::check(&docs);
+    let mut r = check::check_with(&docs, real_env);
     if let Some(e) = r.errors.iter().find(|e| e.contains("invalid config")) {
         return Err(format!("{}: {e}", path.display()));
     }
@@ -253,7 +271,7 @@ fn check_config(a: CheckArgs) -> Res {
 }
 
 fn inspect_cursor(a: InspectArgs) -> Res {
-    let config = load_config(&a.config)?;
+    let config = load_config(&a.config, true)?;
     let (ok, v) = cursor::inspect(&config, &a.cursor, a.session.as_deref());
     if a.json {
         println!("{v:#}");
@@ -306,7 +324,7 @@ fn post(
 }
 
 fn verdict(a: VerdictArgs) -> Res {
-    let config = load_config(&a.config)?;
+    let config = load_config(&a.config, true)?;
     let (ok, v) = cursor::inspect(&config, &a.cursor, Some(&a.session));
     if !ok {
         print!("{}", cursor::render(&v));

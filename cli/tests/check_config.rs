@@ -179,7 +179,7 @@ fn the_plugin_json_alone_passes_and_a_short_key_fails() {
     let (code, out) = run(&["check-config", &write("plugin.json", &p)]);
     assert_eq!(code, 0, "{out}");
     let mut short = p.clone();
-    short["keys"][0]["secret"] = Value::from("c2hvcnQ=");
+    short["keys"][0] = json!({"id": 1, "active": true, "secret": "c2hvcnQ="});
     fails_naming(
         &short,
         "short.json",
@@ -212,7 +212,7 @@ fn broken_envoy_configs_fail_and_name_the_field() {
 
     let mut v = base.clone();
     let mut p = plugin(&mut v);
-    p["keys"][0]["secret"] = Value::from("c2hvcnQ=");
+    p["keys"][0] = json!({"id": 1, "active": true, "secret": "c2hvcnQ="});
     set_plugin(&mut v, &p);
     fails_naming(
         &v,
@@ -697,4 +697,222 @@ fn keygen_prints_a_usable_key_and_every_subcommand_has_help() {
         assert_eq!(code, 0, "{sub}: {out}");
         assert!(out.contains("Usage: mcp-guard"), "{sub}: {out}");
     }
+}
+
+/// `run` with extra environment variables (check-config reads secret_env / token_env values
+/// from its own environment when they are set).
+fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-guard"))
+        .args(args)
+        .envs(vars.iter().copied())
+        .current_dir(root())
+        .output();
+    match out {
+        Ok(o) => (
+            o.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => (-1, e.to_string()),
+    }
+}
+
+fn write_text(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("mcp-guard-test-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let p = dir.join(name);
+    let _ = std::fs::write(&p, text);
+    p.display().to_string()
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_default()
+}
+
+#[test]
+fn the_shipped_deployments_send_the_token_the_service_requires() {
+    let wp = "deploy/istio/wasmplugin.yaml";
+    let eg = "deploy/envoy-gateway/mcp-resume-guard.yaml";
+    let svc = "deploy/k8s/ownership.yaml";
+    for f in [wp, eg] {
+        let (code, out) = run(&["check-config", f, svc]);
+        assert_eq!(code, 0, "{f}:\n{out}");
+        assert!(!out.contains("warning"), "{f}:\n{out}");
+    }
+    // Without token_env, given together with the service that requires one: refused.
+    let no_token = write_text(
+        "wp-no-token.yaml",
+        &read(wp).replace("token_env: MCP_GUARD_OWNERSHIP_TOKEN", ""),
+    );
+    let (code, out) = run(&["check-config", &no_token, svc]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("WasmPlugin/mcp-resume-guard.spec.pluginConfig: ownership.token_env: missing")
+            && out.contains("Deployment/mcp-ownership.spec.template.spec.containers[0]"),
+        "{out}"
+    );
+    // Alone, the service's requirement is unknown.
+    let (code, out) = run(&["check-config", &no_token]);
+    assert_eq!(code, 0, "{out}");
+    let eg_no_token = write_text(
+        "eg-no-token.yaml",
+        &read(eg).replace("token_env: MCP_GUARD_OWNERSHIP_TOKEN", ""),
+    );
+    let (code, out) = run(&["check-config", &eg_no_token, svc]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "EnvoyExtensionPolicy/mcp-resume-guard.spec.wasm[0].config: ownership.token_env"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn env_vars_must_reach_the_vm() {
+    // Istio: a variable the plugin names but vmConfig.env does not pass, or passes inline.
+    let wp = read("deploy/istio/wasmplugin.yaml");
+    let unlisted = write_text(
+        "wp-unlisted.yaml",
+        &wp.replace("    - name: MCP_GUARD_KEY_1\n      valueFrom: HOST\n", ""),
+    );
+    let (code, out) = run(&["check-config", &unlisted]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("WasmPlugin/mcp-resume-guard.spec.vmConfig.env: missing MCP_GUARD_KEY_1")
+            && out.contains("keys[0].secret_env"),
+        "{out}"
+    );
+    let inline = write_text(
+        "wp-inline.yaml",
+        &wp.replace(
+            "    - name: MCP_GUARD_KEY_1\n      valueFrom: HOST\n",
+            "    - name: MCP_GUARD_KEY_1\n      value: ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U=\n",
+        ),
+    );
+    let (code, out) = run(&["check-config", &inline]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("spec.vmConfig.env: MCP_GUARD_KEY_1") && out.contains("literal value"),
+        "{out}"
+    );
+    // Envoy Gateway: env.hostKeys.
+    let eg = read("deploy/envoy-gateway/mcp-resume-guard.yaml").replace(
+        "hostKeys: [MCP_GUARD_KEY_1, MCP_GUARD_OWNERSHIP_TOKEN]",
+        "hostKeys: [MCP_GUARD_KEY_1]",
+    );
+    let (code, out) = run(&["check-config", &write_text("eg-unlisted.yaml", &eg)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("spec.wasm[0].env.hostKeys: missing MCP_GUARD_OWNERSHIP_TOKEN"),
+        "{out}"
+    );
+    // Envoy: host_env_keys; key_values is a literal.
+    let mut v = yaml("envoy/envoy.yaml");
+    let vm = &mut filter(&mut v, WASM)["typed_config"]["config"]["vm_config"];
+    vm["environment_variables"] = json!({"host_env_keys": []});
+    fails_naming(
+        &v,
+        "envoy-unlisted.json",
+        "vm_config.environment_variables.host_env_keys: missing MCP_GUARD_KEY_1",
+    );
+    let vm = &mut filter(&mut v, WASM)["typed_config"]["config"]["vm_config"];
+    vm["environment_variables"] = json!({"key_values": {"MCP_GUARD_KEY_1": "x"}});
+    fails_naming(
+        &v,
+        "envoy-inline.json",
+        "MCP_GUARD_KEY_1 (the plugin's keys[0].secret_env) is set here as a literal value",
+    );
+    // A literal key in a manifest passes, with a warning; in the plugin JSON alone, silently.
+    let mut v = yaml("envoy/envoy.yaml");
+    let mut p = plugin(&mut v);
+    p["keys"][0] =
+        json!({"id": 1, "active": true, "secret": "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U="});
+    set_plugin(&mut v, &p);
+    passes_warning(
+        &v,
+        "envoy-literal.json",
+        "keys[0].secret: a literal cursor key",
+    );
+    let (code, out) = run(&["check-config", &write("literal-plugin.json", &p)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("warning"), "{out}");
+}
+
+#[test]
+fn placeholder_and_weak_keys_are_refused_from_any_source() {
+    // The values the shipped manifests carried before they took keys from Secrets.
+    for (file, secret) in [
+        (
+            "deploy/istio/wasmplugin.yaml",
+            "UkVQTEFDRS1NRTogaGVhZCAtYyAzMiAvZGV2L3VyYW5kb20gfCBiYXNlNjQ=",
+        ),
+        (
+            "deploy/envoy-gateway/mcp-resume-guard.yaml",
+            "UkVQTEFDRS1NRTogbWNwLWd1YXJkIGtleWdlbiAtLWFjdGl2ZSEhIQ==",
+        ),
+    ] {
+        let text = read(file).replace(
+            "secret_env: MCP_GUARD_KEY_1",
+            &format!("secret: \"{secret}\""),
+        );
+        let (code, out) = run(&["check-config", &write_text("placeholder.yaml", &text)]);
+        assert_eq!(code, 1, "{file}:\n{out}");
+        assert!(
+            out.contains("keys[0].secret: is a placeholder"),
+            "{file}:\n{out}"
+        );
+    }
+    let mut v = yaml("envoy/envoy.yaml");
+    let mut p = plugin(&mut v);
+    p["keys"][0] = json!({"id": 1, "active": true,
+        "secret": "ZGVtby1vbmx5LWtleS1yZXBsYWNlLW1lLWluLXByb2R1Y3Rpb24hIQ=="});
+    fails_naming(&p, "demo.json", "keys[0].secret: is a placeholder");
+    // From the environment: a set variable is checked here like a literal.
+    let f = "deploy/istio/wasmplugin.yaml";
+    let weak = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="; // "0123456789abcdef" twice
+    let (code, out) = run_env(&["check-config", f], &[("MCP_GUARD_KEY_1", weak)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("keys[0].secret_env: decodes to text"), "{out}");
+    let (code, out) = run_env(&["check-config", f], &[("MCP_GUARD_KEY_1", "4w==")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("keys[0].secret_env: must decode to at least 32 bytes"),
+        "{out}"
+    );
+    // keygen's secrets pass, whether set for check-config or for the guard.
+    for _ in 0..20 {
+        let (code, key) = run(&["keygen", "--secret"]);
+        assert_eq!(code, 0, "{key}");
+        let key = key.trim();
+        assert_eq!(key.len(), 44, "{key}");
+        let (code, out) = run_env(
+            &["check-config", f],
+            &[("MCP_GUARD_KEY_1", key), ("MCP_GUARD_OWNERSHIP_TOKEN", key)],
+        );
+        assert_eq!(code, 0, "{key}:\n{out}");
+        assert!(!out.contains("is not set in this shell"), "{out}");
+    }
+}
+
+#[test]
+fn inspect_cursor_reads_the_key_from_the_environment() {
+    // The commands that use the key read secret_env here, and say which variable is unset.
+    let (code, out) = run_env(
+        &[
+            "inspect-cursor",
+            "--config",
+            "deploy/istio/wasmplugin.yaml",
+            "x",
+        ],
+        &[("MCP_GUARD_OWNERSHIP_TOKEN", "t")],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("keys[0].secret_env: the environment variable MCP_GUARD_KEY_1 is not set"),
+        "{out}"
+    );
 }

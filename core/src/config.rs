@@ -83,6 +83,11 @@ pub struct Ownership {
     /// Sent as `authorization: Bearer <token>` on every callout and record post.
     #[serde(default)]
     pub token: Option<String>,
+    /// The token from this environment variable of the Wasm VM (Envoy's
+    /// `vm_config.environment_variables.host_env_keys`) or of Envoy's process (native build),
+    /// instead of a literal `token`.
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 fn default_authority() -> String {
@@ -106,8 +111,13 @@ fn default_max_queue() -> usize {
 pub struct KeyConfig {
     /// 0..=255, carried in every cursor.
     pub id: u8,
-    /// Standard base64 of at least 32 random bytes.
-    pub secret: String,
+    /// Standard base64 of at least 32 random bytes (tests and local configs only).
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// The secret from this environment variable (of the Wasm VM, or of Envoy's process for the
+    /// native build), as Kubernetes mounts a Secret: never a literal in a manifest.
+    #[serde(default)]
+    pub secret_env: Option<String>,
     /// Exactly one key signs new cursors; the others only verify (rotation).
     #[serde(default)]
     pub active: bool,
@@ -180,6 +190,17 @@ pub struct Config {
     pub max_event_hold_bytes: usize,
     pub suppress_cursor_echo: bool,
     pub contiguity: Contiguity,
+    /// The values taken from the environment (`secret_env`, `token_env`), in field order.
+    pub from_env: Vec<EnvRef>,
+}
+
+/// A value the configuration takes from an environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvRef {
+    /// The field that names the variable, e.g. `keys[0].secret_env`.
+    pub field: String,
+    /// The variable, e.g. `MCP_GUARD_KEY_1`.
+    pub var: String,
 }
 
 /// A configuration error, naming the field at fault.
@@ -206,9 +227,22 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
 
 const MIN_SECRET_BYTES: usize = 32;
 
+/// Looks up an environment variable (`None`: unset).
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
 impl Config {
-    /// Parse and validate plugin configuration JSON.
+    /// Parse and validate plugin configuration JSON; `secret_env` and `token_env` are read from
+    /// the environment (the Wasm VM's, or Envoy's process for the native build).
     pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        Config::from_json_with_env(bytes, &process_env)
+    }
+
+    /// [`Config::from_json`] with the environment given (tests, check-config).
+    pub fn from_json_with_env(bytes: &[u8], env: EnvLookup) -> Result<Config, ConfigError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -220,10 +254,15 @@ impl Config {
             };
             err(field, e.into_inner().to_string())
         })?;
-        Config::validate(raw)
+        Config::validate_with_env(raw, env)
     }
 
     pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+        Config::validate_with_env(raw, &process_env)
+    }
+
+    pub fn validate_with_env(mut raw: RawConfig, env: EnvLookup) -> Result<Config, ConfigError> {
+        let mut from_env = Vec::new();
         if raw.mcp_paths.is_empty() {
             return Err(err("mcp_paths", "must list at least one path"));
         }
@@ -259,18 +298,34 @@ impl Config {
                 "must be at least ownership.max_batch",
             ));
         }
-        if let Some(t) = &o.token {
+        let token = one_of(
+            ("ownership.token", o.token.as_deref()),
+            ("ownership.token_env", o.token_env.as_deref()),
+            env,
+            &mut from_env,
+        )?;
+        if let Some((field, t)) = &token {
             // RFC 6750 b64token: what may follow "Bearer " without quoting.
             let ok = !t.is_empty()
                 && t.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b));
             if !ok {
                 return Err(err(
-                    "ownership.token",
+                    field.clone(),
                     "must be a non-empty bearer token (letters, digits and -._~+/=)",
                 ));
             }
+            if let Some(m) = placeholder(t.as_bytes()) {
+                return Err(err(
+                    field.clone(),
+                    format!(
+                        "is a placeholder (contains \"{m}\"): use the ownership service's token \
+                         (head -c 32 /dev/urandom | base64)"
+                    ),
+                ));
+            }
         }
+        raw.ownership.token = token.map(|(_, t)| t);
         if !is_header_name(&raw.owner_header) {
             return Err(err("owner_header", "must be a lowercase HTTP header name"));
         }
@@ -283,7 +338,8 @@ impl Config {
         if raw.max_event_hold_bytes < 1024 {
             return Err(err("max_event_hold_bytes", "must be at least 1024"));
         }
-        let keyring = keyring(&raw.keys)?.with_legacy_macs(raw.legacy_cursor_macs);
+        let keyring =
+            keyring(&raw.keys, env, &mut from_env)?.with_legacy_macs(raw.legacy_cursor_macs);
         Ok(Config {
             paths,
             ownership: raw.ownership,
@@ -295,6 +351,7 @@ impl Config {
             max_event_hold_bytes: raw.max_event_hold_bytes,
             suppress_cursor_echo: raw.suppress_cursor_echo,
             contiguity: raw.contiguity,
+            from_env,
         })
     }
 
@@ -320,29 +377,64 @@ impl Config {
     }
 }
 
-fn keyring(keys: &[KeyConfig]) -> Result<Keyring, ConfigError> {
+fn keyring(
+    keys: &[KeyConfig],
+    env: EnvLookup,
+    from_env: &mut Vec<EnvRef>,
+) -> Result<Keyring, ConfigError> {
     if keys.is_empty() {
         return Err(err("keys", "must hold at least one key"));
     }
     let mut active = None;
     let mut verify = Vec::new();
     for (i, k) in keys.iter().enumerate() {
-        let secret = base64::engine::general_purpose::STANDARD
-            .decode(k.secret.trim())
-            .map_err(|e| {
-                err(
-                    format!("keys[{i}].secret"),
-                    format!("not standard base64: {e}"),
-                )
-            })?;
+        let lit = format!("keys[{i}].secret");
+        let Some((field, text)) = one_of(
+            (&lit, k.secret.as_deref()),
+            (&format!("keys[{i}].secret_env"), k.secret_env.as_deref()),
+            env,
+            from_env,
+        )?
+        else {
+            return Err(err(
+                lit,
+                "missing: give secret_env (the environment variable holding the key, from a \
+                 Secret) or, for tests and local configs, secret",
+            ));
+        };
+        let secret = match base64::engine::general_purpose::STANDARD.decode(text.trim()) {
+            Ok(s) => s,
+            Err(e) => {
+                // Only text that is no base64 is searched for words: random base64 could hold one.
+                let why = match placeholder(text.as_bytes()) {
+                    Some(m) => format!(
+                        "is a placeholder (contains \"{m}\"): generate a key with `mcp-guard keygen`"
+                    ),
+                    None => format!("not standard base64: {e}"),
+                };
+                return Err(err(field, why));
+            }
+        };
         if secret.len() < MIN_SECRET_BYTES {
             return Err(err(
-                format!("keys[{i}].secret"),
+                field,
                 format!(
                     "must decode to at least {MIN_SECRET_BYTES} bytes, got {}",
                     secret.len()
                 ),
             ));
+        }
+        if let Some(m) = placeholder(&secret) {
+            return Err(err(
+                field,
+                format!(
+                    "is a placeholder (decodes to text containing \"{m}\"): generate a key with \
+                     `mcp-guard keygen`"
+                ),
+            ));
+        }
+        if let Err(why) = check_random(&secret) {
+            return Err(err(field, why));
         }
         if keys[..i].iter().any(|o| o.id == k.id) {
             return Err(err(
@@ -367,6 +459,116 @@ fn keyring(keys: &[KeyConfig]) -> Result<Keyring, ConfigError> {
     Keyring::new(active, verify).map_err(|e| err("keys", e.to_string()))
 }
 
+/// Exactly one of a literal and an environment variable, or neither. Returns the field the
+/// value came from and the value (from the environment: trimmed, a Secret file's newline).
+fn one_of(
+    (lit_field, lit): (&str, Option<&str>),
+    (env_field, var): (&str, Option<&str>),
+    env: EnvLookup,
+    from_env: &mut Vec<EnvRef>,
+) -> Result<Option<(String, String)>, ConfigError> {
+    match (lit, var) {
+        (Some(_), Some(_)) => Err(err(
+            env_field,
+            format!("give either {lit_field} or {env_field}, not both"),
+        )),
+        (Some(v), None) => Ok(Some((lit_field.to_string(), v.to_string()))),
+        (None, None) => Ok(None),
+        (None, Some(var)) => {
+            let name_ok = !var.is_empty()
+                && !var.starts_with(|c: char| c.is_ascii_digit())
+                && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !name_ok {
+                return Err(err(
+                    env_field,
+                    "must be an environment variable name (letters, digits and _)",
+                ));
+            }
+            let value = env(var).map(|v| v.trim().to_string()).unwrap_or_default();
+            if value.is_empty() {
+                return Err(err(
+                    env_field,
+                    format!(
+                        "the environment variable {var} is not set or empty: list it in the Wasm \
+                         VM's vm_config.environment_variables.host_env_keys (Istio: vmConfig.env \
+                         valueFrom HOST; Envoy Gateway: wasm env.hostKeys) and set it in Envoy's \
+                         environment from a Secret"
+                    ),
+                ));
+            }
+            from_env.push(EnvRef {
+                field: env_field.to_string(),
+                var: var.to_string(),
+            });
+            Ok(Some((env_field.to_string(), value)))
+        }
+    }
+}
+
+/// Words that mark a value as a placeholder or a published demo value (compared in lowercase).
+const PLACEHOLDERS: &[&str] = &[
+    "replace-me",
+    "replace_me",
+    "replaceme",
+    "changeme",
+    "change-me",
+    "change_me",
+    "placeholder",
+    "demo-only",
+    "example",
+    "insecure",
+    "not-a-secret",
+];
+
+/// The placeholder word `v` contains, if any.
+fn placeholder(v: &[u8]) -> Option<&'static str> {
+    let lower = v.to_ascii_lowercase();
+    PLACEHOLDERS
+        .iter()
+        .find(|p| lower.windows(p.len()).any(|w| w == p.as_bytes()))
+        .copied()
+}
+
+/// Fewest distinct values among the first 32 bytes (and among their 31 successive
+/// differences) a key may show. 32 uniformly random bytes show fewer with probability below
+/// 1e-15 (31 differences: below 1e-15 as well).
+pub const MIN_DISTINCT_BYTES: usize = 16;
+
+/// Is this plausibly a random key (`head -c 32 /dev/urandom`, `mcp-guard keygen`)? Refused:
+/// text (every byte printable ASCII or whitespace: a passphrase, a hex or base64 string, a
+/// placeholder; 32 random bytes are all text with probability below 1e-13), and the first 32
+/// bytes showing fewer than [`MIN_DISTINCT_BYTES`] distinct values or distinct successive
+/// differences (repeats, counters, patterns).
+pub fn check_random(secret: &[u8]) -> Result<(), String> {
+    if secret
+        .iter()
+        .all(|b| (0x20..=0x7e).contains(b) || b"\t\r\n".contains(b))
+    {
+        return Err(
+            "decodes to text, not random bytes: use the base64 of 32 random bytes \
+             (mcp-guard keygen, or head -c 32 /dev/urandom | base64)"
+                .to_string(),
+        );
+    }
+    let head = &secret[..secret.len().min(MIN_SECRET_BYTES)];
+    let distinct = |it: &mut dyn Iterator<Item = u8>| {
+        let mut seen = [false; 256];
+        it.filter(|b| !std::mem::replace(&mut seen[usize::from(*b)], true))
+            .count()
+    };
+    let values = distinct(&mut head.iter().copied());
+    let steps = distinct(&mut head.windows(2).map(|w| w[1].wrapping_sub(w[0])));
+    if values < MIN_DISTINCT_BYTES || steps < MIN_DISTINCT_BYTES {
+        return Err(format!(
+            "does not look random: its first {} bytes show {values} distinct values and {steps} \
+             distinct steps, a random key at least {MIN_DISTINCT_BYTES} of each: use the base64 \
+             of 32 random bytes (mcp-guard keygen)",
+            head.len()
+        ));
+    }
+    Ok(())
+}
+
 fn is_header_name(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
@@ -377,7 +579,8 @@ fn is_header_name(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="; // 32 bytes
+    const SECRET: &str = "17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0="; // 32 random bytes
+    const OTHER: &str = "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U=";
 
     fn json(extra: &str) -> String {
         format!(
@@ -474,5 +677,154 @@ mod tests {
             r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}},{{"id":1,"secret":"{SECRET}"}}]}}"#
         );
         assert_eq!(field_of(&dup), "keys[1].id");
+    }
+
+    fn with_env(s: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        Config::from_json_with_env(s.as_bytes(), &env)
+    }
+
+    fn key_json(key: &str) -> String {
+        format!(r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"active":true,{key}}}]}}"#)
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn secrets_and_token_from_the_environment() {
+        let cfg = format!(
+            r#"{{"ownership":{{"cluster":"c","token_env":"TOKEN"}},"keys":[{{"id":1,"active":true,"secret_env":"KEY_1"}},{{"id":2,"secret":"{OTHER}"}}]}}"#
+        );
+        // A Secret mounted as an env var may end in a newline.
+        let c = with_env(
+            &cfg,
+            &[("KEY_1", &format!("{SECRET}\n")), ("TOKEN", "t0k.en")],
+        );
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => unreachable!("{e}"),
+        };
+        assert_eq!(
+            c.ownership_authorization().as_deref(),
+            Some("Bearer t0k.en")
+        );
+        let refs: Vec<(&str, &str)> = c
+            .from_env
+            .iter()
+            .map(|r| (r.field.as_str(), r.var.as_str()))
+            .collect();
+        assert_eq!(
+            refs,
+            [
+                ("ownership.token_env", "TOKEN"),
+                ("keys[0].secret_env", "KEY_1")
+            ]
+        );
+        // Unset or empty: the field and the variable are named.
+        for vars in [
+            &[("TOKEN", "t")][..],
+            &[("TOKEN", "t"), ("KEY_1", " \n")][..],
+        ] {
+            match with_env(&cfg, vars) {
+                Err(e) => {
+                    assert_eq!(e.field, "keys[0].secret_env");
+                    assert!(e.message.contains("KEY_1 is not set"), "{e}");
+                }
+                Ok(_) => unreachable!("an unset key variable must be refused"),
+            }
+        }
+        let e = with_env(&cfg, &[("KEY_1", SECRET)]).err();
+        assert_eq!(e.map(|e| e.field).as_deref(), Some("ownership.token_env"));
+        let e = with_env(&cfg, &[("KEY_1", SECRET), ("TOKEN", "a b")]).err();
+        assert_eq!(e.map(|e| e.field).as_deref(), Some("ownership.token_env"));
+        // The value from the environment passes the same checks as a literal.
+        let weak = b64(&[7u8; 32]);
+        let e = with_env(&cfg, &[("KEY_1", &weak), ("TOKEN", "t")]).err();
+        assert_eq!(e.map(|e| e.field).as_deref(), Some("keys[0].secret_env"));
+        // Exactly one of literal and variable; a variable name.
+        let both = key_json(&format!(r#""secret":"{SECRET}","secret_env":"KEY_1""#));
+        let e = with_env(&both, &[("KEY_1", SECRET)]).err();
+        assert_eq!(e.map(|e| e.field).as_deref(), Some("keys[0].secret_env"));
+        let neither = key_json(r#""secret_env":null"#);
+        assert_eq!(field_of(&neither), "keys[0].secret");
+        let bad_name = key_json(r#""secret_env":"MY-KEY""#);
+        assert_eq!(field_of(&bad_name), "keys[0].secret_env");
+        let both_tokens = format!(
+            r#"{{"ownership":{{"cluster":"c","token":"a","token_env":"T"}},"keys":[{{"id":1,"active":true,"secret":"{SECRET}"}}]}}"#
+        );
+        assert_eq!(
+            with_env(&both_tokens, &[("T", "b")])
+                .err()
+                .map(|e| e.field)
+                .as_deref(),
+            Some("ownership.token_env")
+        );
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn placeholder_and_weak_keys_are_refused() {
+        let refused = |secret: &str| match Config::from_json(
+            key_json(&format!(r#""secret":"{secret}""#)).as_bytes(),
+        ) {
+            Ok(_) => unreachable!("{secret} must be refused"),
+            Err(e) => {
+                assert_eq!(e.field, "keys[0].secret", "{e}");
+                e.message
+            }
+        };
+        // What the repository's manifests and docs shipped before keys came from Secrets.
+        for shipped in [
+            "UkVQTEFDRS1NRTogaGVhZCAtYyAzMiAvZGV2L3VyYW5kb20gfCBiYXNlNjQ=",
+            "UkVQTEFDRS1NRTogbWNwLWd1YXJkIGtleWdlbiAtLWFjdGl2ZSEhIQ==",
+            "ZGVtby1vbmx5LWtleS1yZXBsYWNlLW1lLWluLXByb2R1Y3Rpb24hIQ==",
+        ] {
+            assert!(refused(shipped).contains("placeholder"));
+        }
+        assert!(refused("REPLACE-ME").contains("placeholder"));
+        assert!(refused("<base64 of 32 random bytes>").contains("not standard base64"));
+        // Text: a passphrase, hex, the old test keys.
+        assert!(refused("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=").contains("text"));
+        assert!(refused(&b64(b"e2e-test-key-0123456789abcdef-0123456789")).contains("text"));
+        // Repeats, counters, short patterns.
+        assert!(refused(&b64(&[0xc1; 32])).contains("does not look random"));
+        assert!(refused(&b64(&[0u8; 32])).contains("does not look random"));
+        let counter: Vec<u8> = (0..32u8)
+            .map(|i| i.wrapping_mul(37).wrapping_add(200))
+            .collect();
+        assert!(refused(&b64(&counter)).contains("1 distinct steps"));
+        let pattern: Vec<u8> = (0..32u8)
+            .map(|i| [0x90, 0x13, 0xee, 0x07][usize::from(i % 4)])
+            .collect();
+        assert!(refused(&b64(&pattern)).contains("does not look random"));
+        // Random keys pass, 32 bytes or longer.
+        assert_eq!(field_of(&key_json(&format!(r#""secret":"{OTHER}""#))), "ok");
+        let dec = |k: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(k)
+                .unwrap_or_default()
+        };
+        let long = b64(&[dec(SECRET), dec(OTHER)].concat());
+        assert_eq!(field_of(&key_json(&format!(r#""secret":"{long}""#))), "ok");
+    }
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn placeholder_tokens_are_refused() {
+        let with_token = |t: &str| {
+            format!(
+                r#"{{"ownership":{{"cluster":"c","token":"{t}"}},"keys":[{{"id":1,"active":true,"secret":"{SECRET}"}}]}}"#
+            )
+        };
+        assert_eq!(field_of(&with_token("REPLACE-ME")), "ownership.token");
+        assert_eq!(field_of(&with_token("changeme")), "ownership.token");
+        assert_eq!(field_of(&with_token(OTHER)), "ok");
     }
 }

@@ -4,7 +4,7 @@ use crate::cursor::Cursor;
 use crate::host::{Effect, MockHost};
 use crate::ownership::{RecordBatch, ResumeQuery};
 
-const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const SECRET: &str = "17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0=";
 const OWNER: &str = "127.0.0.1:9101";
 const SID: &str = "s-1";
 

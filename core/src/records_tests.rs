@@ -13,7 +13,7 @@ fn rec0(id: &str) -> String {
     recorded_event(id, 0)
 }
 
-const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const SECRET: &str = "17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0=";
 const S: &str = "0123456789abcdef0123456789abcdef";
 const I: &str = "0123456789abcdef";
 

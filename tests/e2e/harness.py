@@ -158,7 +158,7 @@ def plugin_config(cfg: dict) -> dict:
     return json.loads(_config_holder(f)["value"])
 
 
-TEST_KEY = base64.b64encode(b"e2e-test-key-0123456789abcdef-0123456789").decode()
+TEST_KEY = "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U="  # 32 random bytes: the guard refuses text and patterns
 
 
 def envoy_config(guard: bool = True, plugin_overrides: dict | None = None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import socket
@@ -115,13 +116,22 @@ def ensure_wasm() -> Path:
     return WASM
 
 
-def envoy_validate(cfg: dict, tmp_path: Path, name: str) -> subprocess.CompletedProcess:
+# What the platform puts in the proxy's environment from the Secret (deploy/README.md): a
+# random key (the guard refuses placeholders and text) and a token.
+GUARD_ENV = {"MCP_GUARD_KEY_1": "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U=",
+             "MCP_GUARD_OWNERSHIP_TOKEN": "dG9rZW4tZm9yLXZhbGlkYXRpb24"}
+
+
+def envoy_validate(cfg: dict, tmp_path: Path, name: str,
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`envoy --mode validate`, with the guard's variables set as the Secret sets them."""
     assert ENVOY_BIN.exists(), f"{ENVOY_BIN} missing: run `make venv`"
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    base = {k: v for k, v in os.environ.items() if k not in GUARD_ENV}
     return subprocess.run(
         [str(ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env={**base, **(GUARD_ENV if env is None else env)},
     )
 
 
@@ -167,6 +177,10 @@ def istio_equivalent_config() -> dict:
     # Istio hands pluginConfig (a Struct) to the filter as JSON, with pluginName as root_id.
     g["configuration"]["value"] = json.dumps(wp["pluginConfig"])
     g["root_id"] = wp["pluginName"]
+    # vmConfig.env entries with valueFrom HOST become host_env_keys (INLINE ones key_values).
+    env = wp.get("vmConfig", {}).get("env", [])
+    g["vm_config"]["environment_variables"] = {
+        "host_env_keys": [e["name"] for e in env if e.get("valueFrom") == "HOST"]}
     # Istio sets the VM failure policy from failStrategy.
     strategy = wp.get("failStrategy", "FAIL_CLOSE")
     g["failure_policy"] = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_OPEN": "FAIL_OPEN"}.get(strategy, "FAIL_CLOSED")
@@ -373,7 +387,10 @@ def test_compose_plugin_config_matches_schema():
 
 def test_compose_envoy_is_the_local_config_adapted():
     local, comp = yaml.safe_load(LOCAL_ENVOY.read_text()), yaml.safe_load(COMPOSE_ENVOY.read_text())
-    assert plugin_json(local) == plugin_json(comp)
+    # The one difference: compose runs the ownership service with a token, so the guard sends it.
+    want = plugin_json(local)
+    want["ownership"]["token_env"] = "MCP_GUARD_OWNERSHIP_TOKEN"
+    assert want == plugin_json(comp)
     assert guard(comp)["vm_config"]["code"]["local"]["filename"] == WASM_IN_CONTAINER
     strip = lambda c: [f for f in filters(c) if f["typed_config"]["@type"] != WASM_TYPE]  # noqa: E731
     assert strip(local) == strip(comp), "stateful_session / router must match envoy/envoy.yaml"
@@ -428,6 +445,86 @@ def test_compose_services_and_ports():
     assert (COMPOSE.parent / wasm_src).resolve() == WASM.resolve()
     build = services["mcp-ownership"]["build"]
     assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == ROOT / "Dockerfile.ownership"
+
+
+# ---- Secrets --------------------------------------------------------------------------------
+def env_names(pc: dict) -> set[str]:
+    """The variables a plugin config reads; asserts it holds no literal secret."""
+    assert "token" not in pc["ownership"], "a literal ownership token in a manifest"
+    assert pc["ownership"].get("token_env"), "the ownership service requires a token"
+    names = {pc["ownership"]["token_env"]}
+    for k in pc["keys"]:
+        assert "secret" not in k and k.get("secret_env"), f"key {k['id']}: a literal secret"
+        names.add(k["secret_env"])
+    return names
+
+
+def secret_refs(env: list[dict]) -> dict[str, tuple[str, str]]:
+    """Container env entries set from a Secret: name -> (secret name, key)."""
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+
+
+def test_istio_secrets_come_from_the_gateway_env():
+    wp = one("WasmPlugin")["spec"]
+    names = env_names(wp["pluginConfig"])
+    host = {e["name"] for e in wp["vmConfig"]["env"] if e.get("valueFrom") == "HOST"}
+    assert names <= host, f"not passed to the VM: {names - host}"
+    patch = next(d for _, d in k8s_objects() if d["kind"] == "Deployment"
+                 and d["metadata"]["namespace"] == one("WasmPlugin")["metadata"]["namespace"])
+    (proxy,) = [c for c in patch["spec"]["template"]["spec"]["containers"] if c["name"] == "istio-proxy"]
+    refs = secret_refs(proxy["env"])
+    assert names <= set(refs), f"not set from the Secret: {names - set(refs)}"
+    assert {s for s, _ in refs.values()} == {"mcp-resume-guard"}
+
+
+def test_envoy_gateway_secrets_come_from_the_envoy_container_env():
+    objs = {d["kind"]: d for d in docs(DEPLOY / "envoy-gateway" / "mcp-resume-guard.yaml")}
+    (w,) = objs["EnvoyExtensionPolicy"]["spec"]["wasm"]
+    names = env_names(w["config"])
+    assert names <= set(w["env"]["hostKeys"])
+    env = objs["EnvoyProxy"]["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"]["env"]
+    refs = secret_refs(env)
+    assert names <= set(refs) and {s for s, _ in refs.values()} == {"mcp-resume-guard"}
+
+
+def test_compose_secrets_are_docker_secrets():
+    comp = yaml.safe_load(COMPOSE.read_text())
+    cfg = yaml.safe_load(COMPOSE_ENVOY.read_text())
+    names = env_names(plugin_json(cfg))
+    assert names <= set(guard(cfg)["vm_config"]["environment_variables"]["host_env_keys"])
+    envoy = comp["services"]["envoy"]
+    script = " ".join(envoy["command"])
+    for n in names:
+        # Exported from a mounted secret file, not a value in the compose file.
+        m = re.search(rf'{n}="\$\$\(cat /run/secrets/(\w+)\)"', script)
+        assert m and m.group(1) in envoy["secrets"], f"{n} not read from a secret: {script}"
+    assert "environment" not in envoy and "env_file" not in envoy
+    own = comp["services"]["mcp-ownership"]
+    assert own["environment"]["MCP_OWNERSHIP_TOKEN_FILE"] == "/run/secrets/ownership_token"
+    assert "ownership_token" in own["secrets"]
+    for sec in comp["secrets"].values():
+        assert sec["file"].startswith("./secrets/")
+    assert "secrets/" in (COMPOSE.parent / ".gitignore").read_text().split()
+
+
+def test_validate_fails_without_the_secret(tmp_path):
+    """Control: validate runs the guard's on_configure with the environment it is given; the
+    compose config without its key variable does not load, and says which variable."""
+    cfg = yaml.safe_load(COMPOSE_ENVOY.read_text())
+    guard(cfg)["vm_config"]["code"]["local"]["filename"] = str(ensure_wasm())
+    res = envoy_validate(cfg, tmp_path, "compose-no-key",
+                         env={"MCP_GUARD_OWNERSHIP_TOKEN": GUARD_ENV["MCP_GUARD_OWNERSHIP_TOKEN"]})
+    assert res.returncode != 0
+    assert "MCP_GUARD_KEY_1 is not set" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", ["istio/wasmplugin.yaml", "envoy-gateway/mcp-resume-guard.yaml",
+                                  "compose/envoy.yaml", "compose/docker-compose.yaml"])
+def test_no_known_placeholder_in_a_manifest(name):
+    text = (DEPLOY / name).read_text()
+    for word in ("REPLACE-ME", "UkVQTEFDRS1NR", "ZGVtby1vbmx5"):
+        assert word not in text, f"{name} still carries {word}"
 
 
 # ---- Dockerfiles ---------------------------------------------------------------------------

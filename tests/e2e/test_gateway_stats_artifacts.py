@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -200,6 +201,8 @@ def eg_equivalent() -> dict:
     guard["disabled"] = True
     guard["typed_config"]["config"]["configuration"]["value"] = json.dumps(w["config"])
     guard["typed_config"]["config"]["root_id"] = w["rootID"]
+    # env.hostKeys becomes the VM's host_env_keys.
+    guard["typed_config"]["config"]["vm_config"]["environment_variables"] = {"host_env_keys": w["env"]["hostKeys"]}
     tc["http_filters"] = [guard, router]
     gw = o["Gateway"]
     rc_name = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
@@ -239,8 +242,10 @@ def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
         (True, True, "REJECT_REQUEST")
     path = tmp_path / "eg-equivalent.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # The guard's variables, as the EnvoyProxy's container env sets them from the Secret.
+    env = {**os.environ, "MCP_GUARD_KEY_1": h.TEST_KEY, "MCP_GUARD_OWNERSHIP_TOKEN": "dG9rZW4"}
     r = subprocess.run([str(h.ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     r = check_config(path)
     assert r.returncode == 0 and "warning" not in r.stdout + r.stderr, r.stdout + r.stderr

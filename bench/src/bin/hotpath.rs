@@ -24,7 +24,7 @@ fn main() {
     let chunk = args.get(2).copied().filter(|c| *c > 0).map(|c| c as usize);
     let flush_every = args.get(3).copied().unwrap_or(64) as usize;
     let cfg = match Config::from_json(
-        br#"{"ownership":{"cluster":"c","max_queue":1000000},"keys":[{"id":1,"secret":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","active":true}]}"#,
+        br#"{"ownership":{"cluster":"c","max_queue":1000000},"keys":[{"id":1,"secret":"17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0=","active":true}]}"#,
     ) {
         Ok(c) => c,
         Err(e) => {

@@ -18,7 +18,7 @@ fn main() {
     let requests = args.first().copied().unwrap_or(20_000);
     let flush_every = args.get(1).copied().unwrap_or(70).max(1);
     let cfg = match Config::from_json(
-        br#"{"ownership":{"cluster":"c"},"keys":[{"id":1,"secret":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=","active":true}]}"#,
+        br#"{"ownership":{"cluster":"c"},"keys":[{"id":1,"secret":"17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0=","active":true}]}"#,
     ) {
         Ok(c) => c,
         Err(e) => {

@@ -6,8 +6,15 @@ use mcp_resume_core::cursor::{Key, Keyring};
 pub const ACTIVE: u8 = 1;
 pub const VERIFY_ONLY: u8 = 2;
 
+/// Fixed, random-looking bytes per id (xorshift): the config parser refuses repeated bytes.
 pub fn secret(id: u8) -> [u8; 32] {
-    [0x40 ^ id; 32]
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(id);
+    std::array::from_fn(|_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s.to_be_bytes()[0]
+    })
 }
 
 pub fn keyring() -> &'static Keyring {
