@@ -22,12 +22,14 @@ CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge
+.PHONY: help check check-venv tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
 	@echo "             CONFIG=plugin.json to run your plugin config, STORE=memory|redis://HOST:PORT|redis-cluster://...)"
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
+	@echo "make check   the quick loop (under a minute on a built tree): fmt, clippy, unit tests without Redis,"
+	@echo "             wasm tests, static artefact tests; installs only with rustup, cargo and pip; no Envoy"
 	@echo "make wasm    build $(WASM)"
 	@echo "make native  build $(NATIVE) (the Envoy dynamic module)"
 	@echo "make chaos   soak the whole system under seeded faults (CHAOS_S=600 CHAOS_CLIENTS=50 CHAOS_SEED=1)"
@@ -142,6 +144,41 @@ e2e-native: venv build native
 test: export CARGO_INCREMENTAL ?= 0
 test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke
 	@echo "make test: all green"
+
+# ---- the quick loop ----------------------------------------------------------
+# `make check`: what needs no package manager, no Redis and no Envoy. The Rust tests leave out
+# ownership's redis_* test binaries (each starts its own redis-server); the wasm tests run when the
+# runner is already in .tools (`make wasm-bindgen` installs it with cargo, a few minutes once); the
+# static artefact tests leave out the ones that run `envoy --mode validate`. `make test` runs all.
+OWNERSHIP_NO_REDIS := $(patsubst ownership/tests/%.rs,--test %,$(filter-out ownership/tests/redis_%,$(wildcard ownership/tests/*.rs)))
+STATIC_E2E := tests/e2e/test_security_doc.py tests/e2e/test_deploy_artifacts.py tests/e2e/test_gateway_stats_artifacts.py
+STATIC_E2E_ENVOY := \
+  --deselect tests/e2e/test_deploy_artifacts.py::test_istio_equivalent_envoy_config_validates \
+  --deselect tests/e2e/test_deploy_artifacts.py::test_validate_really_loads_the_plugin \
+  --deselect tests/e2e/test_deploy_artifacts.py::test_compose_envoy_validates \
+  --deselect tests/e2e/test_gateway_stats_artifacts.py::test_envoy_gateway_equivalent_validates_and_passes_check_config \
+  --deselect tests/e2e/test_gateway_stats_artifacts.py::test_istio_stats_bootstrap_is_the_envoy_stats_config
+
+# pytest and what the static tests import, from PyPI; a full `make venv` (with Envoy) also has them.
+check-venv:
+	@test -x $(VENV)/bin/pytest && $(PYTHON) -c 'import yaml, jsonschema' 2>/dev/null \
+	  || { python3 -m venv $(VENV) && $(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	       pytest==$(PYTEST_VERSION) PyYAML==$(PYYAML_VERSION) jsonschema==$(JSONSCHEMA_VERSION); }
+
+check: rust-targets check-venv
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target wasm32-wasip1 -p mcp-resume-guard -- -D warnings
+	cargo test --workspace --exclude mcp-ownership
+	cargo test -p mcp-ownership --lib --bins $(OWNERSHIP_NO_REDIS)
+	@if $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)"; then \
+	  echo "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(TOOLS)/bin/wasm-bindgen-test-runner cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib"; \
+	  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
+	    cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib; \
+	else echo "make check: SKIPPED the wasm tests: wasm-bindgen-test-runner $(WBG_VERSION) is not in $(TOOLS)/bin" \
+	  "(\`make wasm-bindgen\` installs it with cargo; \`make wasm-test\` runs them)"; fi
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q $(STATIC_E2E) $(STATIC_E2E_ENVOY)
+	@echo "make check: green (make test runs everything)"
 
 # ---- benchmarks ------------------------------------------------------------
 # `make bench`: bare Envoy vs the proxy-wasm floor vs the guard (Wasm and native); writes BENCHMARKS.md and

@@ -75,6 +75,15 @@ def a_cursor() -> tuple[h.Client, str]:
     return c, evs[1].id
 
 
+def a_cursor_and_owner() -> tuple[h.Client, str, str]:
+    """As `a_cursor`, and the name of the replica that owns the cursor's stream."""
+    c = h.Client()
+    c.initialize()
+    s, evs = open_and_read(c, 3)
+    time.sleep(0.1)  # records land
+    return c, evs[1].id, s.header("x-replica")
+
+
 def refused(r, reason: str | None = None) -> bool:
     """Did the guard say explicitly that the cursor was not honoured?"""
     v = r.header(GUARD_HEADER) or ""
@@ -119,6 +128,25 @@ def test_header_size_limits(fresh, proto):
         assert status in (None, 431, 400), (name, status)
     assert all_seen() == [], "an oversized request reached a replica"
     envoy_alive(env)
+    # Just under the limit the headers reach the guard, and it decides on them: a huge unrelated
+    # header leaves an authentic cursor's continuation intact (at the owner, with its own id), a
+    # huge Last-Event-ID is a foreign cursor, a huge session id does not match the cursor's.
+    near = ENVOY_HEADER_LIMIT - 4096  # 56 KiB
+    c, cursor, owner = a_cursor_and_owner()
+    reset_seen()
+    r = h.raw_request(proto, "GET", "/mcp", session_headers(c, [("last-event-id", cursor), ("x-filler", "A" * near)]))
+    assert r.status == 200 and not refused(r) and r.header("x-replica") == owner, (r.status, r.headers)
+    r.close()
+    reached = h.cursors_seen_by_replicas()
+    assert [(x["port"], x["last_event_id"] != cursor) for x in reached] == [(h.port_of(owner), True)], reached
+    reset_seen()
+    for name, value, reason in (("last-event-id", "A" * near, "foreign_cursor"),
+                                ("mcp-session-id", "s" * near, "session_mismatch")):
+        hd = [x for x in session_headers(c, [("last-event-id", cursor)]) if x[0] != name]
+        r = h.raw_request(proto, "GET", "/mcp", hd + [(name, value)])
+        assert refused(r, reason), (name, r.status, r.headers)
+        r.close()
+    assert_no_cursor_reached_a_replica()
 
 
 @pytest.mark.parametrize("proto", PROTOS)
@@ -158,12 +186,15 @@ def test_duplicate_session_id_is_refused(fresh, proto):
 
 
 def test_uppercase_header_names_over_h2_are_refused(fresh):
-    """HTTP/2 forbids uppercase field names: Envoy refuses the request; nothing reaches a replica."""
+    """HTTP/2 forbids uppercase field names: Envoy refuses the request; nothing reaches a replica.
+    Over HTTP/1.1 the same names reach the guard, which reads them whatever their case: the cursor
+    continues at its owner (not at the client's pin) and the replica sees its own id, never the cursor."""
     env = fresh.use(guard=True)
-    c, cursor = a_cursor()
+    c, cursor, owner = a_cursor_and_owner()
     reset_seen()
+    elsewhere = next(p for p in h.REPLICA_PORTS if p != h.port_of(owner))
+    upper = [("Last-Event-ID", cursor), ("X-MCP-Owner", h.owner_pin(elsewhere))]
     try:
-        upper = [("Last-Event-ID", cursor), ("X-MCP-Owner", h.owner_pin(h.REPLICA_PORTS[2]))]
         r = h.raw_h2("GET", "/mcp", session_headers(c, upper))
         status = r.status
         r.close()
@@ -172,6 +203,12 @@ def test_uppercase_header_names_over_h2_are_refused(fresh):
     assert status in (None, 400), status
     assert all_seen() == []
     envoy_alive(env)
+    r = h.raw_h1("GET", "/mcp", session_headers(c, upper))
+    assert r.status == 200 and not refused(r) and r.header("x-replica") == owner, (r.status, r.headers)
+    r.close()
+    reached = h.cursors_seen_by_replicas()
+    assert [(x["port"], x["last_event_id"] != cursor) for x in reached] == [(h.port_of(owner), True)], reached
+    assert not any(s["has_owner_header"] for s in all_seen())
 
 
 @pytest.mark.parametrize("proto", PROTOS)

@@ -5,6 +5,7 @@ removed from Envoy's filter chain, where the test asserts the failure the proble
 statement describes (so the test has teeth), then with the guard, where it asserts the fix:
 a contiguous continuation from the owner, or an explicit signal.
 """
+import socket
 import time
 import uuid
 
@@ -510,8 +511,29 @@ def test_owner_killed_with_guard_signals_then_restarts(fresh):
 # ---------------------------------------------------------------------------------------------
 
 def test_ownership_down_without_guard_nothing_checks(fresh):
-    # Without the guard nobody consults ownership: the reconnect is a blind replay.
-    test_lost_owner_without_guard_duplicates_ids(fresh)
+    # Without the guard nobody consults ownership: with the service stopped, the reconnect is still
+    # forwarded, unannounced, and replayed blindly by whichever replica it lands on.
+    fresh.use(guard=False)
+    c = h.Client()
+    c.initialize()
+    s, evs = open_and_read(c, 9)
+    owner = s.header("x-replica")
+    seen = {e.id: e.data for e in evs}
+    cursor = evs[6].id
+    fresh.ownership.stop()
+    assert not fresh.ownership.alive
+    with pytest.raises(OSError):
+        socket.create_connection((h.HOST, h.OWNERSHIP_PORT), timeout=1).close()
+    for p in h.REPLICA_PORTS:
+        h.replica_reset(p)
+    r = resume_elsewhere(c, cursor, owner)
+    assert r.header(GUARD_HEADER) is None, "nothing may speak for the guard here"
+    got = r.read(8)
+    r.close()
+    clashes = [e for e in got if e.id in seen and seen[e.id] != e.data]
+    assert clashes, f"expected duplicate ids with different payloads, got {[e.id for e in got]}"
+    reached = h.cursors_seen_by_replicas()
+    assert any(x["last_event_id"] == cursor for x in reached), f"the cursor must reach a replica: {reached}"
 
 
 def test_ownership_down_with_guard_fails_closed(fresh):
