@@ -27,6 +27,14 @@ def cell_call(r: dict) -> str:
     return f"**did not settle** ({r['outcome']})"
 
 
+def second(r: dict) -> str:
+    if r["second_call"]:
+        return "ok"
+    if r.get("second_wrongly_settled"):
+        return "**wrongly settled** by the refusal meant for the original request"
+    return "fails"
+
+
 def ms(v) -> str:
     return "—" if v is None else f"{v} ms"
 
@@ -43,7 +51,7 @@ def table(rows: dict) -> str:
                     continue
                 settle = ms(r["settle_ms"]) if r["outcome"] != "timeout" else f"timeout at {ms(r['settle_ms'])}"
                 out.append(f"| {SDK[sdk]}, {PATH[(sdk, path)]} | `{kind}` | {r['guard_answer'] or '—'} | "
-                           f"{cell_call(r)} | {settle} | {'ok' if r['second_call'] else 'fails'} | "
+                           f"{cell_call(r)} | {settle} | {second(r)} | "
                            f"{'alive' if r['session_survived'] else 'gone'} |")
     return "\n".join(out)
 
