@@ -14,6 +14,9 @@ Scenarios
   call     one tool call (revisions)
   modern   one tool call with the high-level `Client` pinned to revision --version (2026-07-28: no
            session, no resumption)
+  refusal  the application's view of a refused resume (--path auto|token, --hook URL): the pending call
+           (auto: the dropped call, its own reconnect; token: an explicit resume after the call ended)
+           settles or not, how fast, with what; then a second call and a ping on the same session
 Every HTTP exchange is logged (method, Last-Event-ID sent, status, x-replica, mcp-resume).
 """
 from __future__ import annotations
@@ -51,6 +54,11 @@ ap.add_argument("--inject-cursor", default=None,
 ap.add_argument("--spoil-reconnect", default=None,
                 help="replace Last-Event-ID on the client's own reconnects (a refused cursor on the automatic path)")
 ap.add_argument("--timeout", type=float, default=6.0)
+ap.add_argument("--path", choices=["auto", "token"], default="auto")
+ap.add_argument("--hook", default=None,
+                help="POST here before the first resume of the call's stream; the test sets up a refusal")
+ap.add_argument("--drain", action="store_true",
+                help="with the cut, read the connection to its end first: the guard relays events the client never gets")
 args = ap.parse_args()
 
 T0 = time.monotonic()
@@ -65,10 +73,11 @@ BLANK_LINE = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 class CutStream(httpx2.AsyncByteStream):
-    """Ends a response body after `n` progress events: a dropped connection, as the client sees it."""
+    """Ends a response body after `n` progress events: a dropped connection, as the client sees it.
+    With `drain` the rest of the body is read first and thrown away (relayed, never delivered)."""
 
-    def __init__(self, inner, n: int):
-        self.inner, self.n, self.buf = inner, n, b""
+    def __init__(self, inner, n: int, drain: bool = False):
+        self.inner, self.n, self.buf, self.drain = inner, n, b"", drain
 
     async def __aiter__(self):
         seen = 0
@@ -82,6 +91,10 @@ class CutStream(httpx2.AsyncByteStream):
                     seen += 1
                     if seen >= self.n:
                         yield out
+                        if self.drain:
+                            async for _ in self.inner:
+                                pass
+                        OUT["cut_ms"] = t_ms()
                         return
             if out:
                 yield out
@@ -127,6 +140,7 @@ class Wire(httpx2.AsyncBaseTransport):
     def __init__(self, cut_after: int | None):
         self.inner = httpx2.AsyncHTTPTransport()
         self.cut_after = cut_after
+        self.hook_fired = False
 
     async def handle_async_request(self, request):
         body = request.content if request.method == "POST" else b""
@@ -146,6 +160,16 @@ class Wire(httpx2.AsyncBaseTransport):
             request.headers["last-event-id"] = args.inject_cursor
         if args.spoil_reconnect and request.method == "GET" and "last-event-id" in request.headers:
             request.headers["last-event-id"] = args.spoil_reconnect
+        if (args.hook and not self.hook_fired and request.method == "GET"
+                and request.headers.get("last-event-id") in {t["token"] for t in OUT["tokens"]}):
+            # The first resume of the call's stream: the test sets up the refusal first.
+            self.hook_fired = True
+            call = next((x for x in OUT["http"] if x.get("rpc") == "tools/call"), {})
+            note = {"session": request.headers.get("mcp-session-id"),
+                    "last_event_id": request.headers["last-event-id"], "replica": call.get("replica")}
+            async with httpx2.AsyncClient() as hc:
+                h = await hc.post(args.hook, content=json.dumps(note), timeout=30)
+            OUT["hook"] = {"status": h.status_code, "t_ms": t_ms()}
         if args.omit_version_header and "mcp-protocol-version" in request.headers:
             del request.headers["mcp-protocol-version"]
         rec = {"method": request.method, "rpc": rpc, "last_event_id": request.headers.get("last-event-id"),
@@ -157,14 +181,15 @@ class Wire(httpx2.AsyncBaseTransport):
             OUT["http"].append(rec)
             raise
         rec.update(status=resp.status_code, replica=resp.headers.get("x-replica"),
-                   mcp_resume=resp.headers.get("mcp-resume"), content_type=resp.headers.get("content-type"))
+                   mcp_resume=resp.headers.get("mcp-resume"), content_type=resp.headers.get("content-type"),
+                   t_resp_ms=t_ms())
         OUT["http"].append(rec)
         if request.method == "GET" and rec["last_event_id"]:
             return httpx2.Response(resp.status_code, headers=resp.headers, stream=Tap(resp.stream, rec),
                                    extensions=resp.extensions)
         if rpc == "tools/call" and self.cut_after:
             n, self.cut_after = self.cut_after, None
-            return httpx2.Response(resp.status_code, headers=resp.headers, stream=CutStream(resp.stream, n),
+            return httpx2.Response(resp.status_code, headers=resp.headers, stream=CutStream(resp.stream, n, args.drain),
                                    extensions=resp.extensions)
         return resp
 
@@ -195,20 +220,23 @@ async def settle(coro) -> dict:
     try:
         with anyio.fail_after(args.timeout):
             r = await coro
-        return {"outcome": "result", "text": text_of(r), "elapsed_ms": t_ms() - start}
+        return {"outcome": "result", "text": text_of(r), "elapsed_ms": t_ms() - start, "t_ms": t_ms()}
     except TimeoutError:
-        return {"outcome": "hang", "elapsed_ms": t_ms() - start}
+        return {"outcome": "hang", "elapsed_ms": t_ms() - start, "t_ms": t_ms()}
     except BaseException as e:  # noqa: BLE001 - an SDK crash is what we report
         inner = e
         while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
             inner = inner.exceptions[0]
         kind = "error" if type(inner).__name__ in ("MCPError", "McpError") else "exception"
+        err = getattr(inner, "error", None)
         return {"outcome": kind, "exception": type(inner).__name__, "error": str(inner)[:300],
-                "elapsed_ms": t_ms() - start}
+                "code": getattr(err, "code", None), "message": getattr(err, "message", None),
+                "data": getattr(err, "data", None), "elapsed_ms": t_ms() - start, "t_ms": t_ms()}
 
 
 async def main() -> None:
-    cut = args.drop_after if args.scenario == "drop" else None
+    auto = args.scenario == "drop" or (args.scenario == "refusal" and args.path == "auto")
+    cut = args.drop_after if auto else None
     http = httpx2.AsyncClient(transport=Wire(cut), timeout=httpx2.Timeout(10.0, read=30.0))
     if args.scenario == "modern":
         from mcp.client.client import Client
@@ -240,6 +268,29 @@ async def main() -> None:
                 OUT["resume"] = await settle(session.send_request(
                     call_request(tag), types.CallToolResult, progress_callback=progress_cb,
                     metadata=ClientMessageMetadata(resumption_token=token, on_resumption_token_update=on_token)))
+            elif args.scenario == "refusal":
+                OUT["call_started_ms"] = t_ms()
+                if args.path == "auto":
+                    OUT["call"] = await settle(session.send_request(
+                        call_request(tag), types.CallToolResult, progress_callback=progress_cb,
+                        metadata=ClientMessageMetadata(on_resumption_token_update=on_token)))
+                else:
+                    OUT["first"] = await settle(session.send_request(
+                        call_request(tag), types.CallToolResult, progress_callback=progress_cb,
+                        metadata=ClientMessageMetadata(on_resumption_token_update=on_token)))
+                    OUT["cut_ms"] = t_ms()
+                    OUT["call_started_ms"] = t_ms()
+                    OUT["call"] = await settle(session.send_request(
+                        call_request(tag), types.CallToolResult,
+                        metadata=ClientMessageMetadata(resumption_token=OUT["tokens"][args.from_]["token"])))
+                OUT["second"] = await settle(session.send_request(
+                    call_request(f"{tag}-second", steps=1, step_ms=10), types.CallToolResult))
+                try:
+                    with anyio.fail_after(3):
+                        await session.send_ping()
+                    OUT["ping"] = "ok"
+                except BaseException as e:  # noqa: BLE001 - what the application would see
+                    OUT["ping"] = f"{type(e).__name__}: {e}"[:200]
             elif args.scenario == "token":
                 OUT["resume"] = await settle(session.send_request(
                     call_request(tag), types.CallToolResult, progress_callback=progress_cb,
@@ -261,7 +312,11 @@ def run() -> int:
         while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
             inner = inner.exceptions[0]
         OUT["fatal"] = {"exception": type(inner).__name__, "error": str(inner)[:300],
-                        "trace": traceback.format_exception(inner)[-3:]}
+                        "trace": traceback.format_exception(inner)[-3:], "t_ms": t_ms()}
+        if "call_started_ms" in OUT and "call" not in OUT:
+            # The session itself went down under the pending call: the application sees this exception.
+            OUT["call"] = {"outcome": "crash", "exception": type(inner).__name__, "error": str(inner)[:300],
+                           "elapsed_ms": t_ms() - OUT["call_started_ms"], "t_ms": t_ms()}
         rc = 2
     print(json.dumps(OUT))
     sys.stdout.flush()

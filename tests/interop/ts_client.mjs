@@ -12,6 +12,8 @@
 //   resume-token resume --token T (on session --session S, or a fresh one) and report what the client does
 //   delete       a call finishes, the client DELETEs the session, then resumes with its last token
 //   call         one tool call (used for revisions), reports what it saw
+//   refusal      a pending call whose resume the test refuses (--path auto|token, --hook URL, --cut N [--drain]):
+//                does the call settle, how fast, with what error, does the session still work
 //
 // Every HTTP exchange is logged (method, Last-Event-ID sent, status, x-replica, mcp-resume, t_ms), every
 // message the transport delivers, every onerror, and when the request settled.
@@ -36,6 +38,39 @@ const T0 = Date.now();
 const t = () => Date.now() - T0;
 
 const out = { scenario, version: VERSION, http: [], errors: [], messages: [], tokens: [] };
+let hookFired = false;
+let cutAfter = Number(opt.cut ?? 0);
+
+function cutBody(body, n, drain) {
+  const reader = body.getReader();
+  const dec = new TextDecoder();
+  const enc = new TextEncoder();
+  let buf = '';
+  let seen = 0;
+  return new ReadableStream({
+    async pull(ctrl) {
+      const { value, done } = await reader.read();
+      if (done) { ctrl.close(); return; }
+      buf += dec.decode(value, { stream: true });
+      let chunk = '';
+      let m;
+      while ((m = /\r\n\r\n|\n\n|\r\r/.exec(buf))) {
+        const ev = buf.slice(0, m.index + m[0].length);
+        buf = buf.slice(m.index + m[0].length);
+        chunk += ev;
+        if (ev.includes('notifications/progress') && ++seen >= n) {
+          ctrl.enqueue(enc.encode(chunk));
+          if (drain) { while (!(await reader.read()).done) { /* relayed, never delivered */ } } else await reader.cancel().catch(() => {});
+          out.cut_ms = t();
+          ctrl.close();
+          return;
+        }
+      }
+      if (chunk) ctrl.enqueue(enc.encode(chunk));
+    },
+    cancel(r) { return reader.cancel(r).catch(() => {}); },
+  });
+}
 
 // fetch wrapper: logs exchanges; rewrites initialize's protocolVersion to --version (older revisions with the
 // real client) and drops MCP-Protocol-Version when the revision predates it.
@@ -51,11 +86,29 @@ function makeFetch(label) {
     const rec = { client: label, method: init.method ?? 'GET', last_event_id: headers.get('last-event-id'),
       version_header: headers.get('mcp-protocol-version'), t_ms: t() };
     if (typeof body === 'string') { try { rec.rpc = JSON.parse(body).method ?? null; } catch { /* batch */ } }
+    // --hook: before the first resume of the call's stream (a GET with one of its tokens), tell the test, and wait for it to
+    // set up a refusal (mark the owner gone, stop the ownership service, …).
+    if (opt.hook && !hookFired && rec.method === 'GET' && out.tokens.some(x => x.token === rec.last_event_id)) {
+      hookFired = true;
+      const h = await fetch(opt.hook, { method: 'POST', body: JSON.stringify({ session: headers.get('mcp-session-id'),
+        last_event_id: rec.last_event_id, replica: out.http.find(x => x.rpc === 'tools/call')?.replica ?? null }) });
+      out.hook = { status: h.status, t_ms: t() };
+      await h.text();
+      rec.t_ms = t();
+    }
     try {
       const res = await fetch(url, { ...init, headers, body });
       Object.assign(rec, { status: res.status, replica: res.headers.get('x-replica'),
-        mcp_resume: res.headers.get('mcp-resume'), content_type: res.headers.get('content-type') });
+        mcp_resume: res.headers.get('mcp-resume'), content_type: res.headers.get('content-type'), t_resp_ms: t() });
       out.http.push(rec);
+      if (cutAfter && rec.rpc === 'tools/call' && res.body) {
+        // --cut N: the application's stream ends after N progress events (a broken connection as the
+        // transport sees it); with --drain the connection is read to its end first, so the guard relays
+        // and records events the application never got.
+        const n = cutAfter;
+        cutAfter = 0;
+        return new Response(cutBody(res.body, n, !!opt.drain), { status: res.status, headers: res.headers });
+      }
       return res;
     } catch (e) {
       rec.error = String(e?.name ?? e);
@@ -98,7 +151,7 @@ async function settle(p) {
     return { outcome: 'result', text: r?.content?.[0]?.text ?? null, t_ms: t() };
   } catch (e) {
     return { outcome: /timed out|Request timed out/i.test(String(e?.message)) ? 'timeout' : 'error',
-      error: String(e?.message ?? e), code: e?.code ?? null, t_ms: t() };
+      error: String(e?.message ?? e), code: e?.code ?? null, data: e?.data ?? null, t_ms: t() };
   }
 }
 
@@ -208,6 +261,43 @@ async function main() {
     { timeout: TIMEOUT, onprogress: pr => progress.push(pr.progress),
       onresumptiontoken: tok => out.tokens.push({ client: 'a', token: tok }) }))), progress };
     await a.transport.close();
+  } else if (scenario === 'refusal') {
+    // The application's view of a refused resume. A pending tools/call's stream breaks after --cut (auto) or
+    // --drop-after (token) progress events; the test refuses the resume (--hook); then: does the call settle,
+    // when, with what, and does the session still work (a second call, a ping)?
+    const tag = `refusal-${T0}`;
+    const a = await connect('a');
+    out.session = a.transport.sessionId;
+    const progress = [];
+    let app = a;
+    if ((opt.path ?? 'auto') === 'auto') {
+      // The transport's own reconnection (GET + Last-Event-ID) after the stream ended without a response.
+      out.call = await settle(a.client.request({ method: 'tools/call', params: callParams(tag) }, CallToolResultSchema, {
+        timeout: TIMEOUT, onprogress: pr => progress.push(pr.progress),
+        onresumptiontoken: tok => out.tokens.push({ client: 'a', token: tok }) }));
+    } else {
+      // The application's own resume: connection a is gone after --drop-after progress events; a second
+      // client on the same session resumes with a token it kept (--token-index, default the last).
+      const dropAfter = Number(opt['drop-after'] ?? 2);
+      let drop;
+      const dropped = new Promise(r => { drop = r; });
+      const p = a.client.request({ method: 'tools/call', params: callParams(tag) }, CallToolResultSchema, {
+        timeout: TIMEOUT, onresumptiontoken: tok => out.tokens.push({ client: 'a', token: tok }),
+        onprogress: pr => { progress.push(pr.progress); if (progress.length >= dropAfter) drop(); } });
+      p.catch(() => {});
+      await Promise.race([dropped, new Promise(r => setTimeout(r, TIMEOUT))]);
+      await a.transport.close();
+      out.cut_ms = t();
+      const token = out.tokens.at(Number(opt['token-index'] ?? -1))?.token;
+      app = await connect('b', out.session);
+      out.call = await settle(app.client.request({ method: 'tools/call', params: callParams(tag) }, CallToolResultSchema, {
+        resumptionToken: token, timeout: TIMEOUT }));
+    }
+    out.call.progress = progress;
+    out.second = await settle(app.client.request({ method: 'tools/call',
+      params: callParams(`${tag}-second`, { steps: 1, step_ms: 10 }) }, CallToolResultSchema, { timeout: 5000 }));
+    try { await app.client.ping({ timeout: 3000 }); out.ping = 'ok'; } catch (e) { out.ping = String(e?.message ?? e); }
+    await app.transport.close();
   } else {
     throw new Error(`unknown scenario ${scenario}`);
   }
