@@ -28,6 +28,8 @@ pub const INVALID_VERSION: &str = "invalid";
 const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 /// The JSON-RPC error code of a refused resume (in the 409 body and the settling answer).
 pub const REFUSED_CODE: i64 = -32010;
+/// A claim given back (see [`Exchange::release_claim`]): no newer continuation holds the stream.
+const NO_CLAIM: u64 = 0;
 /// `response.code_details` of strict stateful_session when the owner is not in the cluster:
 /// the one failure that shows the owner is gone, not just busy.
 pub const OWNER_NOT_IN_CLUSTER: &str = "no_healthy_upstream";
@@ -208,6 +210,8 @@ pub struct Exchange {
     record_keys: Option<(String, String)>,
     /// This continuation's claim on its incarnation (see [`Host::claim_stream`]).
     claim: Option<u64>,
+    /// The claim it replaced, given back if this continuation is refused before it relays.
+    prev_claim: Option<u64>,
     /// The worker's claim count when a fresh stream last looked.
     claims_seen: u64,
 }
@@ -240,6 +244,7 @@ impl Exchange {
             cut_sent: false,
             record_keys: None,
             claim: None,
+            prev_claim: None,
             claims_seen: 0,
         }
     }
@@ -477,10 +482,14 @@ impl Exchange {
         } = &self.phase
         {
             // Events after the cursor are recorded, and the owner answered without a replay
-            // (no SSE, an error, or no body at all): what it holds is not that log.
+            // (no SSE, an error, or no body at all): refused by name. A 2xx without the replay
+            // shows the owner no longer holds the log; an error status (another reader holds
+            // the stream, the session ended) refuses this resume only.
             if !expected.is_empty() && (!sse_ok || end_of_stream) {
                 let cursor = cursor.clone();
-                self.record_stream_lost(w, host, &cursor);
+                if (200..300).contains(&status) {
+                    self.record_stream_lost(w, host, &cursor);
+                }
                 self.refuse_response(
                     w,
                     host,
@@ -619,11 +628,13 @@ impl Exchange {
         };
         let inc = stream.incarnation();
         match self.claim {
-            Some(mine) => host.stream_claim(inc).is_some_and(|c| c != mine),
+            Some(mine) => host
+                .stream_claim(inc)
+                .is_some_and(|c| c != mine && c != NO_CLAIM),
             None if self.claims_seen == w.claims => false,
             None => {
                 self.claims_seen = w.claims;
-                host.stream_claim(inc).is_some()
+                host.stream_claim(inc).is_some_and(|c| c != NO_CLAIM)
             }
         }
     }
@@ -679,10 +690,24 @@ impl Exchange {
         request_id: Option<&str>,
     ) {
         host.count(Stat::Refused(reason), 1);
+        self.release_claim(host);
         if kind == StreamKind::Request && w.config.policy.request_stream == Policy::Settle {
             self.settle(host, reason, request_id);
         } else {
             self.reject(w, host, reason);
+        }
+    }
+
+    /// A continuation refused before it relayed anything gives its stream back, so the branch
+    /// it would have replaced goes on: a stray resume must not end a healthy stream.
+    fn release_claim<H: Host>(&mut self, host: &mut H) {
+        let (Some(mine), Phase::Continuing { cursor, .. }) = (self.claim.take(), &self.phase)
+        else {
+            return;
+        };
+        let inc = cursor.incarnation;
+        if host.stream_claim(inc) == Some(mine) {
+            host.claim_stream(inc, self.prev_claim.take().unwrap_or(NO_CLAIM));
         }
     }
 
@@ -832,7 +857,8 @@ impl Exchange {
                 // stream of it, which ends with the `forked` control event at its next chunk.
                 // Claimed now, before the request reaches the replica: a replica that hands
                 // the stream over ends the older one as soon as it sees this request.
-                let claim = host.random_u64();
+                let claim = host.random_u64() | 1;
+                self.prev_claim = host.stream_claim(cursor.incarnation);
                 host.claim_stream(cursor.incarnation, claim);
                 w.claims = w.claims.wrapping_add(1);
                 self.claim = Some(claim);

@@ -225,7 +225,7 @@ fn continue_request(
 
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn a_continuation_answered_without_a_replay_is_refused_and_recorded_lost() {
+fn a_continuation_answered_without_a_replay_is_refused_by_name() {
     let answers: [(&[(&str, &str)], bool); 6] = [
         (
             &[(":status", "200"), ("content-type", "text/event-stream")],
@@ -255,11 +255,14 @@ fn a_continuation_answered_without_a_replay_is_refused_and_recorded_lost() {
         assert_settles(&host.effects, Reason::ReplayMissing, serde_json::json!(7));
         assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 1);
         assert!(!ex.wants_body(), "{answer:?}");
+        // A 2xx without the replay shows the log is gone; an error status refuses this resume only.
+        let ok = answer.contains(&(":status", "200")) || answer.contains(&(":status", "204"));
         let records = drain_records(&mut w, &mut host);
-        assert!(
+        assert_eq!(
             records
                 .iter()
                 .any(|r| matches!(r, Record::StreamLost { .. })),
+            ok,
             "{answer:?}: {records:?}"
         );
     }
@@ -417,4 +420,59 @@ fn a_busy_owner_refuses_this_resume_only() {
     host.upstream = Some("127.0.0.1:9999".into());
     rs(&mut ex, &mut w, &mut host, &sse_ok());
     assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7));
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_stray_resume_refused_by_the_owner_does_not_end_the_healthy_branch() {
+    for stray_answer in [&[(":status", "409")][..], &[(":status", "503")][..]] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        // The healthy continuation, relaying.
+        let (mut healthy, _) = continue_request(&mut w, &mut host, &[]);
+        rs(&mut healthy, &mut w, &mut host, &sse_ok());
+        bd(
+            &mut healthy,
+            &mut w,
+            &mut host,
+            b"id: e4\ndata: a\n\n",
+            false,
+        );
+        // A stray resume of the same cursor, which the owner refuses (the SDK's own 409).
+        let (mut stray, _) = continue_request(&mut w, &mut host, &["e4"]);
+        rs(&mut stray, &mut w, &mut host, &hdrs(stray_answer));
+        assert!(local_reply(&host.effects).is_some());
+        host.take();
+        bd(
+            &mut healthy,
+            &mut w,
+            &mut host,
+            b"id: e5\ndata: b\n\n",
+            false,
+        );
+        let body = body_str(&host);
+        assert!(!body.contains("forked"), "{stray_answer:?}: {body}");
+        assert_eq!(ids_in(&host.body()).len(), 1, "{body}");
+        // The fresh original of a stream is not forked by a refused continuation either.
+        host.take();
+        let mut ex = Exchange::new();
+        let post = hdrs(&[
+            (":method", "POST"),
+            (":path", "/mcp"),
+            ("mcp-session-id", SID),
+        ]);
+        rq(&mut ex, &mut w, &mut host, &post);
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        bd(&mut ex, &mut w, &mut host, b"id: f1\ndata: a\n\n", false);
+        let c = ids_in(&host.body()).pop().unwrap_or_default();
+        let verdict = serde_json::json!({
+            "verdict": "continue", "owner": OWNER, "expected": ["f2"], "head": 2,
+        })
+        .to_string();
+        let (mut stray, _) = resume(&mut w, &mut host, &c, &verdict);
+        rs(&mut stray, &mut w, &mut host, &hdrs(stray_answer));
+        host.take();
+        bd(&mut ex, &mut w, &mut host, b"id: f2\ndata: b\n\n", false);
+        assert!(!body_str(&host).contains("forked"), "{stray_answer:?}");
+    }
 }
