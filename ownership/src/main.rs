@@ -24,6 +24,7 @@ mod defaults {
     pub const MAX_WINDOW: usize = 4096;
     pub const MAX_EXPECTED: usize = 256;
     pub const MAX_SESSIONS: usize = 100_000;
+    pub const MAX_PENDING_SESSIONS: usize = 10_000;
     pub const MAX_STORE_BYTES: usize = 256 << 20;
 }
 
@@ -94,15 +95,24 @@ struct Cli {
           default_value_t = defaults::MAX_WINDOW, value_parser = count(1, 10_000_000), allow_negative_numbers = true)]
     max_window: usize,
 
-    /// Sessions kept in all; past it the least recently active session is evicted (its
-    /// cursors then get a new stream). Memory and Redis.
+    /// Opened sessions kept in all. At the cap, sessions idle past the idle TTL are freed;
+    /// if none is, a new session is refused (`store_full`, counted in
+    /// mcp_ownership_sessions_refused_total): a session active within the TTL is never evicted
+    /// for room. Size it above initialize rate × idle TTL (README). Memory and Redis.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_SESSIONS", value_name = "N",
           default_value_t = defaults::MAX_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
     max_sessions: usize,
 
-    /// Estimated bytes the memory store keeps in all; past it the least recently active session
-    /// is evicted. Keep it well below the container's memory limit. Redis: use its own
-    /// `maxmemory` (README).
+    /// Sessions with records but no session_open yet (a record that overtook its session's
+    /// open), kept apart from --max-sessions; past it the oldest is dropped. Records for
+    /// made-up session ids land here and never touch opened sessions.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_PENDING_SESSIONS", value_name = "N",
+          default_value_t = defaults::MAX_PENDING_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
+    max_pending_sessions: usize,
+
+    /// Estimated bytes the memory store keeps in all. Above 90% of it new sessions are
+    /// refused (store_full); past it the least recently active sessions are evicted. Keep it
+    /// well below the container's memory limit. Redis: README (maxmemory).
     #[arg(long, env = "MCP_OWNERSHIP_MAX_STORE_BYTES", value_name = "BYTES",
           default_value_t = defaults::MAX_STORE_BYTES, value_parser = count(1 << 20, 1 << 46), allow_negative_numbers = true)]
     max_store_bytes: usize,
@@ -279,6 +289,8 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
         session_idle_ttl_ms: cli.session_idle_ttl_secs.saturating_mul(1000),
         max_sessions: cli.max_sessions,
         max_bytes: cli.max_store_bytes,
+        max_pending_sessions: cli.max_pending_sessions,
+        ..Limits::default()
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.
     match &store {

@@ -47,10 +47,12 @@ pub struct Metrics {
     pub verdicts: Family<OutcomeLabels, Counter>,
     pub records: Family<TypeLabels, Counter>,
     pub records_rejected: Counter,
+    pub sessions_refused: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
     pub store_latency: HistogramFamily,
     pub store_errors: Family<OpLabels, Counter>,
     pub sessions: Gauge,
+    pub pending: Gauge,
     pub incarnations: Gauge,
     pub store_bytes: Gauge,
     pub evicted: Gauge,
@@ -85,6 +87,8 @@ impl Metrics {
         let verdicts = Family::<OutcomeLabels, Counter>::default();
         let records = Family::<TypeLabels, Counter>::default();
         let records_rejected = Counter::default();
+        let sessions_refused = Counter::default();
+        let pending = Gauge::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
         let store_latency: HistogramFamily = Family::new_with_constructor(store_latency_histogram);
         let store_errors = Family::<OpLabels, Counter>::default();
@@ -116,6 +120,11 @@ impl Metrics {
             records_rejected.clone(),
         );
         registry.register(
+            "mcp_ownership_sessions_refused",
+            "session_open records refused for want of room (store_full): the session cap or the byte budget is reached with every session active within the idle TTL",
+            sessions_refused.clone(),
+        );
+        registry.register(
             "mcp_ownership_resume_waits",
             "Resumes that waited for in-flight records, by the verdict they got: continue or new_stream",
             resume_waits.clone(),
@@ -134,6 +143,11 @@ impl Metrics {
             "mcp_ownership_sessions",
             "Sessions held by the store",
             sessions.clone(),
+        );
+        registry.register(
+            "mcp_ownership_pending_sessions",
+            "Sessions with records but no session_open yet (held apart, never evicting opened sessions)",
+            pending.clone(),
         );
         registry.register(
             "mcp_ownership_incarnations",
@@ -176,10 +190,12 @@ impl Metrics {
             verdicts,
             records,
             records_rejected,
+            sessions_refused,
             resume_waits,
             store_latency,
             store_errors,
             sessions,
+            pending,
             incarnations,
             store_bytes,
             evicted,
@@ -199,6 +215,8 @@ impl Metrics {
     pub fn set_stats(&self, stats: StoreStats) {
         self.sessions
             .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
+        self.pending
+            .set(i64::try_from(stats.pending).unwrap_or(i64::MAX));
         self.incarnations
             .set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
         self.store_bytes

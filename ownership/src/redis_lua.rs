@@ -6,12 +6,14 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
-//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms, `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
+//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
 //! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `om` opened ms, `l` lost (1), `h` head |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `Psessions` | zset | session → last write ms (the sweep's index; not in the session's slot) |
+//! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
+//! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
+//! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
 //! | `Powners` | hash | owner `ip:port` → epoch, `max(previous + 1, now ms)` at each `owner_gone` (not in the session's slot; forgotten by the sweep 2 × keep after its last bump) |
 //!
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
@@ -40,26 +42,48 @@ local function drop_session()
 end
 "#;
 
-/// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, type, fields…
+/// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, pending_ttl,
+/// type, fields… Returns what it wrote to: `a` an opened session, `p` a pending one (no
+/// `session_open` yet); for a `session_open`: `o` opened now, `k` already open, `f` refused
+/// (no room: ARGV admit was not 1).
 const APPLY: &str = r#"
 local max_window = tonumber(ARGV[4])
 local max_incs = tonumber(ARGV[5])
 local keep_ms = tonumber(ARGV[6])
-local typ = ARGV[7]
+local pending_ttl = tonumber(ARGV[7])
+local typ = ARGV[8]
+local result = 'a'
 
--- The session for a write. One idle past its TTL is dropped first, exactly as if the sweep
--- had already run, so the outcome never depends on the sweep's timing.
-local function session_for_write(fresh)
-  local lu = redis.call('HGET', skey, 'lu')
-  if lu and now - tonumber(lu) > ttl then
+-- Drop the session if it is idle past its TTL (opened) or waited too long for its
+-- session_open (pending), exactly as if the sweep had already run, so the outcome never
+-- depends on the sweep's timing. Returns: exists, pending.
+local function expire_one()
+  local s = redis.call('HMGET', skey, 'lu', 'pv')
+  if not s[1] then return false, false end
+  local limit = ttl
+  if s[2] == '1' then limit = pending_ttl end
+  if now - tonumber(s[1]) > limit then
     drop_session()
-    lu = false
+    return false, false
   end
-  if not lu then
-    redis.call('HSET', skey, 'st', fresh, 'lu', fmt(now), 'tk', '0')
-  elseif now > tonumber(lu) then
-    redis.call('HSET', skey, 'lu', fmt(now))
+  return true, s[2] == '1'
+end
+
+-- The session a record other than session_open writes to: the opened one, or else a pending
+-- one (made with state `fresh`, `lu` = when it appeared) that a session_open turns into the
+-- session. A session hash gone (evicted, failed over) while its other keys remain comes back
+-- pending too: never as a fresh session without its newest-stream marker.
+local function session_for_write(fresh)
+  local exists, pending = expire_one()
+  if not exists then
+    redis.call('HSET', skey, 'st', fresh, 'lu', fmt(now), 'tk', '0', 'pv', '1')
+    pending = true
+  elseif not pending then
+    if now > tonumber(redis.call('HGET', skey, 'lu')) then
+      redis.call('HSET', skey, 'lu', fmt(now))
+    end
   end
+  if pending then result = 'p' end
   redis.call('PEXPIRE', skey, keep_ms)
   return redis.call('HGET', skey, 'st')
 end
@@ -88,17 +112,38 @@ local function evict(keep)
 end
 
 if typ == 'so' then
-  local st = session_for_write('a')
+  -- ARGV: ..., version, admit (1: room was made for a new session).
+  local exists, pending = expire_one()
+  if exists and not pending then
+    result = 'k'
+    if now > tonumber(redis.call('HGET', skey, 'lu')) then
+      redis.call('HSET', skey, 'lu', fmt(now))
+    end
+  elseif ARGV[10] ~= '1' then
+    return 'f'
+  else
+    result = 'o'
+    if exists then
+      -- What landed before the open becomes the session (an end recorded stays: final).
+      redis.call('HDEL', skey, 'pv')
+      redis.call('HSET', skey, 'lu', fmt(now))
+    else
+      redis.call('HSET', skey, 'st', 'a', 'lu', fmt(now), 'tk', '0')
+    end
+    redis.call('PEXPIRE', nkey, keep_ms)
+  end
+  redis.call('PEXPIRE', skey, keep_ms)
   -- Ended is final: a late SessionOpen does not revive the session.
-  if st == 'a' then redis.call('HSET', skey, 'v', ARGV[8]) end
+  if redis.call('HGET', skey, 'st') == 'a' then redis.call('HSET', skey, 'v', ARGV[9]) end
+  return result
 elseif typ == 'se' then
-  local e = ARGV[8]
+  local e = ARGV[9]
   local st = session_for_write(e)
   -- Terminated wins over Expired, whichever lands first.
   if st ~= 't' then redis.call('HSET', skey, 'st', e) end
 elseif typ == 'st' then
-  local inc, kind, owner, epoch, ret, sup = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-  local oms = tonumber(ARGV[14])
+  local inc, kind, owner, epoch, ret, sup = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14]
+  local oms = tonumber(ARGV[15])
   session_for_write('a')
   touch_inc(inc)
   local ik = ikey(inc)
@@ -120,18 +165,18 @@ elseif typ == 'st' then
   evict(inc)
 elseif typ == 'ev' then
   -- ARGV: ..., inc, first_seq, long_kept, n_long, (seq, full id) * n_long, ids...
-  local inc = ARGV[8]
-  local first = tonumber(ARGV[9])
-  local long_kept = tonumber(ARGV[10])
-  local n_long = tonumber(ARGV[11])
-  local ids_at = 11 + 2 * n_long
+  local inc = ARGV[9]
+  local first = tonumber(ARGV[10])
+  local long_kept = tonumber(ARGV[11])
+  local n_long = tonumber(ARGV[12])
+  local ids_at = 12 + 2 * n_long
   local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
   if n_long > 0 then
     local lk = lkey(inc)
     for j = 0, n_long - 1 do
-      redis.call('HSET', lk, ARGV[12 + 2 * j], ARGV[13 + 2 * j])
+      redis.call('HSET', lk, ARGV[13 + 2 * j], ARGV[14 + 2 * j])
     end
     -- Only the newest long_kept seqs keep their full id.
     local extra = redis.call('HLEN', lk) - long_kept
@@ -177,13 +222,13 @@ elseif typ == 'ev' then
   evict(inc)
 elseif typ == 'sl' then
   session_for_write('a')
-  touch_inc(ARGV[8])
-  redis.call('HSET', ikey(ARGV[8]), 'l', '1')
-  evict(ARGV[8])
+  touch_inc(ARGV[9])
+  redis.call('HSET', ikey(ARGV[9]), 'l', '1')
+  evict(ARGV[9])
 else
   return redis.error_reply('unknown record type ' .. tostring(typ))
 end
-return 1
+return result
 "#;
 
 /// The facts about one cursor, read in one atomic step.
@@ -197,8 +242,10 @@ local seq = tonumber(ARGV[5])
 local max_expected = tonumber(ARGV[6])
 local max_window = tonumber(ARGV[7])
 local keep_ms = tonumber(ARGV[8])
-local lu = redis.call('HGET', skey, 'lu')
-if not lu then return {0} end
+local sf = redis.call('HMGET', skey, 'lu', 'pv')
+local lu = sf[1]
+-- Pending (no session_open yet) is not a session yet.
+if not lu or sf[2] == '1' then return {0} end
 -- Idle past the TTL: reads as expired; the sweep (or the next write) frees it.
 if now - tonumber(lu) > ttl then return {3} end
 local st = redis.call('HGET', skey, 'st')
@@ -273,16 +320,20 @@ for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;
 
-/// Free one session if it is idle past its TTL, or at once when ARGV[4] is `evict` (the
-/// session cap). ARGV: base, now, ttl, mode.
-/// Returns `{0}` (already gone), `{1}` (freed) or `{2, last_used}` (alive).
+/// Free one session. ARGV: base, now, ttl, mode. Modes: `free` an opened session idle past
+/// `ttl`; `pending` a pending session that appeared more than `ttl` ago; `evict_pending` a
+/// pending session at once (the pending cap). Returns `{0}` (gone, or not of that kind any
+/// more: off the index), `{1}` (freed) or `{2, last_used}` (alive).
 const SWEEP: &str = r#"
-local lu = redis.call('HGET', skey, 'lu')
+local s = redis.call('HMGET', skey, 'lu', 'pv')
+local lu = s[1]
 if not lu then
   drop_session()
   return {0}
 end
-if ARGV[4] == 'evict' or now - tonumber(lu) > ttl then
+local mode = ARGV[4]
+if (mode == 'free') == (s[2] == '1') then return {0} end
+if mode == 'evict_pending' or now - tonumber(lu) > ttl then
   drop_session()
   return {1}
 end

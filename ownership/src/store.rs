@@ -25,10 +25,23 @@ pub struct Limits {
     pub session_idle_ttl_ms: u64,
     /// Sessions kept in all; past it the least recently active one is evicted.
     pub max_sessions: usize,
-    /// Estimated bytes kept in all (memory store); past it the least recently active session
-    /// is evicted. A shared store leaves bytes to its own `maxmemory`.
+    /// Estimated bytes kept in all (memory store). Above [`HIGH_WATER_PERCENT`] of it new
+    /// sessions are refused (`store_full`); past it sessions are evicted, idle ones first.
+    /// A shared store leaves bytes to its own byte budget (see `RedisOptions::max_bytes`).
     pub max_bytes: usize,
+    /// Sessions with records but no `session_open` yet, kept in all (apart from
+    /// `max_sessions`); past it the oldest such entry is dropped. They never evict or count
+    /// against opened sessions, so records for made-up session ids cost opened sessions nothing.
+    pub max_pending_sessions: usize,
+    /// A session with records but no `session_open` is dropped after this long without one.
+    pub pending_ttl_ms: u64,
 }
+
+/// Percent of a byte budget above which new sessions are refused.
+pub const HIGH_WATER_PERCENT: usize = 90;
+
+/// The named error of a refused `session_open`.
+pub const STORE_FULL: &str = "store_full";
 
 impl Default for Limits {
     fn default() -> Self {
@@ -38,6 +51,8 @@ impl Default for Limits {
             session_idle_ttl_ms: 3_600_000,
             max_sessions: 100_000,
             max_bytes: 256 << 20,
+            max_pending_sessions: 10_000,
+            pending_ttl_ms: 60_000,
         }
     }
 }
@@ -62,6 +77,24 @@ pub struct Facts {
     /// `None`: no `StreamOpen` for this incarnation has landed yet (even if some of its events
     /// have: they wait in a placeholder without an owner).
     pub incarnation: Option<IncarnationView>,
+    /// The store refused or failed a write within the last idle TTL: a session or stream it
+    /// does not know may be one whose records it could not keep (`records_lost`).
+    pub refusing: bool,
+}
+
+/// What a store did not apply of a batch (everything else was applied).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Applied {
+    pub refused: Vec<Refusal>,
+}
+
+/// One record a store refused, by its position in the batch it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub index: usize,
+    /// A named problem: [`STORE_FULL`].
+    pub error: &'static str,
+    pub detail: String,
 }
 
 /// One opened incarnation, as seen by a snapshot.
@@ -96,7 +129,10 @@ pub enum CursorId {
 /// Gauges for /metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStats {
+    /// Opened sessions (a `session_open` applied).
     pub sessions: u64,
+    /// Sessions with records but no `session_open` yet.
+    pub pending: u64,
     pub incarnations: u64,
     /// Estimated bytes held (0 when the store cannot tell).
     pub bytes: u64,
@@ -155,12 +191,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Apply a batch of (already validated) records. Each record is atomic on its own;
     /// a shared store need not make the whole batch atomic. Touches the idle timer of every
-    /// session named.
+    /// session named. A `session_open` the store has no room for is refused ([`STORE_FULL`])
+    /// rather than evicting a session active within the idle TTL; a record for a session never
+    /// opened is held apart as pending (see [`Limits::max_pending_sessions`]).
     fn apply(
         &self,
         records: &[Record],
         now_ms: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<Applied, StoreError>> + Send;
 
     /// Atomically read the facts about one cursor, and touch the session's idle timer when
     /// it is active.
