@@ -414,6 +414,14 @@ pub async fn healthz<S: Store>(State(st): State<AppState<S>>) -> Response {
     match timed(&st.metrics, "health", st.store.health()).await {
         Ok(()) => Json(serde_json::json!({"status": "ok", "store": name})).into_response(),
         // The class only: the backend's text stays in the log (see the health watcher).
+        // A misconfiguration says what is wrong and which variable to change.
+        Err(e @ crate::store::StoreError::Misconfigured(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "misconfigured", "store": name, "detail": e.public_detail()
+            })),
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({"status": "unavailable", "store": name, "detail": e.class()})),

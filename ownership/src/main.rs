@@ -75,6 +75,14 @@ struct Cli {
           value_parser = clap::value_parser!(u32).range(0..=16), allow_negative_numbers = true)]
     redis_wait_replicas: Option<u32>,
 
+    /// Bytes of Redis memory (used_memory, per primary) the service lets its data grow to:
+    /// above 90% of it new sessions are refused (store_full) before Redis refuses writes.
+    /// Default: 80% of each primary's maxmemory (none when Redis has no maxmemory). Must stay
+    /// under 95% of maxmemory (/healthz says so otherwise).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_MAX_BYTES", value_name = "BYTES",
+          value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 50), allow_negative_numbers = true)]
+    redis_max_bytes: Option<u64>,
+
     /// How long a resume waits for records still in flight.
     #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
           default_value_t = defaults::RECORD_WAIT_MS, value_parser = clap::value_parser!(u64).range(0..=60_000), allow_negative_numbers = true)]
@@ -112,7 +120,7 @@ struct Cli {
 
     /// Estimated bytes the memory store keeps in all. Above 90% of it new sessions are
     /// refused (store_full); past it the least recently active sessions are evicted. Keep it
-    /// well below the container's memory limit. Redis: README (maxmemory).
+    /// well below the container's memory limit. Redis: --redis-max-bytes.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_STORE_BYTES", value_name = "BYTES",
           default_value_t = defaults::MAX_STORE_BYTES, value_parser = count(1 << 20, 1 << 46), allow_negative_numbers = true)]
     max_store_bytes: usize,
@@ -312,6 +320,7 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
                 wait_replicas: cli
                     .redis_wait_replicas
                     .unwrap_or(u32::from(mcp_ownership::redis::is_cluster_url(url))),
+                max_bytes: cli.redis_max_bytes,
                 connect_timeout: if url.starts_with("rediss") {
                     op_timeout
                 } else {
@@ -330,6 +339,11 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
             // /healthz 503) until it answers, and say when it does.
             match store.health().await {
                 Ok(()) => eprintln!("mcp-ownership: redis at {} is answering", store.addr()),
+                // Not fatal either: replicas come and go (a failover leaves a primary without
+                // one for a while), and an exit would turn that into a crash loop.
+                Err(e @ mcp_ownership::store::StoreError::Misconfigured(_)) => {
+                    eprintln!("mcp-ownership: ERROR: {e}; /healthz answers 503 until this is fixed")
+                }
                 Err(e) => eprintln!(
                     "mcp-ownership: {e}; starting anyway: /healthz and store operations answer \
                      503 store_unavailable until redis at {} answers",

@@ -654,6 +654,7 @@ impl Store for MemoryStore {
             evicted: inner.evicted,
             reconnects: 0,
             owners: inner.owner_epochs.len() as u64,
+            touch_refused: 0,
         })
     }
 

@@ -57,6 +57,7 @@ pub struct Metrics {
     pub store_bytes: Gauge,
     pub evicted: Gauge,
     pub reconnects: Gauge,
+    pub touch_refused: Gauge,
 }
 
 /// Store operations as they appear in the `op` label.
@@ -97,6 +98,7 @@ impl Metrics {
         let store_bytes = Gauge::default();
         let evicted = Gauge::default();
         let reconnects = Gauge::default();
+        let touch_refused = Gauge::default();
 
         // Counter names get `_total` appended by the encoder.
         registry.register(
@@ -171,6 +173,12 @@ impl Metrics {
             reconnects.clone(),
         );
 
+        registry.register(
+            "mcp_ownership_touch_refused",
+            "Resume lookups answered read-only because Redis refused their last-used write (maxmemory), since this instance started",
+            touch_refused.clone(),
+        );
+
         // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
         let _ = verdicts.get_or_create(&OutcomeLabels {
             outcome: "continue",
@@ -200,6 +208,7 @@ impl Metrics {
             store_bytes,
             evicted,
             reconnects,
+            touch_refused,
         }
     }
 
@@ -225,6 +234,8 @@ impl Metrics {
             .set(i64::try_from(stats.evicted).unwrap_or(i64::MAX));
         self.reconnects
             .set(i64::try_from(stats.reconnects).unwrap_or(i64::MAX));
+        self.touch_refused
+            .set(i64::try_from(stats.touch_refused).unwrap_or(i64::MAX));
     }
 
     /// OpenMetrics text exposition (Prometheus scrapes it natively).

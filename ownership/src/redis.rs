@@ -35,15 +35,18 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::watch;
 
+use crate::redis_config::{self, NodeInfo};
 use crate::redis_lua;
 use crate::store::{
     Applied, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store, StoreError,
-    StoreStats, STORE_FULL,
+    StoreStats, HIGH_WATER_PERCENT, STORE_FULL,
 };
 
 /// Keys outlive the idle TTL by this much, so the TTL check in the scripts (on the caller's
 /// clock) decides, and Redis's own expiry only frees what nobody swept.
 pub const KEEP_GRACE: Duration = Duration::from_secs(60);
+/// How long one read of every primary's `INFO` serves the health check and the byte budget.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Sessions freed per sweep round trip.
 const SWEEP_PAGE: usize = 500;
 /// Sessions whose incarnations are counted exactly for the gauge; beyond, it is extrapolated.
@@ -86,6 +89,9 @@ pub struct RedisOptions {
     /// Replicas that must hold a record before it is acknowledged (`WAIT`); 0: the primary's
     /// word is enough.
     pub wait_replicas: u32,
+    /// Bytes of Redis memory (`used_memory`, per primary) above 90% of which new sessions are
+    /// refused; `None`: 80% of the primary's `maxmemory`, or no budget when it has none.
+    pub max_bytes: Option<u64>,
     pub auth: RedisAuth,
 }
 
@@ -97,6 +103,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_millis(100),
             bulk_timeout: Duration::from_secs(2),
             wait_replicas: 0,
+            max_bytes: None,
             auth: RedisAuth::default(),
         }
     }
@@ -396,6 +403,12 @@ pub struct RedisStore {
     changes: watch::Sender<u64>,
     /// When (caller's clock) this instance last had a write refused or failed; 0: never.
     last_refused: AtomicU64,
+    /// Resume lookups whose last-used write Redis refused (answered read-only).
+    touch_refused: AtomicU64,
+    /// `INFO` of every primary, and when it was read (reused for [`PROBE_EVERY`]).
+    probe: tokio::sync::Mutex<Option<(std::time::Instant, Vec<NodeInfo>)>>,
+    /// Findings already logged (each change is logged once).
+    logged: std::sync::Mutex<Vec<String>>,
 }
 
 /// A Redis URL safe to print: any user and password replaced by `***`.
@@ -658,6 +671,9 @@ impl RedisStore {
             owner_gone: LoadedScript::new(redis_lua::owner_gone_script()),
             changes,
             last_refused: AtomicU64::new(0),
+            touch_refused: AtomicU64::new(0),
+            probe: tokio::sync::Mutex::new(None),
+            logged: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -1204,10 +1220,96 @@ impl RedisStore {
             }
         }
         let room = usize::try_from(max.saturating_sub(count)).unwrap_or(usize::MAX);
+        if let Some((used, budget)) = self.over_budget(false).await {
+            // Freeing idle sessions may be enough; read the memory again after it.
+            if let Some(cutoff) = self.idle_cutoff(now_ms) {
+                self.sweep_index(&self.index_key(), cutoff, "free", now_ms)
+                    .await?;
+            }
+            if self.over_budget(true).await.is_some() {
+                return Ok((
+                    0,
+                    format!(
+                        "Redis holds {used} bytes, new sessions are refused above \
+                         {HIGH_WATER_PERCENT}% of the {budget}-byte budget \
+                         (--redis-max-bytes, default 80% of maxmemory)"
+                    ),
+                ));
+            }
+        }
         Ok((
             room,
             format!("{count} sessions active within the idle TTL, at most {max} (--max-sessions)"),
         ))
+    }
+
+    /// The fullest primary above the high water mark of its byte budget: (used, budget).
+    /// Unknown (INFO refused or failing): not over, the session cap still holds.
+    async fn over_budget(&self, fresh: bool) -> Option<(u64, u64)> {
+        let nodes = self.nodes(fresh).await.ok()?;
+        redis_config::over_budget(&nodes, self.opts.max_bytes, HIGH_WATER_PERCENT as u64)
+    }
+
+    /// `INFO` of every primary, read at most once per [`PROBE_EVERY`] unless `fresh`.
+    async fn nodes(&self, fresh: bool) -> Result<Vec<NodeInfo>, StoreError> {
+        let mut slot = self.probe.lock().await;
+        if let (false, Some((at, nodes))) = (fresh, slot.as_ref()) {
+            if at.elapsed() < PROBE_EVERY {
+                return Ok(nodes.clone());
+            }
+        }
+        let mut conn = self.conn("health").await?;
+        let texts: Vec<String> = match &mut conn {
+            Conn::Single(m) => vec![redis::cmd("INFO")
+                .query_async::<String>(m)
+                .await
+                .map_err(|e| self.fail("health", e))?],
+            Conn::Cluster(k, pulse) => {
+                // No response policy: one answer per primary, keyed by its address.
+                let routing = RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    None,
+                ));
+                let v = pulsed(
+                    pulse,
+                    Box::pin(k.route_command(redis::cmd("INFO"), routing)),
+                )
+                .await
+                .map_err(|e| self.fail("health", e))?;
+                match v {
+                    Value::Map(m) => m.into_iter().filter_map(|(_, v)| as_string(&v)).collect(),
+                    other => as_string(&other).into_iter().collect(),
+                }
+            }
+        };
+        let nodes: Vec<NodeInfo> = texts.iter().map(|t| redis_config::parse_info(t)).collect();
+        *slot = Some((std::time::Instant::now(), nodes.clone()));
+        Ok(nodes)
+    }
+
+    /// Can this Redis do what the flags ask? `Err(Misconfigured)` names what to change;
+    /// warnings are logged once. An `INFO` that fails (an ACL without it) checks nothing.
+    async fn check_config(&self) -> Result<(), StoreError> {
+        let Ok(nodes) = self.nodes(false).await else {
+            return Ok(());
+        };
+        let f = redis_config::check(&nodes, self.opts.wait_replicas, self.opts.max_bytes);
+        let mut all = f.problems.clone();
+        all.extend(f.warnings.iter().cloned());
+        {
+            let mut logged = lock(&self.logged);
+            if *logged != all {
+                for w in &f.warnings {
+                    eprintln!("mcp-ownership: WARNING: {w}");
+                }
+                *logged = all;
+            }
+        }
+        if f.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Misconfigured(f.problems.join("; ")))
+        }
     }
 
     async fn session_count(&self) -> Result<u64, StoreError> {
@@ -1285,7 +1387,13 @@ impl RedisStore {
             .next()
             .ok_or_else(|| corrupt("snapshot", "empty reply"))?;
         let arr = as_array(reply).ok_or_else(|| corrupt("snapshot", "not an array"))?;
-        let session = match arr.first().and_then(as_i64) {
+        let mut code = arr.first().and_then(as_i64);
+        if let Some(c @ 11..=13) = code {
+            // The lookup's last-used write was refused (Redis full): answered read-only.
+            self.touch_refused.fetch_add(1, Ordering::Relaxed);
+            code = Some(c - 10);
+        }
+        let session = match code {
             Some(0) => {
                 return Ok(Facts {
                     refusing: self.refusing(now_ms).await?,
@@ -1414,6 +1522,7 @@ impl RedisStore {
                 reconnects,
                 owners,
                 pending,
+                touch_refused: self.touch_refused.load(Ordering::Relaxed),
                 ..StoreStats::default()
             });
         }
@@ -1444,6 +1553,7 @@ impl RedisStore {
         Ok(StoreStats {
             sessions,
             pending,
+            touch_refused: self.touch_refused.load(Ordering::Relaxed),
             incarnations,
             bytes: 0,
             evicted,
@@ -1660,8 +1770,10 @@ impl Store for RedisStore {
             if let Some(l) = &self.records {
                 l.renew_cluster();
             }
+            return r;
         }
-        r
+        self.bounded("health", self.opts.op_timeout, self.check_config())
+            .await
     }
 
     async fn stats(&self, _now_ms: u64) -> Result<StoreStats, StoreError> {

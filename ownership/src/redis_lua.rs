@@ -235,7 +235,8 @@ return result
 /// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms.
 /// Returns `{0}` (no session), `{state}` (no opened incarnation) or
 /// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
-/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`.
+/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`. `state` is
+/// 1 active, 2 terminated, 3 expired; plus 10 when Redis refused the last-used write.
 const SNAPSHOT: &str = r#"
 local inc = ARGV[4]
 local seq = tonumber(ARGV[5])
@@ -250,16 +251,24 @@ if not lu or sf[2] == '1' then return {0} end
 if now - tonumber(lu) > ttl then return {3} end
 local st = redis.call('HGET', skey, 'st')
 local ik, wk, lk = ikey(inc), wkey(inc), lkey(inc)
-if st == 'a' then
-  if now > tonumber(lu) then redis.call('HSET', skey, 'lu', fmt(now)) end
-  redis.call('PEXPIRE', skey, keep_ms)
-  redis.call('PEXPIRE', nkey, keep_ms)
-  redis.call('PEXPIRE', ik, keep_ms)
-  redis.call('PEXPIRE', wk, keep_ms)
-  redis.call('PEXPIRE', lk, keep_ms)
-end
 local code = 3
 if st == 'a' then code = 1 elseif st == 't' then code = 2 end
+if st == 'a' then
+  -- The touch must never fail the lookup: a Redis at maxmemory refuses the write, and the
+  -- verdict is then read-only (code + 10, counted).
+  local refused = false
+  local function try(...)
+    local r = redis.pcall(...)
+    if type(r) == 'table' and r.err then refused = true end
+  end
+  if now > tonumber(lu) then try('HSET', skey, 'lu', fmt(now)) end
+  try('PEXPIRE', skey, keep_ms)
+  try('PEXPIRE', nkey, keep_ms)
+  try('PEXPIRE', ik, keep_ms)
+  try('PEXPIRE', wk, keep_ms)
+  try('PEXPIRE', lk, keep_ms)
+  if refused then code = code + 10 end
+end
 local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'om', 'l', 'h')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]

@@ -142,6 +142,9 @@ pub struct StoreStats {
     pub reconnects: u64,
     /// Owner addresses whose `owner_gone` epoch is still remembered.
     pub owners: u64,
+    /// Resume lookups answered read-only because the store refused their last-used write
+    /// (Redis at `maxmemory`), since start.
+    pub touch_refused: u64,
 }
 
 /// A store that could not do its job. Never caused by request input: input is validated
@@ -152,6 +155,9 @@ pub enum StoreError {
     Unavailable(String),
     /// The backend answered something this code does not understand (corrupt or foreign data).
     Corrupt(String),
+    /// The backend cannot do what the flags ask (e.g. `WAIT` for replicas it does not have).
+    /// The text is ours (no address, no secret): what is wrong and the variable to change.
+    Misconfigured(String),
 }
 
 impl StoreError {
@@ -160,6 +166,16 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Corrupt(_) => "returned unusable data",
+            StoreError::Misconfigured(_) => "misconfigured",
+        }
+    }
+
+    /// What a caller may be shown: the class, or for a misconfiguration the whole problem and
+    /// the variable to change (composed by this service, never backend text).
+    pub fn public_detail(&self) -> String {
+        match self {
+            StoreError::Misconfigured(m) => format!("misconfigured: {m}"),
+            other => other.class().to_owned(),
         }
     }
 }
@@ -169,6 +185,7 @@ impl std::fmt::Display for StoreError {
         match self {
             StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
             StoreError::Corrupt(m) => write!(f, "store returned unusable data: {m}"),
+            StoreError::Misconfigured(m) => write!(f, "store misconfigured: {m}"),
         }
     }
 }
