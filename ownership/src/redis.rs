@@ -1394,6 +1394,13 @@ impl RedisStore {
             code = Some(c - 10);
         }
         let session = match code {
+            // Half-missing: part of the session's keys are gone. Lost, never fresh.
+            Some(4) => {
+                return Ok(Facts {
+                    refusing: true,
+                    ..Facts::default()
+                })
+            }
             Some(0) => {
                 return Ok(Facts {
                     refusing: self.refusing(now_ms).await?,

@@ -6,7 +6,7 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
-//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
+//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
 //! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `om` opened ms, `l` lost (1), `h` head |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
@@ -77,6 +77,9 @@ local function session_for_write(fresh)
   local exists, pending = expire_one()
   if not exists then
     redis.call('HSET', skey, 'st', fresh, 'lu', fmt(now), 'tk', '0', 'pv', '1')
+    -- Incarnations without their session hash: the hash was lost (evicted, failed over).
+    -- Marked half-missing for good: its cursors read records_lost.
+    if redis.call('EXISTS', nkey) == 1 then redis.call('HSET', skey, 'hm', '1') end
     pending = true
   elseif not pending then
     if now > tonumber(redis.call('HGET', skey, 'lu')) then
@@ -233,7 +236,8 @@ return result
 
 /// The facts about one cursor, read in one atomic step.
 /// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms.
-/// Returns `{0}` (no session), `{state}` (no opened incarnation) or
+/// Returns `{0}` (no session), `{4}` (half-missing: records lost), `{state}` (no opened
+/// incarnation) or
 /// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
 /// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`. `state` is
 /// 1 active, 2 terminated, 3 expired; plus 10 when Redis refused the last-used write.
@@ -243,8 +247,11 @@ local seq = tonumber(ARGV[5])
 local max_expected = tonumber(ARGV[6])
 local max_window = tonumber(ARGV[7])
 local keep_ms = tonumber(ARGV[8])
-local sf = redis.call('HMGET', skey, 'lu', 'pv')
+local sf = redis.call('HMGET', skey, 'lu', 'pv', 'hm')
 local lu = sf[1]
+-- Half-missing (the hash lost while incarnations remain, or re-created over them): lost,
+-- never fresh.
+if sf[3] == '1' or (not lu and redis.call('EXISTS', nkey) == 1) then return {4} end
 -- Pending (no session_open yet) is not a session yet.
 if not lu or sf[2] == '1' then return {0} end
 -- Idle past the TTL: reads as expired; the sweep (or the next write) frees it.

@@ -77,8 +77,9 @@ pub struct Facts {
     /// `None`: no `StreamOpen` for this incarnation has landed yet (even if some of its events
     /// have: they wait in a placeholder without an owner).
     pub incarnation: Option<IncarnationView>,
-    /// The store refused or failed a write within the last idle TTL: a session or stream it
-    /// does not know may be one whose records it could not keep (`records_lost`).
+    /// The store refused or failed a write within the last idle TTL, or it lost part of this
+    /// session's keys: a session or stream it does not know may be one whose records it could
+    /// not keep (`records_lost`).
     pub refusing: bool,
 }
 

@@ -344,3 +344,41 @@ async fn readonly_after_failover_is_unavailable_then_recovers() {
         suite::new_stream(mcp_resume_core::ownership::Reason::RecordsLost)
     );
 }
+
+/// One lost key (the session hash, as an evicting policy or a failover may lose it) never makes
+/// a superseded stream resumable: a later record does not re-create the session without its
+/// newest-stream marker, and the session's cursors read `records_lost`, not a continuation.
+#[tokio::test]
+async fn a_lost_session_hash_never_revives_a_superseded_stream() {
+    use mcp_resume_core::ownership::{Reason, StreamKind};
+    use suite::*;
+    let s = make(Limits::default());
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events(S1, A, 1, 3),
+            get_stream(S1, B, T0 + 1),
+            events(S1, B, 1, 1),
+        ],
+    )
+    .await;
+    assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Superseded));
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", server())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{}:s", s.session_base(S1)))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lost = new_stream(Reason::RecordsLost);
+    assert_eq!(verdict_get(&s, A, 3).await, lost);
+    // B's next record lands: the session is not re-created as fresh.
+    apply(&s, &[events(S1, B, 2, 2)]).await;
+    assert_eq!(verdict_get(&s, A, 3).await, lost);
+    assert_eq!(verdict_get(&s, B, 1).await, lost);
+    // Not even a replayed session_open revives it.
+    apply(&s, &[open(S1), events(S1, B, 3, 3)]).await;
+    assert_eq!(verdict(&s, S1, A, StreamKind::Get, 3).await, lost);
+}
