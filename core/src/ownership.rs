@@ -235,8 +235,9 @@ pub enum Record {
         retention: u64,
         /// A new standalone GET stream supersedes the session's previous GET incarnation.
         supersedes: bool,
-        /// Guard clock (ms since epoch) when the stream opened; the newer GET stream wins
-        /// even when records arrive out of order.
+        /// Guard clock (ms since epoch) when the stream opened. Kept on the wire for
+        /// compatibility; the service orders GET streams by the order it applies their first
+        /// StreamOpen, never by this (gateways' clocks differ).
         opened_ms: u64,
     },
     /// Events relayed: seq `first_seq + i` carried the event `ids[i]`, in recorded form

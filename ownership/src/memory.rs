@@ -58,7 +58,7 @@ struct Session {
     #[allow(dead_code)] // kept for operators and a later protocol-aware policy
     version: Option<String>,
     last_used_ms: u64,
-    /// (opened_ms, incarnation) of the newest standalone GET stream. Kept on the session, not
+    /// (order, incarnation) of the newest standalone GET stream. Kept on the session, not
     /// on incarnations, so supersession survives eviction and out-of-order StreamOpens.
     current_get: Option<(u64, String)>,
     incarnations: HashMap<String, Incarnation>,
@@ -112,7 +112,8 @@ struct Opened {
     owner: String,
     owner_epoch: u64,
     retention: u64,
-    opened_ms: u64,
+    /// The store's tick when its first StreamOpen was applied: orders GET streams.
+    order: u64,
 }
 
 impl Session {
@@ -396,7 +397,8 @@ impl Inner {
                 owner,
                 retention,
                 supersedes,
-                opened_ms,
+                // Accepted on the wire, never used for order: gateways' clocks differ.
+                opened_ms: _,
             } => {
                 let epoch = self.owner_epochs.get(owner).copied().unwrap_or(0);
                 let tick = self.next_tick();
@@ -413,9 +415,7 @@ impl Inner {
                         }
                         o.retention = *retention;
                         o.kind = *kind;
-                        if *supersedes {
-                            o.opened_ms = *opened_ms;
-                        }
+                        // Its order stays: a replayed StreamOpen never makes it newer.
                     }
                     None => {
                         inc.opened = Some(Opened {
@@ -423,14 +423,15 @@ impl Inner {
                             owner: owner.clone(),
                             owner_epoch: epoch,
                             retention: *retention,
-                            opened_ms: *opened_ms,
+                            order: tick,
                         });
                     }
                 }
-                if *supersedes && *kind == StreamKind::Get {
-                    let candidate = (*opened_ms, incarnation.clone());
-                    // Newest (opened_ms, then incarnation id) wins, whatever order records
-                    // arrive in; everything older reads as superseded (see `snapshot`).
+                if let (true, StreamKind::Get, Some(o)) = (*supersedes, *kind, &inc.opened) {
+                    let candidate = (o.order, incarnation.clone());
+                    // The GET stream whose StreamOpen the store applied last is the newest
+                    // (the store's own order: no gateway clock can invert it); everything
+                    // older reads as superseded (see `snapshot`).
                     if s.current_get.as_ref().is_none_or(|cur| candidate > *cur) {
                         s.current_get = Some(candidate);
                     }
@@ -520,7 +521,7 @@ impl Inner {
             let superseded = o.kind == StreamKind::Get
                 && s.current_get
                     .as_ref()
-                    .is_some_and(|(ms, id)| (*ms, id.as_str()) > (o.opened_ms, q.incarnation));
+                    .is_some_and(|(ord, id)| (*ord, id.as_str()) > (o.order, q.incarnation));
             let (retained_from, expected) =
                 contiguity(&inc.window, q.seq, inc.head, q.max_expected);
             let cursor_id = match inc.long.get(&q.seq) {

@@ -6,9 +6,9 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
-//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
+//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `om` opened ms, `l` lost (1), `h` head |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `h` head |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
@@ -99,6 +99,7 @@ local function touch_inc(inc)
   redis.call('PEXPIRE', ikey(inc), keep_ms)
   redis.call('PEXPIRE', wkey(inc), keep_ms)
   redis.call('PEXPIRE', lkey(inc), keep_ms)
+  return tk
 end
 
 -- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
@@ -146,24 +147,25 @@ elseif typ == 'se' then
   if st ~= 't' then redis.call('HSET', skey, 'st', e) end
 elseif typ == 'st' then
   local inc, kind, owner, epoch, ret, sup = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14]
-  local oms = tonumber(ARGV[15])
+  -- ARGV[15], the guard's opened_ms, is accepted and ignored: gateways' clocks differ.
   session_for_write('a')
-  touch_inc(inc)
+  local tk = touch_inc(inc)
   local ik = ikey(inc)
   local cur = redis.call('HMGET', ik, 'o', 'ow')
   if cur[1] == '1' then
-    -- A continuation re-sends StreamOpen: the same owner keeps the epoch it opened in.
+    -- A continuation re-sends StreamOpen: the same owner keeps the epoch it opened in, and
+    -- the incarnation keeps its order (a replay never makes it newer).
     if cur[2] ~= owner then redis.call('HSET', ik, 'ow', owner, 'ep', epoch) end
     redis.call('HSET', ik, 'r', ret, 'k', kind)
-    if sup == '1' then redis.call('HSET', ik, 'om', fmt(oms)) end
   else
-    redis.call('HSET', ik, 'o', '1', 'k', kind, 'ow', owner, 'ep', epoch, 'r', ret, 'om', fmt(oms))
+    redis.call('HSET', ik, 'o', '1', 'k', kind, 'ow', owner, 'ep', epoch, 'r', ret, 'sq', fmt(tk))
   end
   if sup == '1' and kind == 'g' then
-    -- Newest (opened_ms, then incarnation id) wins, whatever order records arrive in.
-    local c = redis.call('HMGET', skey, 'cm', 'ci')
-    local better = (not c[1]) or oms > tonumber(c[1]) or (oms == tonumber(c[1]) and inc > c[2])
-    if better then redis.call('HSET', skey, 'cm', fmt(oms), 'ci', inc) end
+    -- The GET stream whose StreamOpen was applied last (the session's own tick) is the newest.
+    local q = tonumber(redis.call('HGET', ik, 'sq') or '0')
+    local c = redis.call('HMGET', skey, 'gq', 'gi')
+    local better = (not c[1]) or q > tonumber(c[1]) or (q == tonumber(c[1]) and inc > c[2])
+    if better then redis.call('HSET', skey, 'gq', fmt(q), 'gi', inc) end
   end
   evict(inc)
 elseif typ == 'ev' then
@@ -276,17 +278,17 @@ if st == 'a' then
   try('PEXPIRE', lk, keep_ms)
   if refused then code = code + 10 end
 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'om', 'l', 'h')
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
 local superseded = 0
 if kind == 'g' then
-  local c = redis.call('HMGET', skey, 'cm', 'ci')
-  local om = tonumber(f[6])
+  local c = redis.call('HMGET', skey, 'gq', 'gi')
+  local q = tonumber(f[6] or '0')
   if c[1] then
-    local cm = tonumber(c[1])
-    if cm > om or (cm == om and c[2] > inc) then superseded = 1 end
+    local cq = tonumber(c[1])
+    if cq > q or (cq == q and c[2] > inc) then superseded = 1 end
   end
 end
 local lost = 0

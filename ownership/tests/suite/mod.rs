@@ -390,37 +390,43 @@ pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
     assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::Superseded));
 }
 
-pub async fn supersede_out_of_order<S: Store>(make: impl Fn(Limits) -> S) {
+/// The newest GET stream is the one whose StreamOpen the store applied last: the guard's
+/// `opened_ms` (a gateway's clock) is accepted and ignored, so no clock skew can invert the
+/// order; a replayed StreamOpen never makes an older stream newer.
+pub async fn supersede_by_store_order<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
-    // The newer stream's record lands first; the older one arrives late and is dead at once.
-    apply(&s, &[open(S1), get_stream(S1, B, 200), events(S1, B, 1, 1)]).await;
-    apply(&s, &[get_stream(S1, A, 100), events(S1, A, 1, 1)]).await;
+    // B opened later on a gateway whose clock is behind: its opened_ms is smaller.
+    apply(&s, &[open(S1), get_stream(S1, A, 200), events(S1, A, 1, 1)]).await;
+    apply(&s, &[get_stream(S1, B, 100), events(S1, B, 1, 1)]).await;
     assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::Superseded));
     assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, vec![], 1));
-    // Same opened_ms: the larger incarnation id wins, in either arrival order.
+    // Within one batch, order is kept too.
     apply(
         &s,
-        &[open(S2), get_stream(S2, D, 500), get_stream(S2, C, 500)],
+        &[open(S2), get_stream(S2, D, 900), get_stream(S2, C, 100)],
     )
     .await;
     assert_eq!(
-        verdict(&s, S2, C, StreamKind::Get, 0).await,
+        verdict(&s, S2, D, StreamKind::Get, 0).await,
         new_stream(Reason::Superseded)
     );
     assert_eq!(
-        verdict(&s, S2, D, StreamKind::Get, 0).await,
+        verdict(&s, S2, C, StreamKind::Get, 0).await,
         cont(OWNER_X, vec![], 0)
     );
-    // Replaying a whole batch changes nothing (idempotent).
-    apply(&s, &[get_stream(S2, C, 500), get_stream(S2, D, 500)]).await;
+    // Replaying a whole batch (a retried one) changes nothing.
+    apply(&s, &[get_stream(S2, D, 900), get_stream(S2, C, 100)]).await;
+    apply(&s, &[get_stream(S1, A, 200)]).await;
     assert_eq!(
-        verdict(&s, S2, C, StreamKind::Get, 0).await,
+        verdict(&s, S2, D, StreamKind::Get, 0).await,
         new_stream(Reason::Superseded)
     );
     assert_eq!(
-        verdict(&s, S2, D, StreamKind::Get, 0).await,
+        verdict(&s, S2, C, StreamKind::Get, 0).await,
         cont(OWNER_X, vec![], 0)
     );
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::Superseded));
+    assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, vec![], 1));
 }
 
 pub async fn window_trim_and_gap<S: Store>(make: impl Fn(Limits) -> S) {
@@ -1285,7 +1291,7 @@ macro_rules! store_suite {
             every_reason,
             placeholder_until_stream_open,
             supersede_in_order,
-            supersede_out_of_order,
+            supersede_by_store_order,
             window_trim_and_gap,
             retention_window,
             owner_gone_epochs,
