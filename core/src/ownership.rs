@@ -258,6 +258,14 @@ pub enum Record {
         session: String,
         incarnation: String,
     },
+    /// A continuation to this incarnation's owner failed in a way that may pass (connection
+    /// refused or reset, the owner's own 5xx). The store keeps the time of the first such
+    /// failure not followed by recorded events; once it is older than the service's window the
+    /// incarnation is lost (`owner_unavailable`), before that a resume may try the owner again.
+    OwnerFailed {
+        session: String,
+        incarnation: String,
+    },
     /// Operator or preStop hook: this replica address is gone. Every incarnation it owned
     /// until now is lost; incarnations opened later at the same address (a new pod) are not.
     OwnerGone {
@@ -571,6 +579,10 @@ impl Record {
             Record::StreamLost {
                 session,
                 incarnation,
+            }
+            | Record::OwnerFailed {
+                session,
+                incarnation,
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)
@@ -631,6 +643,24 @@ mod tests {
         assert!(digest_matches(Some("0000000000000005"), 5));
         assert!(!digest_matches(Some("0000000000000006"), 5));
         assert!(!digest_matches(Some("5"), 5));
+    }
+
+    #[test]
+    fn owner_failed_on_the_wire() {
+        let r: Result<Record, _> = serde_json::from_str(
+            r#"{"type":"owner_failed","session":"0123456789abcdef0123456789abcdef","incarnation":"0123456789abcdef"}"#,
+        );
+        assert!(r.as_ref().is_ok_and(|r| r.validate().is_ok()), "{r:?}");
+        let r = r.unwrap_or(Record::OwnerGone {
+            owner: String::new(),
+        });
+        let bad = Record::OwnerFailed {
+            session: "0123456789abcdef0123456789abcdef".into(),
+            incarnation: "XYZ".into(),
+        };
+        assert!(bad.validate().is_err_and(|e| e.field == "incarnation"));
+        let text = serde_json::to_string(&r).unwrap_or_default();
+        assert!(text.starts_with(r#"{"type":"owner_failed""#), "{text}");
     }
 
     #[test]

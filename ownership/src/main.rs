@@ -25,6 +25,7 @@ mod defaults {
     pub const MAX_EXPECTED: usize = 256;
     pub const MAX_SESSIONS: usize = 100_000;
     pub const MAX_PENDING_SESSIONS: usize = 10_000;
+    pub const OWNER_FAILURE_WINDOW_MS: u64 = 30_000;
     pub const MAX_STORE_BYTES: usize = 256 << 20;
 }
 
@@ -82,6 +83,13 @@ struct Cli {
     #[arg(long, env = "MCP_OWNERSHIP_REDIS_MAX_BYTES", value_name = "BYTES",
           value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 50), allow_negative_numbers = true)]
     redis_max_bytes: Option<u64>,
+
+    /// An owner that failed continuations (owner_failed: refused, reset, its own 5xx) and
+    /// relayed nothing since is taken as gone once its first failure is this old; before, a
+    /// resume may try it again (a blip is not a loss).
+    #[arg(long, env = "MCP_OWNERSHIP_OWNER_FAILURE_WINDOW_MS", value_name = "MS",
+          default_value_t = defaults::OWNER_FAILURE_WINDOW_MS, value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_negative_numbers = true)]
+    owner_failure_window_ms: u64,
 
     /// How long a resume waits for records still in flight.
     #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
@@ -298,6 +306,7 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
         max_sessions: cli.max_sessions,
         max_bytes: cli.max_store_bytes,
         max_pending_sessions: cli.max_pending_sessions,
+        owner_failure_window_ms: cli.owner_failure_window_ms,
         ..Limits::default()
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.

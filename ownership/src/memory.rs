@@ -69,6 +69,8 @@ struct Incarnation {
     /// `None` while only Events/StreamLost have landed (a placeholder).
     opened: Option<Opened>,
     lost: bool,
+    /// Store time of the first `owner_failed` not followed by recorded events.
+    failed_since: Option<u64>,
     head: u64,
     window: BTreeMap<u64, String>,
     /// seq -> full replica id, for the newest LONG_IDS_KEPT seqs whose id was long.
@@ -151,7 +153,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::SessionEnd { session, .. }
         | Record::StreamOpen { session, .. }
         | Record::Events { session, .. }
-        | Record::StreamLost { session, .. } => Some(session),
+        | Record::StreamLost { session, .. }
+        | Record::OwnerFailed { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }
@@ -449,6 +452,10 @@ impl Inner {
                 let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
+                if !ids.is_empty() {
+                    // The owner relayed again: an earlier failure passed.
+                    inc.failed_since = None;
+                }
                 let bytes = &mut inc.entry_bytes;
                 for (i, id) in ids.iter().enumerate() {
                     // Validated upstream: first_seq + len fits comfortably in u64.
@@ -477,6 +484,18 @@ impl Inner {
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
                 inc.lost = true;
+                evict(s, limits.max_incarnations_per_session, incarnation);
+            }
+            Record::OwnerFailed {
+                session,
+                incarnation,
+            } => {
+                let tick = self.next_tick();
+                let s = self.session_for_record(session, SessionState::Active, now_ms);
+                let inc = s.incarnations.entry(incarnation.clone()).or_default();
+                inc.last_tick = tick;
+                // The first failure counts: repeats never push the window back.
+                inc.failed_since.get_or_insert(now_ms);
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
             Record::OwnerGone { owner } => {
@@ -508,6 +527,19 @@ impl Inner {
         }
         if s.state == SessionState::Active {
             self.touch(q.session, now_ms);
+        }
+        // An owner that kept failing for the whole window: lost for good.
+        if let Some(inc) = self
+            .sessions
+            .get_mut(q.session)
+            .and_then(|s| s.incarnations.get_mut(q.incarnation))
+        {
+            if inc
+                .failed_since
+                .is_some_and(|t| now_ms.saturating_sub(t) > limits.owner_failure_window_ms)
+            {
+                inc.lost = true;
+            }
         }
         let Some(s) = self.sessions.get(q.session) else {
             return Facts {

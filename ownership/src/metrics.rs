@@ -71,6 +71,7 @@ pub fn record_type(r: &Record) -> &'static str {
         Record::StreamOpen { .. } => "stream_open",
         Record::Events { .. } => "events",
         Record::StreamLost { .. } => "stream_lost",
+        Record::OwnerFailed { .. } => "owner_failed",
         Record::OwnerGone { .. } => "owner_gone",
     }
 }

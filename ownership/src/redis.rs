@@ -966,6 +966,10 @@ impl RedisStore {
                 session,
                 incarnation,
                 ..
+            }
+            | Record::OwnerFailed {
+                session,
+                incarnation,
             } => (session, Some(incarnation.as_str())),
             Record::OwnerGone { .. } => return None,
         };
@@ -1029,6 +1033,9 @@ impl RedisStore {
             }
             Record::StreamLost { incarnation, .. } => {
                 c.arg("sl").arg(incarnation);
+            }
+            Record::OwnerFailed { incarnation, .. } => {
+                c.arg("of").arg(incarnation);
             }
             Record::OwnerGone { .. } => return None,
         }
@@ -1372,7 +1379,8 @@ impl RedisStore {
             .arg(q.seq)
             .arg(q.max_expected)
             .arg(self.limits.max_window)
-            .arg(self.keep_ms());
+            .arg(self.keep_ms())
+            .arg(self.limits.owner_failure_window_ms);
         let reply = self
             .exec(
                 "snapshot",
@@ -1707,7 +1715,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::SessionEnd { session, .. }
         | Record::StreamOpen { session, .. }
         | Record::Events { session, .. }
-        | Record::StreamLost { session, .. } => Some(session),
+        | Record::StreamLost { session, .. }
+        | Record::OwnerFailed { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }

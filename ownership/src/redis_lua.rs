@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `h` head |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `h` head |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
@@ -194,6 +194,8 @@ elseif typ == 'ev' then
   end
   if n > 0 then
     local ik, wk = ikey(inc), wkey(inc)
+    -- The owner relayed again: an earlier failure passed.
+    redis.call('HDEL', ik, 'ff')
     local old_head = tonumber(redis.call('HGET', ik, 'h') or '0')
     local head = math.max(old_head, first + n - 1)
     -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
@@ -225,6 +227,12 @@ elseif typ == 'ev' then
     redis.call('PEXPIRE', wk, keep_ms)
   end
   evict(inc)
+elseif typ == 'of' then
+  session_for_write('a')
+  touch_inc(ARGV[9])
+  -- The first failure counts: repeats never push the window back.
+  redis.call('HSETNX', ikey(ARGV[9]), 'ff', fmt(now))
+  evict(ARGV[9])
 elseif typ == 'sl' then
   session_for_write('a')
   touch_inc(ARGV[9])
@@ -237,7 +245,7 @@ return result
 "#;
 
 /// The facts about one cursor, read in one atomic step.
-/// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms.
+/// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms, owner failure window.
 /// Returns `{0}` (no session), `{4}` (half-missing: records lost), `{state}` (no opened
 /// incarnation) or
 /// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
@@ -249,6 +257,7 @@ local seq = tonumber(ARGV[5])
 local max_expected = tonumber(ARGV[6])
 local max_window = tonumber(ARGV[7])
 local keep_ms = tonumber(ARGV[8])
+local failure_window = tonumber(ARGV[9])
 local sf = redis.call('HMGET', skey, 'lu', 'pv', 'hm')
 local lu = sf[1]
 -- Half-missing (the hash lost while incarnations remain, or re-created over them): lost,
@@ -278,7 +287,7 @@ if st == 'a' then
   try('PEXPIRE', lk, keep_ms)
   if refused then code = code + 10 end
 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h')
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
@@ -293,6 +302,12 @@ if kind == 'g' then
 end
 local lost = 0
 if f[7] == '1' then lost = 1 end
+-- An owner that kept failing for the whole window: lost for good (a refused write changes
+-- nothing: the verdict is the same, and the next resume decides again).
+if lost == 0 and f[9] and now - tonumber(f[9]) > failure_window then
+  lost = 1
+  redis.pcall('HSET', ik, 'l', '1')
+end
 -- Contiguity: walk down from head while recorded; the first missing seq is the floor.
 local retained_from = 0
 local expected = {}

@@ -35,6 +35,9 @@ pub struct Limits {
     pub max_pending_sessions: usize,
     /// A session with records but no `session_open` is dropped after this long without one.
     pub pending_ttl_ms: u64,
+    /// An incarnation whose owner failed a continuation (`owner_failed`) and recorded no events
+    /// since is lost once the first such failure is older than this.
+    pub owner_failure_window_ms: u64,
 }
 
 /// Percent of a byte budget above which new sessions are refused.
@@ -53,6 +56,7 @@ impl Default for Limits {
             max_bytes: 256 << 20,
             max_pending_sessions: 10_000,
             pending_ttl_ms: 60_000,
+            owner_failure_window_ms: 30_000,
         }
     }
 }

@@ -563,6 +563,41 @@ pub async fn stream_lost_is_sticky<S: Store>(make: impl Fn(Limits) -> S) {
     );
 }
 
+pub fn failed(session: &str, inc: &str) -> Record {
+    Record::OwnerFailed {
+        session: session.into(),
+        incarnation: inc.into(),
+    }
+}
+
+/// A blip at the owner is not a loss: after `owner_failed`, resumes may still continue until
+/// the first failure not followed by events is older than the window; then the incarnation is
+/// lost for good. Events from the owner clear a failure; repeats never push the window back.
+pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
+    let window = 30_000;
+    let s = make(Limits {
+        owner_failure_window_ms: window,
+        ..Limits::default()
+    });
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 3)]).await;
+    let right = cont(OWNER_X, ids(3, 3), 3);
+    apply_at(&s, &[failed(S1, A)], T0 + 1_000).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 2_000).await, right, "a blip");
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 1_000 + window).await, right);
+    // The owner relayed again: the failure passed; a new one starts a new window.
+    apply_at(&s, &[events(S1, A, 4, 4)], T0 + 20_000).await;
+    let right = cont(OWNER_X, ids(3, 4), 4);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 40_000).await, right);
+    apply_at(&s, &[failed(S1, A)], T0 + 50_000).await;
+    apply_at(&s, &[failed(S1, A)], T0 + 50_000 + window - 10).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_000 + window).await, right);
+    let gone = new_stream(Reason::OwnerUnavailable);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, gone);
+    // Lost for good: later events do not bring it back.
+    apply_at(&s, &[events(S1, A, 5, 5)], T0 + 50_002 + window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_003 + window).await, gone);
+}
+
 pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     let setup = |sess: &str| vec![open(sess), get_stream(sess, A, T0), events(sess, A, 1, 2)];
@@ -1296,6 +1331,7 @@ macro_rules! store_suite {
             retention_window,
             owner_gone_epochs,
             stream_lost_is_sticky,
+            owner_failure_window,
             session_end,
             idle_ttl,
             record_in_flight,
