@@ -235,8 +235,9 @@ pub enum Record {
         retention: u64,
         /// A new standalone GET stream supersedes the session's previous GET incarnation.
         supersedes: bool,
-        /// Guard clock (ms since epoch) when the stream opened; the newer GET stream wins
-        /// even when records arrive out of order.
+        /// Guard clock (ms since epoch) when the stream opened. Kept on the wire for
+        /// compatibility; the service orders GET streams by the order it applies their first
+        /// StreamOpen, never by this (gateways' clocks differ).
         opened_ms: u64,
     },
     /// Events relayed: seq `first_seq + i` carried the event `ids[i]`, in recorded form
@@ -254,6 +255,14 @@ pub enum Record {
     /// A continuation to this incarnation's owner failed (owner down or not in the cluster):
     /// its log is lost, so later cursors for it are `owner_unavailable` at once.
     StreamLost {
+        session: String,
+        incarnation: String,
+    },
+    /// A continuation to this incarnation's owner failed in a way that may pass (connection
+    /// refused or reset, the owner's own 5xx). The store keeps the time of the first such
+    /// failure not followed by recorded events; once it is older than the service's window the
+    /// incarnation is lost (`owner_unavailable`), before that a resume may try the owner again.
+    OwnerFailed {
         session: String,
         incarnation: String,
     },
@@ -570,6 +579,10 @@ impl Record {
             Record::StreamLost {
                 session,
                 incarnation,
+            }
+            | Record::OwnerFailed {
+                session,
+                incarnation,
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)
@@ -630,6 +643,24 @@ mod tests {
         assert!(digest_matches(Some("0000000000000005"), 5));
         assert!(!digest_matches(Some("0000000000000006"), 5));
         assert!(!digest_matches(Some("5"), 5));
+    }
+
+    #[test]
+    fn owner_failed_on_the_wire() {
+        let r: Result<Record, _> = serde_json::from_str(
+            r#"{"type":"owner_failed","session":"0123456789abcdef0123456789abcdef","incarnation":"0123456789abcdef"}"#,
+        );
+        assert!(r.as_ref().is_ok_and(|r| r.validate().is_ok()), "{r:?}");
+        let r = r.unwrap_or(Record::OwnerGone {
+            owner: String::new(),
+        });
+        let bad = Record::OwnerFailed {
+            session: "0123456789abcdef0123456789abcdef".into(),
+            incarnation: "XYZ".into(),
+        };
+        assert!(bad.validate().is_err_and(|e| e.field == "incarnation"));
+        let text = serde_json::to_string(&r).unwrap_or_default();
+        assert!(text.starts_with(r#"{"type":"owner_failed""#), "{text}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::auth::Auth;
 use crate::metrics::{record_type, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
 use crate::resume::{resolve, timed, ResumeOptions};
-use crate::store::Store;
+use crate::store::{Applied, Store};
 
 /// Path of the operator / preStop endpoint (not in the core: only people and hooks call it).
 pub const OWNERS_GONE_PATH: &str = "/v1/owners/gone";
@@ -240,6 +240,8 @@ pub fn parse_owner_gone(bytes: &[u8]) -> Result<Record, ApiError> {
 #[derive(Debug, Default)]
 pub struct ParsedBatch {
     pub valid: Vec<Record>,
+    /// Position in the batch of each of `valid`.
+    pub positions: Vec<usize>,
     pub rejected: Vec<RejectedRecord>,
 }
 
@@ -294,7 +296,10 @@ pub fn parse_records(bytes: &[u8]) -> Result<ParsedBatch, ApiError> {
             .map_err(|e| json_error(&at, e).body.detail)
             .and_then(|r| r.validate().map(|()| r).map_err(|e| format!("{at}.{e}")));
         match parsed {
-            Ok(r) => out.valid.push(r),
+            Ok(r) => {
+                out.valid.push(r);
+                out.positions.push(index);
+            }
             Err(detail) => out.rejected.push(RejectedRecord {
                 index,
                 error: "bad_field".to_owned(),
@@ -345,13 +350,25 @@ pub async fn records<S: Store>(
     st.metrics
         .records_rejected
         .inc_by(batch.rejected.len() as u64);
+    let mut rejected = batch.rejected;
+    let mut applied = batch.valid.len();
     if !batch.valid.is_empty() {
-        apply(&st, &batch.valid).await?;
+        let done = apply(&st, &batch.valid).await?;
+        // Refused for room (store_full): named like a bad record, so the guard counts it and
+        // never resends it.
+        applied -= done.refused.len();
+        for r in done.refused {
+            st.metrics.sessions_refused.inc();
+            let index = batch.positions.get(r.index).copied().unwrap_or(r.index);
+            rejected.push(RejectedRecord {
+                index,
+                error: r.error.to_owned(),
+                detail: format!("records[{index}]: {}", r.detail),
+            });
+        }
+        rejected.sort_by_key(|r| r.index);
     }
-    Ok(Json(RecordAck {
-        applied: batch.valid.len(),
-        rejected: batch.rejected,
-    }))
+    Ok(Json(RecordAck { applied, rejected }))
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -372,12 +389,16 @@ pub async fn owners_gone<S: Store>(
     }))
 }
 
-async fn apply<S: Store>(st: &AppState<S>, records: &[Record]) -> Result<(), ApiError> {
+async fn apply<S: Store>(st: &AppState<S>, records: &[Record]) -> Result<Applied, ApiError> {
     let now = (st.clock)();
-    timed(&st.metrics, "apply", st.store.apply(records, now))
+    let done = timed(&st.metrics, "apply", st.store.apply(records, now))
         .await
         .map_err(|e| ApiError::store(st.store.name(), &e))?;
-    for r in records {
+    let mut refused = done.refused.iter().map(|r| r.index).peekable();
+    for (i, r) in records.iter().enumerate() {
+        if refused.next_if_eq(&i).is_some() {
+            continue;
+        }
         st.metrics
             .records
             .get_or_create(&TypeLabels {
@@ -385,7 +406,7 @@ async fn apply<S: Store>(st: &AppState<S>, records: &[Record]) -> Result<(), Api
             })
             .inc();
     }
-    Ok(())
+    Ok(done)
 }
 
 pub async fn healthz<S: Store>(State(st): State<AppState<S>>) -> Response {
@@ -393,6 +414,14 @@ pub async fn healthz<S: Store>(State(st): State<AppState<S>>) -> Response {
     match timed(&st.metrics, "health", st.store.health()).await {
         Ok(()) => Json(serde_json::json!({"status": "ok", "store": name})).into_response(),
         // The class only: the backend's text stays in the log (see the health watcher).
+        // A misconfiguration says what is wrong and which variable to change.
+        Err(e @ crate::store::StoreError::Misconfigured(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "misconfigured", "store": name, "detail": e.public_detail()
+            })),
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({"status": "unavailable", "store": name, "detail": e.class()})),

@@ -24,6 +24,8 @@ mod defaults {
     pub const MAX_WINDOW: usize = 4096;
     pub const MAX_EXPECTED: usize = 256;
     pub const MAX_SESSIONS: usize = 100_000;
+    pub const MAX_PENDING_SESSIONS: usize = 10_000;
+    pub const OWNER_FAILURE_WINDOW_MS: u64 = 30_000;
     pub const MAX_STORE_BYTES: usize = 256 << 20;
 }
 
@@ -74,6 +76,21 @@ struct Cli {
           value_parser = clap::value_parser!(u32).range(0..=16), allow_negative_numbers = true)]
     redis_wait_replicas: Option<u32>,
 
+    /// Bytes of Redis memory (used_memory, per primary) the service lets its data grow to:
+    /// above 90% of it new sessions are refused (store_full) before Redis refuses writes.
+    /// Default: 80% of each primary's maxmemory (none when Redis has no maxmemory). Must stay
+    /// under 95% of maxmemory (/healthz says so otherwise).
+    #[arg(long, env = "MCP_OWNERSHIP_REDIS_MAX_BYTES", value_name = "BYTES",
+          value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 50), allow_negative_numbers = true)]
+    redis_max_bytes: Option<u64>,
+
+    /// An owner that failed continuations (owner_failed: refused, reset, its own 5xx) and
+    /// relayed nothing since is taken as gone once its first failure is this old; before, a
+    /// resume may try it again (a blip is not a loss).
+    #[arg(long, env = "MCP_OWNERSHIP_OWNER_FAILURE_WINDOW_MS", value_name = "MS",
+          default_value_t = defaults::OWNER_FAILURE_WINDOW_MS, value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_negative_numbers = true)]
+    owner_failure_window_ms: u64,
+
     /// How long a resume waits for records still in flight.
     #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
           default_value_t = defaults::RECORD_WAIT_MS, value_parser = clap::value_parser!(u64).range(0..=60_000), allow_negative_numbers = true)]
@@ -94,15 +111,24 @@ struct Cli {
           default_value_t = defaults::MAX_WINDOW, value_parser = count(1, 10_000_000), allow_negative_numbers = true)]
     max_window: usize,
 
-    /// Sessions kept in all; past it the least recently active session is evicted (its
-    /// cursors then get a new stream). Memory and Redis.
+    /// Opened sessions kept in all. At the cap, sessions idle past the idle TTL are freed;
+    /// if none is, a new session is refused (`store_full`, counted in
+    /// mcp_ownership_sessions_refused_total): a session active within the TTL is never evicted
+    /// for room. Size it above initialize rate × idle TTL (README). Memory and Redis.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_SESSIONS", value_name = "N",
           default_value_t = defaults::MAX_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
     max_sessions: usize,
 
-    /// Estimated bytes the memory store keeps in all; past it the least recently active session
-    /// is evicted. Keep it well below the container's memory limit. Redis: use its own
-    /// `maxmemory` (README).
+    /// Sessions with records but no session_open yet (a record that overtook its session's
+    /// open), kept apart from --max-sessions; past it the oldest is dropped. Records for
+    /// made-up session ids land here and never touch opened sessions.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_PENDING_SESSIONS", value_name = "N",
+          default_value_t = defaults::MAX_PENDING_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
+    max_pending_sessions: usize,
+
+    /// Estimated bytes the memory store keeps in all. Above 90% of it new sessions are
+    /// refused (store_full); past it the least recently active sessions are evicted. Keep it
+    /// well below the container's memory limit. Redis: --redis-max-bytes.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_STORE_BYTES", value_name = "BYTES",
           default_value_t = defaults::MAX_STORE_BYTES, value_parser = count(1 << 20, 1 << 46), allow_negative_numbers = true)]
     max_store_bytes: usize,
@@ -279,6 +305,9 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
         session_idle_ttl_ms: cli.session_idle_ttl_secs.saturating_mul(1000),
         max_sessions: cli.max_sessions,
         max_bytes: cli.max_store_bytes,
+        max_pending_sessions: cli.max_pending_sessions,
+        owner_failure_window_ms: cli.owner_failure_window_ms,
+        ..Limits::default()
     };
     // One arm per store; each hands a concrete store to the same generic `serve`.
     match &store {
@@ -300,6 +329,7 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
                 wait_replicas: cli
                     .redis_wait_replicas
                     .unwrap_or(u32::from(mcp_ownership::redis::is_cluster_url(url))),
+                max_bytes: cli.redis_max_bytes,
                 connect_timeout: if url.starts_with("rediss") {
                     op_timeout
                 } else {
@@ -318,6 +348,11 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
             // /healthz 503) until it answers, and say when it does.
             match store.health().await {
                 Ok(()) => eprintln!("mcp-ownership: redis at {} is answering", store.addr()),
+                // Not fatal either: replicas come and go (a failover leaves a primary without
+                // one for a while), and an exit would turn that into a crash loop.
+                Err(e @ mcp_ownership::store::StoreError::Misconfigured(_)) => {
+                    eprintln!("mcp-ownership: ERROR: {e}; /healthz answers 503 until this is fixed")
+                }
                 Err(e) => eprintln!(
                     "mcp-ownership: {e}; starting anyway: /healthz and store operations answer \
                      503 store_unavailable until redis at {} answers",

@@ -1,10 +1,16 @@
 //! The embedded store: plain maps behind one mutex. Atomicity comes from the lock; no await
 //! happens while it is held, so a std mutex is the right tool.
 //!
-//! Bounded globally: at most `max_sessions` sessions and about `max_bytes` bytes of recorded
-//! state (an estimate: string lengths plus a fixed overhead per entry). Past either cap the
-//! least recently active session (by record or resume) is evicted first; its cursors then read
-//! as `session_inactive`, never as a wrong continuation.
+//! Bounded globally, and defended rather than merely capped:
+//! - records for a session never opened (`session_open` not applied) go to a separate, small
+//!   pending area (`max_pending_sessions`, dropped after `pending_ttl_ms`), so made-up session
+//!   ids never count against, or evict, opened sessions;
+//! - a `session_open` finding `max_sessions` opened sessions (or the bytes above the high
+//!   water mark) first frees sessions idle past their TTL, and is refused (`store_full`) if
+//!   that is not enough: a session active within the TTL is never evicted to make room;
+//! - past `max_bytes` (an estimate: string lengths plus a fixed overhead per entry), pending
+//!   entries go first, then the least recently active sessions; their cursors read as
+//!   `session_inactive`, never as a wrong continuation.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
@@ -13,7 +19,8 @@ use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
 use tokio::sync::watch;
 
 use crate::store::{
-    CursorId, Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats,
+    Applied, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store, StoreError,
+    StoreStats, HIGH_WATER_PERCENT, STORE_FULL,
 };
 
 pub struct MemoryStore {
@@ -24,14 +31,21 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct Inner {
+    /// Opened sessions (a `session_open` applied).
     sessions: HashMap<String, Session>,
+    /// Sessions with records but no `session_open` yet; `last_used_ms` is when they appeared.
+    pending: HashMap<String, Session>,
+    /// (appeared ms, session) of `pending`: oldest first.
+    pending_lru: BTreeSet<(u64, String)>,
+    /// When a write was last refused (`store_full`): unknown sessions may be refused ones.
+    last_refused: Option<u64>,
     /// OwnerGone bumps an address's epoch; an incarnation remembers the epoch it opened in,
     /// so "owned until now" is one comparison, whatever the number of incarnations. An epoch
     /// is `max(previous + 1, now_ms)`, so it stays increasing across expiry (see `sweep`).
     owner_epochs: HashMap<String, u64>,
     /// (last used ms, session): least recently active first.
     lru: BTreeSet<(u64, String)>,
-    /// Estimated bytes of all sessions.
+    /// Estimated bytes of all sessions, pending ones included.
     bytes: usize,
     /// Sessions evicted by the caps so far.
     evicted: u64,
@@ -44,7 +58,7 @@ struct Session {
     #[allow(dead_code)] // kept for operators and a later protocol-aware policy
     version: Option<String>,
     last_used_ms: u64,
-    /// (opened_ms, incarnation) of the newest standalone GET stream. Kept on the session, not
+    /// (order, incarnation) of the newest standalone GET stream. Kept on the session, not
     /// on incarnations, so supersession survives eviction and out-of-order StreamOpens.
     current_get: Option<(u64, String)>,
     incarnations: HashMap<String, Incarnation>,
@@ -55,6 +69,8 @@ struct Incarnation {
     /// `None` while only Events/StreamLost have landed (a placeholder).
     opened: Option<Opened>,
     lost: bool,
+    /// Store time of the first `owner_failed` not followed by recorded events.
+    failed_since: Option<u64>,
     head: u64,
     window: BTreeMap<u64, String>,
     /// seq -> full replica id, for the newest LONG_IDS_KEPT seqs whose id was long.
@@ -98,7 +114,8 @@ struct Opened {
     owner: String,
     owner_epoch: u64,
     retention: u64,
-    opened_ms: u64,
+    /// The store's tick when its first StreamOpen was applied: orders GET streams.
+    order: u64,
 }
 
 impl Session {
@@ -136,7 +153,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::SessionEnd { session, .. }
         | Record::StreamOpen { session, .. }
         | Record::Events { session, .. }
-        | Record::StreamLost { session, .. } => Some(session),
+        | Record::StreamLost { session, .. }
+        | Record::OwnerFailed { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }
@@ -170,32 +188,85 @@ impl Inner {
         self.tick
     }
 
-    /// The session for a write. An idle-expired session is dropped first, exactly as if the
-    /// sweeper had already run, so the outcome never depends on the sweeper's timing.
-    fn session_for_write(
-        &mut self,
-        id: &str,
-        fresh: SessionState,
-        now_ms: u64,
-        ttl_ms: u64,
-    ) -> &mut Session {
+    /// Drop `id` if it is idle past its TTL (opened) or waited too long for its
+    /// `session_open` (pending), exactly as if the sweeper had already run, so the outcome of
+    /// a write never depends on the sweeper's timing.
+    fn expire_one(&mut self, id: &str, now_ms: u64, limits: &Limits) {
         if self
             .sessions
             .get(id)
-            .is_some_and(|s| s.idle_expired(now_ms, ttl_ms))
+            .is_some_and(|s| s.idle_expired(now_ms, limits.session_idle_ttl_ms))
         {
             self.drop_session(id);
         }
-        if !self.sessions.contains_key(id) {
-            self.sessions
-                .insert(id.to_owned(), Session::new(fresh, now_ms));
-            self.lru.insert((now_ms, id.to_owned()));
+        if self
+            .pending
+            .get(id)
+            .is_some_and(|s| s.idle_expired(now_ms, limits.pending_ttl_ms))
+        {
+            self.drop_pending(id);
         }
-        self.touch(id, now_ms);
-        // Present: inserted just above if it was not.
-        self.sessions
+    }
+
+    /// The session a record other than `session_open` writes to: the opened one, or else a
+    /// pending one (made with state `fresh`).
+    fn session_for_record(&mut self, id: &str, fresh: SessionState, now_ms: u64) -> &mut Session {
+        if self.sessions.contains_key(id) {
+            self.touch(id, now_ms);
+            return self
+                .sessions
+                .entry(id.to_owned())
+                .or_insert_with(|| Session::new(fresh, now_ms));
+        }
+        if !self.pending.contains_key(id) {
+            self.pending_lru.insert((now_ms, id.to_owned()));
+        }
+        self.pending
             .entry(id.to_owned())
             .or_insert_with(|| Session::new(fresh, now_ms))
+    }
+
+    /// Room for one more opened session: sessions idle past their TTL (and, for bytes, pending
+    /// entries) are freed first; a session active within the TTL never is.
+    fn admit(&mut self, now_ms: u64, limits: &Limits) -> Result<(), String> {
+        let max = limits.max_sessions.max(1);
+        let high = limits.max_bytes / 100 * HIGH_WATER_PERCENT;
+        if self.sessions.len() >= max || self.bytes > high {
+            self.free_idle(now_ms, limits.session_idle_ttl_ms);
+        }
+        while self.bytes > high {
+            let Some((_, id)) = self.pending_lru.first().cloned() else {
+                break;
+            };
+            self.drop_pending(&id);
+        }
+        if self.sessions.len() >= max {
+            return Err(format!(
+                "{} sessions active within the idle TTL, at most {max} (--max-sessions)",
+                self.sessions.len()
+            ));
+        }
+        if self.bytes > high {
+            return Err(format!(
+                "about {} bytes held, new sessions are refused above {high} \
+                 ({HIGH_WATER_PERCENT}% of --max-store-bytes)",
+                self.bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Free opened sessions idle past `ttl`, least recently used first.
+    fn free_idle(&mut self, now_ms: u64, ttl: u64) -> usize {
+        let mut freed = 0;
+        while let Some((lu, id)) = self.lru.first().cloned() {
+            if now_ms.saturating_sub(lu) <= ttl {
+                break;
+            }
+            self.drop_session(&id);
+            freed += 1;
+        }
+        freed
     }
 
     /// Mark a session used at `now_ms` (never back in time), keeping the LRU index in step.
@@ -216,9 +287,35 @@ impl Inner {
         }
     }
 
-    /// Evict least recently active sessions (never `keep`) until both caps hold.
+    fn drop_pending(&mut self, id: &str) {
+        if let Some(s) = self.pending.remove(id) {
+            self.pending_lru.remove(&(s.last_used_ms, id.to_owned()));
+            self.bytes = self.bytes.saturating_sub(s.cost(id));
+        }
+    }
+
+    fn cost_of(&self, id: &str) -> usize {
+        self.sessions
+            .get(id)
+            .or_else(|| self.pending.get(id))
+            .map_or(0, |s| s.cost(id))
+    }
+
+    /// Bring the pending area and the bytes back within their caps (never dropping `keep`):
+    /// pending entries first, oldest first; then, for bytes, the least recently active
+    /// sessions (idle ones are the least recently active).
     fn enforce_caps(&mut self, keep: &str, limits: &Limits) {
-        while self.sessions.len() > limits.max_sessions.max(1) || self.bytes > limits.max_bytes {
+        while self.pending.len() > limits.max_pending_sessions.max(1) {
+            match self.oldest_pending(keep) {
+                Some(v) => self.drop_pending(&v),
+                None => break,
+            }
+        }
+        while self.bytes > limits.max_bytes {
+            if let Some(v) = self.oldest_pending(keep) {
+                self.drop_pending(&v);
+                continue;
+            }
             let victim = self
                 .lru
                 .iter()
@@ -234,27 +331,55 @@ impl Inner {
         }
     }
 
-    fn apply_one(&mut self, r: &Record, now_ms: u64, limits: &Limits) {
-        let Some(key) = session_of(r) else {
-            self.apply_record(r, now_ms, limits);
-            return;
-        };
-        let before = self.sessions.get(key).map_or(0, |s| s.cost(key));
-        self.apply_record(r, now_ms, limits);
-        let after = self.sessions.get(key).map_or(0, |s| s.cost(key));
-        self.bytes = (self.bytes + after).saturating_sub(before);
-        self.enforce_caps(key, limits);
+    fn oldest_pending(&self, keep: &str) -> Option<String> {
+        self.pending_lru
+            .iter()
+            .find(|(_, id)| id != keep)
+            .map(|(_, id)| id.clone())
     }
 
-    fn apply_record(&mut self, r: &Record, now_ms: u64, limits: &Limits) {
-        let ttl = limits.session_idle_ttl_ms;
+    /// Apply one record; `Err` names why a `session_open` was refused.
+    fn apply_one(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), String> {
+        let Some(key) = session_of(r) else {
+            return self.apply_record(r, now_ms, limits);
+        };
+        self.expire_one(key, now_ms, limits);
+        let before = self.cost_of(key);
+        let out = self.apply_record(r, now_ms, limits);
+        let after = self.cost_of(key);
+        self.bytes = (self.bytes + after).saturating_sub(before);
+        self.enforce_caps(key, limits);
+        out
+    }
+
+    fn apply_record(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), String> {
         match r {
             Record::SessionOpen { session, version } => {
-                let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
+                if !self.sessions.contains_key(session) {
+                    if let Err(why) = self.admit(now_ms, limits) {
+                        self.last_refused = Some(now_ms);
+                        return Err(why);
+                    }
+                    // What landed before the open (a pending entry) becomes the session: its
+                    // streams, events and an end already recorded (ended is final).
+                    let mut s = match self.pending.remove(session.as_str()) {
+                        Some(p) => {
+                            self.pending_lru.remove(&(p.last_used_ms, session.clone()));
+                            p
+                        }
+                        None => Session::new(SessionState::Active, now_ms),
+                    };
+                    s.last_used_ms = now_ms;
+                    self.lru.insert((now_ms, session.clone()));
+                    self.sessions.insert(session.clone(), s);
+                }
+                self.touch(session, now_ms);
                 // Ended is final: a late or replayed SessionOpen must not revive a session
                 // that a DELETE or a 404 already ended (session ids are never reused).
-                if s.state == SessionState::Active {
-                    s.version = Some(version.clone());
+                if let Some(s) = self.sessions.get_mut(session.as_str()) {
+                    if s.state == SessionState::Active {
+                        s.version = Some(version.clone());
+                    }
                 }
             }
             Record::SessionEnd { session, why } => {
@@ -262,7 +387,7 @@ impl Inner {
                     SessionEnd::Terminated => SessionState::Terminated,
                     SessionEnd::Expired => SessionState::Expired,
                 };
-                let s = self.session_for_write(session, end, now_ms, ttl);
+                let s = self.session_for_record(session, end, now_ms);
                 // Terminated wins over Expired, whichever lands first.
                 if s.state != SessionState::Terminated {
                     s.state = end;
@@ -275,11 +400,12 @@ impl Inner {
                 owner,
                 retention,
                 supersedes,
-                opened_ms,
+                // Accepted on the wire, never used for order: gateways' clocks differ.
+                opened_ms: _,
             } => {
                 let epoch = self.owner_epochs.get(owner).copied().unwrap_or(0);
                 let tick = self.next_tick();
-                let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
+                let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
                 match &mut inc.opened {
@@ -292,9 +418,7 @@ impl Inner {
                         }
                         o.retention = *retention;
                         o.kind = *kind;
-                        if *supersedes {
-                            o.opened_ms = *opened_ms;
-                        }
+                        // Its order stays: a replayed StreamOpen never makes it newer.
                     }
                     None => {
                         inc.opened = Some(Opened {
@@ -302,14 +426,15 @@ impl Inner {
                             owner: owner.clone(),
                             owner_epoch: epoch,
                             retention: *retention,
-                            opened_ms: *opened_ms,
+                            order: tick,
                         });
                     }
                 }
-                if *supersedes && *kind == StreamKind::Get {
-                    let candidate = (*opened_ms, incarnation.clone());
-                    // Newest (opened_ms, then incarnation id) wins, whatever order records
-                    // arrive in; everything older reads as superseded (see `snapshot`).
+                if let (true, StreamKind::Get, Some(o)) = (*supersedes, *kind, &inc.opened) {
+                    let candidate = (o.order, incarnation.clone());
+                    // The GET stream whose StreamOpen the store applied last is the newest
+                    // (the store's own order: no gateway clock can invert it); everything
+                    // older reads as superseded (see `snapshot`).
                     if s.current_get.as_ref().is_none_or(|cur| candidate > *cur) {
                         s.current_get = Some(candidate);
                     }
@@ -324,9 +449,13 @@ impl Inner {
                 long,
             } => {
                 let tick = self.next_tick();
-                let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
+                let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
+                if !ids.is_empty() {
+                    // The owner relayed again: an earlier failure passed.
+                    inc.failed_since = None;
+                }
                 let bytes = &mut inc.entry_bytes;
                 for (i, id) in ids.iter().enumerate() {
                     // Validated upstream: first_seq + len fits comfortably in u64.
@@ -351,10 +480,22 @@ impl Inner {
                 incarnation,
             } => {
                 let tick = self.next_tick();
-                let s = self.session_for_write(session, SessionState::Active, now_ms, ttl);
+                let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
                 inc.lost = true;
+                evict(s, limits.max_incarnations_per_session, incarnation);
+            }
+            Record::OwnerFailed {
+                session,
+                incarnation,
+            } => {
+                let tick = self.next_tick();
+                let s = self.session_for_record(session, SessionState::Active, now_ms);
+                let inc = s.incarnations.entry(incarnation.clone()).or_default();
+                inc.last_tick = tick;
+                // The first failure counts: repeats never push the window back.
+                inc.failed_since.get_or_insert(now_ms);
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
             Record::OwnerGone { owner } => {
@@ -362,24 +503,49 @@ impl Inner {
                 *e = e.saturating_add(1).max(now_ms);
             }
         }
+        Ok(())
     }
 
     fn snapshot(&mut self, q: SnapshotQuery<'_>, now_ms: u64, limits: &Limits) -> Facts {
+        let refusing = self
+            .last_refused
+            .is_some_and(|t| now_ms.saturating_sub(t) <= limits.session_idle_ttl_ms);
+        // A pending session (never opened) is not a session yet.
         let Some(s) = self.sessions.get(q.session) else {
-            return Facts::default();
+            return Facts {
+                refusing,
+                ..Facts::default()
+            };
         };
         if s.idle_expired(now_ms, limits.session_idle_ttl_ms) {
             // Read as expired; the sweeper (or the next write) frees it.
             return Facts {
                 session: Some(SessionState::Expired),
                 incarnation: None,
+                refusing,
             };
         }
         if s.state == SessionState::Active {
             self.touch(q.session, now_ms);
         }
+        // An owner that kept failing for the whole window: lost for good.
+        if let Some(inc) = self
+            .sessions
+            .get_mut(q.session)
+            .and_then(|s| s.incarnations.get_mut(q.incarnation))
+        {
+            if inc
+                .failed_since
+                .is_some_and(|t| now_ms.saturating_sub(t) > limits.owner_failure_window_ms)
+            {
+                inc.lost = true;
+            }
+        }
         let Some(s) = self.sessions.get(q.session) else {
-            return Facts::default();
+            return Facts {
+                refusing,
+                ..Facts::default()
+            };
         };
         let incarnation = s.incarnations.get(q.incarnation).and_then(|inc| {
             let o = inc.opened.as_ref()?;
@@ -387,7 +553,7 @@ impl Inner {
             let superseded = o.kind == StreamKind::Get
                 && s.current_get
                     .as_ref()
-                    .is_some_and(|(ms, id)| (*ms, id.as_str()) > (o.opened_ms, q.incarnation));
+                    .is_some_and(|(ord, id)| (*ord, id.as_str()) > (o.order, q.incarnation));
             let (retained_from, expected) =
                 contiguity(&inc.window, q.seq, inc.head, q.max_expected);
             let cursor_id = match inc.long.get(&q.seq) {
@@ -414,6 +580,7 @@ impl Inner {
         Facts {
             session: Some(s.state),
             incarnation,
+            refusing,
         }
     }
 }
@@ -474,16 +641,23 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    async fn apply(&self, records: &[Record], now_ms: u64) -> Result<(), StoreError> {
+    async fn apply(&self, records: &[Record], now_ms: u64) -> Result<Applied, StoreError> {
+        let mut out = Applied::default();
         {
             let mut inner = self.lock();
-            for r in records {
-                inner.apply_one(r, now_ms, &self.limits);
+            for (index, r) in records.iter().enumerate() {
+                if let Err(detail) = inner.apply_one(r, now_ms, &self.limits) {
+                    out.refused.push(Refusal {
+                        index,
+                        error: STORE_FULL,
+                        detail,
+                    });
+                }
             }
         }
         // Wake resumes waiting for in-flight records.
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
-        Ok(())
+        Ok(out)
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
@@ -507,11 +681,13 @@ impl Store for MemoryStore {
             .sum();
         Ok(StoreStats {
             sessions: inner.sessions.len() as u64,
+            pending: inner.pending.len() as u64,
             incarnations,
             bytes: inner.bytes as u64,
             evicted: inner.evicted,
             reconnects: 0,
             owners: inner.owner_epochs.len() as u64,
+            touch_refused: 0,
         })
     }
 
@@ -519,13 +695,12 @@ impl Store for MemoryStore {
         let ttl = self.limits.session_idle_ttl_ms;
         let mut inner = self.lock();
         // Least recently used first: stop at the first session still alive.
-        let mut freed = 0;
-        while let Some((lu, id)) = inner.lru.first().cloned() {
-            if now_ms.saturating_sub(lu) <= ttl {
+        let freed = inner.free_idle(now_ms, ttl);
+        while let Some((at, id)) = inner.pending_lru.first().cloned() {
+            if now_ms.saturating_sub(at) <= self.limits.pending_ttl_ms {
                 break;
             }
-            inner.drop_session(&id);
-            freed += 1;
+            inner.drop_pending(&id);
         }
         inner.expire_owner_epochs(now_ms, ttl);
         Ok(freed)
@@ -545,7 +720,7 @@ impl Inner {
         if old.is_empty() {
             return;
         }
-        for s in self.sessions.values_mut() {
+        for s in self.sessions.values_mut().chain(self.pending.values_mut()) {
             for inc in s.incarnations.values_mut() {
                 if let Some(o) = &inc.opened {
                     if old.get(&o.owner).is_some_and(|e| *e > o.owner_epoch) {

@@ -47,14 +47,17 @@ pub struct Metrics {
     pub verdicts: Family<OutcomeLabels, Counter>,
     pub records: Family<TypeLabels, Counter>,
     pub records_rejected: Counter,
+    pub sessions_refused: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
     pub store_latency: HistogramFamily,
     pub store_errors: Family<OpLabels, Counter>,
     pub sessions: Gauge,
+    pub pending: Gauge,
     pub incarnations: Gauge,
     pub store_bytes: Gauge,
     pub evicted: Gauge,
     pub reconnects: Gauge,
+    pub touch_refused: Gauge,
 }
 
 /// Store operations as they appear in the `op` label.
@@ -68,6 +71,7 @@ pub fn record_type(r: &Record) -> &'static str {
         Record::StreamOpen { .. } => "stream_open",
         Record::Events { .. } => "events",
         Record::StreamLost { .. } => "stream_lost",
+        Record::OwnerFailed { .. } => "owner_failed",
         Record::OwnerGone { .. } => "owner_gone",
     }
 }
@@ -85,6 +89,8 @@ impl Metrics {
         let verdicts = Family::<OutcomeLabels, Counter>::default();
         let records = Family::<TypeLabels, Counter>::default();
         let records_rejected = Counter::default();
+        let sessions_refused = Counter::default();
+        let pending = Gauge::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
         let store_latency: HistogramFamily = Family::new_with_constructor(store_latency_histogram);
         let store_errors = Family::<OpLabels, Counter>::default();
@@ -93,6 +99,7 @@ impl Metrics {
         let store_bytes = Gauge::default();
         let evicted = Gauge::default();
         let reconnects = Gauge::default();
+        let touch_refused = Gauge::default();
 
         // Counter names get `_total` appended by the encoder.
         registry.register(
@@ -116,6 +123,11 @@ impl Metrics {
             records_rejected.clone(),
         );
         registry.register(
+            "mcp_ownership_sessions_refused",
+            "session_open records refused for want of room (store_full): the session cap or the byte budget is reached with every session active within the idle TTL",
+            sessions_refused.clone(),
+        );
+        registry.register(
             "mcp_ownership_resume_waits",
             "Resumes that waited for in-flight records, by the verdict they got: continue or new_stream",
             resume_waits.clone(),
@@ -134,6 +146,11 @@ impl Metrics {
             "mcp_ownership_sessions",
             "Sessions held by the store",
             sessions.clone(),
+        );
+        registry.register(
+            "mcp_ownership_pending_sessions",
+            "Sessions with records but no session_open yet (held apart, never evicting opened sessions)",
+            pending.clone(),
         );
         registry.register(
             "mcp_ownership_incarnations",
@@ -157,6 +174,12 @@ impl Metrics {
             reconnects.clone(),
         );
 
+        registry.register(
+            "mcp_ownership_touch_refused",
+            "Resume lookups answered read-only because Redis refused their last-used write (maxmemory), since this instance started",
+            touch_refused.clone(),
+        );
+
         // Pre-create the closed label sets so dashboards and alerts see zeros, not absence.
         let _ = verdicts.get_or_create(&OutcomeLabels {
             outcome: "continue",
@@ -176,14 +199,17 @@ impl Metrics {
             verdicts,
             records,
             records_rejected,
+            sessions_refused,
             resume_waits,
             store_latency,
             store_errors,
             sessions,
+            pending,
             incarnations,
             store_bytes,
             evicted,
             reconnects,
+            touch_refused,
         }
     }
 
@@ -199,6 +225,8 @@ impl Metrics {
     pub fn set_stats(&self, stats: StoreStats) {
         self.sessions
             .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
+        self.pending
+            .set(i64::try_from(stats.pending).unwrap_or(i64::MAX));
         self.incarnations
             .set(i64::try_from(stats.incarnations).unwrap_or(i64::MAX));
         self.store_bytes
@@ -207,6 +235,8 @@ impl Metrics {
             .set(i64::try_from(stats.evicted).unwrap_or(i64::MAX));
         self.reconnects
             .set(i64::try_from(stats.reconnects).unwrap_or(i64::MAX));
+        self.touch_refused
+            .set(i64::try_from(stats.touch_refused).unwrap_or(i64::MAX));
     }
 
     /// OpenMetrics text exposition (Prometheus scrapes it natively).

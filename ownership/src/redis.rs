@@ -35,14 +35,18 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::watch;
 
+use crate::redis_config::{self, NodeInfo};
 use crate::redis_lua;
 use crate::store::{
-    CursorId, Facts, IncarnationView, Limits, SnapshotQuery, Store, StoreError, StoreStats,
+    Applied, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store, StoreError,
+    StoreStats, HIGH_WATER_PERCENT, STORE_FULL,
 };
 
 /// Keys outlive the idle TTL by this much, so the TTL check in the scripts (on the caller's
 /// clock) decides, and Redis's own expiry only frees what nobody swept.
 pub const KEEP_GRACE: Duration = Duration::from_secs(60);
+/// How long one read of every primary's `INFO` serves the health check and the byte budget.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Sessions freed per sweep round trip.
 const SWEEP_PAGE: usize = 500;
 /// Sessions whose incarnations are counted exactly for the gauge; beyond, it is extrapolated.
@@ -85,6 +89,9 @@ pub struct RedisOptions {
     /// Replicas that must hold a record before it is acknowledged (`WAIT`); 0: the primary's
     /// word is enough.
     pub wait_replicas: u32,
+    /// Bytes of Redis memory (`used_memory`, per primary) above 90% of which new sessions are
+    /// refused; `None`: 80% of the primary's `maxmemory`, or no budget when it has none.
+    pub max_bytes: Option<u64>,
     pub auth: RedisAuth,
 }
 
@@ -96,6 +103,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_millis(100),
             bulk_timeout: Duration::from_secs(2),
             wait_replicas: 0,
+            max_bytes: None,
             auth: RedisAuth::default(),
         }
     }
@@ -393,8 +401,14 @@ pub struct RedisStore {
     sweep: LoadedScript,
     owner_gone: LoadedScript,
     changes: watch::Sender<u64>,
-    /// Sessions this instance evicted for the session cap.
-    evicted: AtomicU64,
+    /// When (caller's clock) this instance last had a write refused or failed; 0: never.
+    last_refused: AtomicU64,
+    /// Resume lookups whose last-used write Redis refused (answered read-only).
+    touch_refused: AtomicU64,
+    /// `INFO` of every primary, and when it was read (reused for [`PROBE_EVERY`]).
+    probe: tokio::sync::Mutex<Option<(std::time::Instant, Vec<NodeInfo>)>>,
+    /// Findings already logged (each change is logged once).
+    logged: std::sync::Mutex<Vec<String>>,
 }
 
 /// A Redis URL safe to print: any user and password replaced by `***`.
@@ -656,7 +670,10 @@ impl RedisStore {
             sweep: LoadedScript::new(redis_lua::sweep_script()),
             owner_gone: LoadedScript::new(redis_lua::owner_gone_script()),
             changes,
-            evicted: AtomicU64::new(0),
+            last_refused: AtomicU64::new(0),
+            touch_refused: AtomicU64::new(0),
+            probe: tokio::sync::Mutex::new(None),
+            logged: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -716,6 +733,14 @@ impl RedisStore {
 
     fn index_key(&self) -> String {
         format!("{}sessions", self.opts.prefix)
+    }
+
+    fn pending_key(&self) -> String {
+        format!("{}pending", self.opts.prefix)
+    }
+
+    fn refused_key(&self) -> String {
+        format!("{}refused", self.opts.prefix)
     }
 
     fn owners_key(&self) -> String {
@@ -914,8 +939,15 @@ impl RedisStore {
         Ok(())
     }
 
-    /// `EVALSHA apply` for one record (OwnerGone is not a session record: `None`).
-    fn apply_cmd(&self, r: &Record, now_ms: u64, epochs: &HashMap<String, u64>) -> Option<Placed> {
+    /// `EVALSHA apply` for one record (OwnerGone is not a session record: `None`). `admit`:
+    /// a `session_open` may open a new session (room was made for it).
+    fn apply_cmd(
+        &self,
+        r: &Record,
+        now_ms: u64,
+        epochs: &HashMap<String, u64>,
+        admit: bool,
+    ) -> Option<Placed> {
         let (session, incarnation) = match r {
             Record::SessionOpen { session, .. } | Record::SessionEnd { session, .. } => {
                 (session, None)
@@ -934,6 +966,10 @@ impl RedisStore {
                 session,
                 incarnation,
                 ..
+            }
+            | Record::OwnerFailed {
+                session,
+                incarnation,
             } => (session, Some(incarnation.as_str())),
             Record::OwnerGone { .. } => return None,
         };
@@ -946,10 +982,11 @@ impl RedisStore {
             .arg(self.limits.session_idle_ttl_ms)
             .arg(self.limits.max_window)
             .arg(self.limits.max_incarnations_per_session)
-            .arg(self.keep_ms());
+            .arg(self.keep_ms())
+            .arg(self.limits.pending_ttl_ms);
         match r {
             Record::SessionOpen { version, .. } => {
-                c.arg("so").arg(version);
+                c.arg("so").arg(version).arg(if admit { "1" } else { "0" });
             }
             Record::SessionEnd { why, .. } => {
                 c.arg("se").arg(match why {
@@ -997,6 +1034,9 @@ impl RedisStore {
             Record::StreamLost { incarnation, .. } => {
                 c.arg("sl").arg(incarnation);
             }
+            Record::OwnerFailed { incarnation, .. } => {
+                c.arg("of").arg(incarnation);
+            }
             Record::OwnerGone { .. } => return None,
         }
         Some(Placed { key: base, cmd: c })
@@ -1004,20 +1044,28 @@ impl RedisStore {
 
     /// Apply records in order: session records are pipelined (one round trip per run of them),
     /// an OwnerGone closes the run, so StreamOpens after it see the new epoch.
-    async fn apply_inner(&self, records: &[Record], now_ms: u64) -> Result<(), StoreError> {
+    async fn apply_inner(&self, records: &[Record], now_ms: u64) -> Result<Applied, StoreError> {
+        let mut out = Applied::default();
         let mut start = 0;
         while start < records.len() {
             let end = records[start..]
                 .iter()
                 .position(|r| matches!(r, Record::OwnerGone { .. }))
                 .map_or(records.len(), |i| start + i + 1);
-            self.apply_run(&records[start..end], now_ms).await?;
+            self.apply_run(&records[start..end], start, now_ms, &mut out)
+                .await?;
             start = end;
         }
-        Ok(())
+        Ok(out)
     }
 
-    async fn apply_run(&self, run: &[Record], now_ms: u64) -> Result<(), StoreError> {
+    async fn apply_run(
+        &self,
+        run: &[Record],
+        offset: usize,
+        now_ms: u64,
+        out: &mut Applied,
+    ) -> Result<(), StoreError> {
         // Owner epochs for the StreamOpens of this run, read before them.
         let mut owners: Vec<&str> = run
             .iter()
@@ -1041,145 +1089,282 @@ impl RedisStore {
                 epochs.insert((*o).to_owned(), e.unwrap_or(0));
             }
         }
-        let mut cmds = Vec::with_capacity(run.len() + 2);
-        let mut sessions: Vec<&str> = Vec::new();
+        let opens = run
+            .iter()
+            .filter(|r| matches!(r, Record::SessionOpen { .. }))
+            .count();
+        let (mut room, full) = if opens > 0 {
+            self.room(opens, now_ms).await?
+        } else {
+            (0, String::new())
+        };
+        let mut cmds = Vec::with_capacity(run.len());
         for r in run {
-            match r {
-                Record::OwnerGone { owner } => {
-                    let mut c = redis::cmd("EVALSHA");
-                    c.arg(&self.owner_gone.sha)
-                        .arg(1)
-                        .arg(self.owners_key())
-                        .arg(owner)
-                        .arg(now_ms);
-                    cmds.push(Placed {
-                        key: self.owners_key(),
-                        cmd: c,
-                    });
-                }
-                _ => {
-                    if let Some(c) = self.apply_cmd(r, now_ms, &epochs) {
-                        cmds.push(c);
-                    }
-                    if let Record::SessionOpen { session, .. }
-                    | Record::SessionEnd { session, .. }
-                    | Record::StreamOpen { session, .. }
-                    | Record::Events { session, .. }
-                    | Record::StreamLost { session, .. } = r
-                    {
-                        sessions.push(session);
-                    }
-                }
-            }
-        }
-        sessions.sort_unstable();
-        sessions.dedup();
-        if !sessions.is_empty() {
-            // The sweep's index: last write per session (GT: never moves back).
-            let mut z = redis::cmd("ZADD");
-            z.arg(self.index_key()).arg("GT");
-            for s in &sessions {
-                z.arg(now_ms).arg(*s);
-            }
-            let mut n = redis::cmd("ZCARD");
-            n.arg(self.index_key());
-            for cmd in [z, n] {
+            if let Record::OwnerGone { owner } = r {
+                let mut c = redis::cmd("EVALSHA");
+                c.arg(&self.owner_gone.sha)
+                    .arg(1)
+                    .arg(self.owners_key())
+                    .arg(owner)
+                    .arg(now_ms);
                 cmds.push(Placed {
-                    key: self.index_key(),
-                    cmd,
+                    key: self.owners_key(),
+                    cmd: c,
                 });
+                continue;
+            }
+            // Room is handed out in batch order; a session already open takes none in the
+            // script, so at worst a batch refuses one it had room for (it is never over).
+            let admit = matches!(r, Record::SessionOpen { .. }) && room > 0;
+            room -= usize::from(admit);
+            if let Some(c) = self.apply_cmd(r, now_ms, &epochs, admit) {
+                cmds.push(c);
             }
         }
         let replies = self.exec("apply", &cmds, true).await?;
-        if !sessions.is_empty() {
-            let count = replies.last().and_then(as_u64).unwrap_or(0);
-            let max = self.limits.max_sessions.max(1) as u64;
-            if count > max {
-                self.evict(count - max, &sessions, now_ms).await?;
+        let (mut opened, mut promoted, mut pending) = (Vec::new(), Vec::new(), Vec::new());
+        let mut refused = false;
+        for (i, (r, v)) in run.iter().zip(&replies).enumerate() {
+            let Some(session) = session_of(r) else {
+                continue;
+            };
+            match as_string(v).as_deref() {
+                Some("a" | "k") => opened.push(session),
+                Some("o") => {
+                    opened.push(session);
+                    promoted.push(session);
+                }
+                Some("p") => pending.push(session),
+                Some("f") => {
+                    refused = true;
+                    out.refused.push(Refusal {
+                        index: offset + i,
+                        error: STORE_FULL,
+                        detail: full.clone(),
+                    });
+                }
+                other => return Err(corrupt("apply", format!("record reply {other:?}"))),
             }
+        }
+        self.update_indexes(&opened, &promoted, &pending, refused, now_ms)
+            .await
+    }
+
+    /// The session and pending indexes after a run (and the refusal mark): the sweep's and
+    /// the caps' view. Not waited on by replicas: an index a failover loses is rebuilt by
+    /// the next write of each session, and the sweep drops what it no longer finds.
+    async fn update_indexes(
+        &self,
+        opened: &[&str],
+        promoted: &[&str],
+        pending: &[&str],
+        refused: bool,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut cmds = Vec::new();
+        let mut add = |cmd: Cmd, key: String| cmds.push(Placed { key, cmd });
+        if !opened.is_empty() {
+            // Last write per session (GT: never moves back).
+            let mut z = redis::cmd("ZADD");
+            z.arg(self.index_key()).arg("GT");
+            for s in opened {
+                z.arg(now_ms).arg(*s);
+            }
+            add(z, self.index_key());
+        }
+        if !promoted.is_empty() {
+            let mut z = redis::cmd("ZREM");
+            z.arg(self.pending_key()).arg(promoted);
+            add(z, self.pending_key());
+        }
+        if !pending.is_empty() {
+            // When it appeared (NX: a pending session's TTL runs from its first record).
+            let mut z = redis::cmd("ZADD");
+            z.arg(self.pending_key()).arg("NX");
+            for s in pending {
+                z.arg(now_ms).arg(*s);
+            }
+            add(z, self.pending_key());
+            let mut n = redis::cmd("ZCARD");
+            n.arg(self.pending_key());
+            add(n, self.pending_key());
+        }
+        if refused {
+            self.last_refused.store(now_ms, Ordering::Relaxed);
+            let mut c = redis::cmd("SET");
+            c.arg(self.refused_key())
+                .arg(now_ms)
+                .arg("PX")
+                .arg(self.limits.session_idle_ttl_ms.max(1));
+            add(c, self.refused_key());
+        }
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        let count_at = (!pending.is_empty()).then(|| cmds.len() - 1 - usize::from(refused));
+        let replies = self.exec("apply", &cmds, false).await?;
+        let count = count_at
+            .and_then(|i| replies.get(i))
+            .and_then(as_u64)
+            .unwrap_or(0);
+        let max = self.limits.max_pending_sessions.max(1) as u64;
+        if count > max {
+            self.evict_pending(count - max, now_ms).await?;
         }
         Ok(())
     }
 
-    /// The session cap: evict `excess` sessions, least recently active first (never one of
-    /// `keep`, just written). Candidates are the lowest in the index (last write); their real
-    /// last use (writes and resumes) decides among them, and the survivors are re-scored.
-    async fn evict(&self, excess: u64, keep: &[&str], now_ms: u64) -> Result<(), StoreError> {
+    /// Room for `wanted` new sessions, and the detail of a refusal. Sessions idle past their
+    /// TTL are freed first; a session active within the TTL never is.
+    async fn room(&self, wanted: usize, now_ms: u64) -> Result<(usize, String), StoreError> {
+        let max = self.limits.max_sessions.max(1) as u64;
+        let mut count = self.session_count().await?;
+        if count.saturating_add(wanted as u64) > max {
+            if let Some(cutoff) = self.idle_cutoff(now_ms) {
+                self.sweep_index(&self.index_key(), cutoff, "free", now_ms)
+                    .await?;
+                count = self.session_count().await?;
+            }
+        }
+        let room = usize::try_from(max.saturating_sub(count)).unwrap_or(usize::MAX);
+        if let Some((used, budget)) = self.over_budget(false).await {
+            // Freeing idle sessions may be enough; read the memory again after it.
+            if let Some(cutoff) = self.idle_cutoff(now_ms) {
+                self.sweep_index(&self.index_key(), cutoff, "free", now_ms)
+                    .await?;
+            }
+            if self.over_budget(true).await.is_some() {
+                return Ok((
+                    0,
+                    format!(
+                        "Redis holds {used} bytes, new sessions are refused above \
+                         {HIGH_WATER_PERCENT}% of the {budget}-byte budget \
+                         (--redis-max-bytes, default 80% of maxmemory)"
+                    ),
+                ));
+            }
+        }
+        Ok((
+            room,
+            format!("{count} sessions active within the idle TTL, at most {max} (--max-sessions)"),
+        ))
+    }
+
+    /// The fullest primary above the high water mark of its byte budget: (used, budget).
+    /// Unknown (INFO refused or failing): not over, the session cap still holds.
+    async fn over_budget(&self, fresh: bool) -> Option<(u64, u64)> {
+        let nodes = self.nodes(fresh).await.ok()?;
+        redis_config::over_budget(&nodes, self.opts.max_bytes, HIGH_WATER_PERCENT as u64)
+    }
+
+    /// `INFO` of every primary, read at most once per [`PROBE_EVERY`] unless `fresh`.
+    async fn nodes(&self, fresh: bool) -> Result<Vec<NodeInfo>, StoreError> {
+        let mut slot = self.probe.lock().await;
+        if let (false, Some((at, nodes))) = (fresh, slot.as_ref()) {
+            if at.elapsed() < PROBE_EVERY {
+                return Ok(nodes.clone());
+            }
+        }
+        let mut conn = self.conn("health").await?;
+        let texts: Vec<String> = match &mut conn {
+            Conn::Single(m) => vec![redis::cmd("INFO")
+                .query_async::<String>(m)
+                .await
+                .map_err(|e| self.fail("health", e))?],
+            Conn::Cluster(k, pulse) => {
+                // No response policy: one answer per primary, keyed by its address.
+                let routing = RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    None,
+                ));
+                let v = pulsed(
+                    pulse,
+                    Box::pin(k.route_command(redis::cmd("INFO"), routing)),
+                )
+                .await
+                .map_err(|e| self.fail("health", e))?;
+                match v {
+                    Value::Map(m) => m.into_iter().filter_map(|(_, v)| as_string(&v)).collect(),
+                    other => as_string(&other).into_iter().collect(),
+                }
+            }
+        };
+        let nodes: Vec<NodeInfo> = texts.iter().map(|t| redis_config::parse_info(t)).collect();
+        *slot = Some((std::time::Instant::now(), nodes.clone()));
+        Ok(nodes)
+    }
+
+    /// Can this Redis do what the flags ask? `Err(Misconfigured)` names what to change;
+    /// warnings are logged once. An `INFO` that fails (an ACL without it) checks nothing.
+    async fn check_config(&self) -> Result<(), StoreError> {
+        let Ok(nodes) = self.nodes(false).await else {
+            return Ok(());
+        };
+        let f = redis_config::check(&nodes, self.opts.wait_replicas, self.opts.max_bytes);
+        let mut all = f.problems.clone();
+        all.extend(f.warnings.iter().cloned());
+        {
+            let mut logged = lock(&self.logged);
+            if *logged != all {
+                for w in &f.warnings {
+                    eprintln!("mcp-ownership: WARNING: {w}");
+                }
+                *logged = all;
+            }
+        }
+        if f.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Misconfigured(f.problems.join("; ")))
+        }
+    }
+
+    async fn session_count(&self) -> Result<u64, StoreError> {
+        let mut conn = self.conn("apply").await?;
+        redis::cmd("ZCARD")
+            .arg(self.index_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("apply", e))
+    }
+
+    /// The pending cap: drop the `excess` oldest pending sessions.
+    async fn evict_pending(&self, excess: u64, now_ms: u64) -> Result<(), StoreError> {
         let want = usize::try_from(excess)
             .unwrap_or(usize::MAX)
             .min(SWEEP_PAGE);
         let mut conn = self.conn("apply").await?;
-        let candidates: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.index_key())
+        let oldest: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.pending_key())
             .arg(0)
-            .arg(
-                want.saturating_mul(2)
-                    .saturating_add(keep.len())
-                    .saturating_add(8),
-            )
+            .arg(want.saturating_sub(1))
             .query_async(&mut conn)
             .await
             .map_err(|e| self.fail("apply", e))?;
-        let candidates: Vec<String> = candidates
-            .into_iter()
-            .filter(|c| !keep.contains(&c.as_str()))
-            .collect();
-        if candidates.is_empty() {
+        if oldest.is_empty() {
             return Ok(());
         }
-        let lookups: Vec<Placed> = candidates
+        let mut cmds: Vec<Placed> = oldest
             .iter()
-            .map(|c| {
-                let base = self.session_base(c);
-                let mut cmd = redis::cmd("HGET");
-                cmd.arg(format!("{base}:s")).arg("lu");
-                Placed { key: base, cmd }
-            })
+            .map(|s| self.sweep_cmd(s, now_ms, 0, "evict_pending"))
             .collect();
-        let lus = self.exec("apply", &lookups, false).await?;
-        let mut by_use: Vec<(u64, &String)> = lus
-            .iter()
-            .zip(&candidates)
-            .map(|(lu, c)| (as_u64(lu).unwrap_or(0), c))
-            .collect();
-        by_use.sort_unstable();
-        let mut cmds = Vec::new();
         let mut gone = redis::cmd("ZREM");
-        gone.arg(self.index_key());
-        let mut alive = redis::cmd("ZADD");
-        alive.arg(self.index_key()).arg("GT");
-        let mut n_alive = 0;
-        for (i, (lu, c)) in by_use.iter().enumerate() {
-            if i < want {
-                let base = self.session_base(c);
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&self.sweep.sha);
-                self.session_keys(&mut cmd, &base, None);
-                cmd.arg(&base)
-                    .arg(now_ms)
-                    .arg(self.limits.session_idle_ttl_ms)
-                    .arg("evict");
-                cmds.push(Placed { key: base, cmd });
-                gone.arg(*c);
-            } else if *lu > 0 {
-                alive.arg(*lu).arg(*c);
-                n_alive += 1;
-            }
-        }
+        gone.arg(self.pending_key()).arg(&oldest);
         cmds.push(Placed {
-            key: self.index_key(),
+            key: self.pending_key(),
             cmd: gone,
         });
-        if n_alive > 0 {
-            cmds.push(Placed {
-                key: self.index_key(),
-                cmd: alive,
-            });
-        }
-        self.exec("apply", &cmds, true).await?;
-        self.evicted
-            .fetch_add(want.min(by_use.len()) as u64, Ordering::Relaxed);
+        self.exec("apply", &cmds, false).await?;
         Ok(())
+    }
+
+    fn sweep_cmd(&self, session: &str, now_ms: u64, ttl: u64, mode: &str) -> Placed {
+        let base = self.session_base(session);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sweep.sha);
+        self.session_keys(&mut cmd, &base, None);
+        cmd.arg(&base).arg(now_ms).arg(ttl).arg(mode);
+        Placed { key: base, cmd }
     }
 
     async fn snapshot_inner(&self, q: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
@@ -1194,7 +1379,8 @@ impl RedisStore {
             .arg(q.seq)
             .arg(q.max_expected)
             .arg(self.limits.max_window)
-            .arg(self.keep_ms());
+            .arg(self.keep_ms())
+            .arg(self.limits.owner_failure_window_ms);
         let reply = self
             .exec(
                 "snapshot",
@@ -1209,8 +1395,26 @@ impl RedisStore {
             .next()
             .ok_or_else(|| corrupt("snapshot", "empty reply"))?;
         let arr = as_array(reply).ok_or_else(|| corrupt("snapshot", "not an array"))?;
-        let session = match arr.first().and_then(as_i64) {
-            Some(0) => return Ok(Facts::default()),
+        let mut code = arr.first().and_then(as_i64);
+        if let Some(c @ 11..=13) = code {
+            // The lookup's last-used write was refused (Redis full): answered read-only.
+            self.touch_refused.fetch_add(1, Ordering::Relaxed);
+            code = Some(c - 10);
+        }
+        let session = match code {
+            // Half-missing: part of the session's keys are gone. Lost, never fresh.
+            Some(4) => {
+                return Ok(Facts {
+                    refusing: true,
+                    ..Facts::default()
+                })
+            }
+            Some(0) => {
+                return Ok(Facts {
+                    refusing: self.refusing(now_ms).await?,
+                    ..Facts::default()
+                })
+            }
             Some(1) => SessionState::Active,
             Some(2) => SessionState::Terminated,
             Some(3) => SessionState::Expired,
@@ -1220,6 +1424,7 @@ impl RedisStore {
             return Ok(Facts {
                 session: Some(session),
                 incarnation: None,
+                refusing: self.refusing(now_ms).await?,
             });
         }
         if arr.len() < 11 {
@@ -1286,7 +1491,24 @@ impl RedisStore {
                 expected,
                 cursor_id,
             }),
+            refusing: false,
         })
+    }
+
+    /// Did this instance, or any other (the shared mark), have a write refused or failed
+    /// within the idle TTL?
+    async fn refusing(&self, now_ms: u64) -> Result<bool, StoreError> {
+        let last = self.last_refused.load(Ordering::Relaxed);
+        if last != 0 && now_ms.saturating_sub(last) <= self.limits.session_idle_ttl_ms {
+            return Ok(true);
+        }
+        let mut conn = self.conn("snapshot").await?;
+        let mark: Option<u64> = redis::cmd("GET")
+            .arg(self.refused_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("snapshot", e))?;
+        Ok(mark.is_some())
     }
 
     async fn stats_inner(&self) -> Result<StoreStats, StoreError> {
@@ -1301,13 +1523,21 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.fail("stats", e))?;
-        let evicted = self.evicted.load(Ordering::Relaxed);
+        let pending: u64 = redis::cmd("ZCARD")
+            .arg(self.pending_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("stats", e))?;
+        // The session cap refuses instead of evicting; Redis's own eviction is not ours.
+        let evicted = 0;
         let reconnects = self.reconnects();
         if sessions == 0 {
             return Ok(StoreStats {
                 evicted,
                 reconnects,
                 owners,
+                pending,
+                touch_refused: self.touch_refused.load(Ordering::Relaxed),
                 ..StoreStats::default()
             });
         }
@@ -1337,6 +1567,8 @@ impl RedisStore {
         };
         Ok(StoreStats {
             sessions,
+            pending,
+            touch_refused: self.touch_refused.load(Ordering::Relaxed),
             incarnations,
             bytes: 0,
             evicted,
@@ -1345,17 +1577,46 @@ impl RedisStore {
         })
     }
 
+    /// The score below which an opened session is idle past its TTL (`None`: none can be).
+    fn idle_cutoff(&self, now_ms: u64) -> Option<u64> {
+        now_ms.checked_sub(self.limits.session_idle_ttl_ms.saturating_add(1))
+    }
+
     async fn sweep_inner(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let ttl = self.limits.session_idle_ttl_ms;
-        let Some(cutoff) = now_ms.checked_sub(ttl.saturating_add(1)) else {
-            return Ok(0);
+        let mut freed = 0;
+        if let Some(cutoff) = self.idle_cutoff(now_ms) {
+            freed += self
+                .sweep_index(&self.index_key(), cutoff, "free", now_ms)
+                .await?;
+        }
+        if let Some(cutoff) = now_ms.checked_sub(self.limits.pending_ttl_ms.saturating_add(1)) {
+            self.sweep_index(&self.pending_key(), cutoff, "pending", now_ms)
+                .await?;
+        }
+        self.expire_owner_epochs(now_ms).await?;
+        Ok(freed)
+    }
+
+    /// Free the sessions of `index` scored at most `cutoff` that the sweep script (in `mode`)
+    /// finds expired; returns how many.
+    async fn sweep_index(
+        &self,
+        index: &str,
+        cutoff: u64,
+        mode: &str,
+        now_ms: u64,
+    ) -> Result<usize, StoreError> {
+        let ttl = if mode == "free" {
+            self.limits.session_idle_ttl_ms
+        } else {
+            self.limits.pending_ttl_ms
         };
         let mut freed = 0;
         let mut conn = self.conn("sweep").await?;
         // A bounded number of pages per call: the next sweep goes on.
         for _ in 0..20 {
             let idle: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                .arg(self.index_key())
+                .arg(index)
                 .arg("-inf")
                 .arg(cutoff)
                 .arg("LIMIT")
@@ -1369,20 +1630,13 @@ impl RedisStore {
             }
             let frees: Vec<Placed> = idle
                 .iter()
-                .map(|s| {
-                    let base = self.session_base(s);
-                    let mut cmd = redis::cmd("EVALSHA");
-                    cmd.arg(&self.sweep.sha);
-                    self.session_keys(&mut cmd, &base, None);
-                    cmd.arg(&base).arg(now_ms).arg(ttl).arg("free");
-                    Placed { key: base, cmd }
-                })
+                .map(|s| self.sweep_cmd(s, now_ms, ttl, mode))
                 .collect();
             let replies = self.exec("sweep", &frees, false).await?;
             let mut gone = redis::cmd("ZREM");
-            gone.arg(self.index_key());
+            gone.arg(index);
             let mut alive = redis::cmd("ZADD");
-            alive.arg(self.index_key()).arg("GT");
+            alive.arg(index).arg("GT");
             let (mut n_gone, mut n_alive) = (0, 0);
             for (s, r) in idle.iter().zip(replies) {
                 let arr = as_array(r).ok_or_else(|| corrupt("sweep", "not an array"))?;
@@ -1421,7 +1675,6 @@ impl RedisStore {
                 break;
             }
         }
-        self.expire_owner_epochs(now_ms).await?;
         Ok(freed)
     }
 
@@ -1455,6 +1708,19 @@ impl RedisStore {
     }
 }
 
+/// The session a record writes to (OwnerGone writes none).
+fn session_of(r: &Record) -> Option<&str> {
+    match r {
+        Record::SessionOpen { session, .. }
+        | Record::SessionEnd { session, .. }
+        | Record::StreamOpen { session, .. }
+        | Record::Events { session, .. }
+        | Record::StreamLost { session, .. }
+        | Record::OwnerFailed { session, .. } => Some(session),
+        Record::OwnerGone { .. } => None,
+    }
+}
+
 fn kind_code(k: StreamKind) -> &'static str {
     match k {
         StreamKind::Get => "g",
@@ -1471,7 +1737,7 @@ impl Store for RedisStore {
         }
     }
 
-    async fn apply(&self, records: &[Record], now_ms: u64) -> Result<(), StoreError> {
+    async fn apply(&self, records: &[Record], now_ms: u64) -> Result<Applied, StoreError> {
         // A batch is one pipeline; a large one gets a little more time (records are not on
         // the resume path), never more than the bulk bound.
         let per_record = Duration::from_micros(50)
@@ -1481,6 +1747,10 @@ impl Store for RedisStore {
         let r = self
             .bounded("apply", limit, self.apply_inner(records, now_ms))
             .await;
+        if r.is_err() {
+            // Records that may not have landed: unknown sessions may be theirs for a while.
+            self.last_refused.store(now_ms, Ordering::Relaxed);
+        }
         // Wake resumes waiting here for in-flight records (others poll: see resume.rs).
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
         r
@@ -1516,8 +1786,10 @@ impl Store for RedisStore {
             if let Some(l) = &self.records {
                 l.renew_cluster();
             }
+            return r;
         }
-        r
+        self.bounded("health", self.opts.op_timeout, self.check_config())
+            .await
     }
 
     async fn stats(&self, _now_ms: u64) -> Result<StoreStats, StoreError> {

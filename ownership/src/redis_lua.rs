@@ -6,12 +6,14 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
-//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms, `v` protocol version, `tk` record tick, `cm`/`ci` newest standalone GET stream (opened ms, incarnation) |
+//! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `om` opened ms, `l` lost (1), `h` head |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `h` head |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `Psessions` | zset | session → last write ms (the sweep's index; not in the session's slot) |
+//! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
+//! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
+//! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
 //! | `Powners` | hash | owner `ip:port` → epoch, `max(previous + 1, now ms)` at each `owner_gone` (not in the session's slot; forgotten by the sweep 2 × keep after its last bump) |
 //!
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
@@ -40,26 +42,51 @@ local function drop_session()
 end
 "#;
 
-/// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, type, fields…
+/// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, pending_ttl,
+/// type, fields… Returns what it wrote to: `a` an opened session, `p` a pending one (no
+/// `session_open` yet); for a `session_open`: `o` opened now, `k` already open, `f` refused
+/// (no room: ARGV admit was not 1).
 const APPLY: &str = r#"
 local max_window = tonumber(ARGV[4])
 local max_incs = tonumber(ARGV[5])
 local keep_ms = tonumber(ARGV[6])
-local typ = ARGV[7]
+local pending_ttl = tonumber(ARGV[7])
+local typ = ARGV[8]
+local result = 'a'
 
--- The session for a write. One idle past its TTL is dropped first, exactly as if the sweep
--- had already run, so the outcome never depends on the sweep's timing.
-local function session_for_write(fresh)
-  local lu = redis.call('HGET', skey, 'lu')
-  if lu and now - tonumber(lu) > ttl then
+-- Drop the session if it is idle past its TTL (opened) or waited too long for its
+-- session_open (pending), exactly as if the sweep had already run, so the outcome never
+-- depends on the sweep's timing. Returns: exists, pending.
+local function expire_one()
+  local s = redis.call('HMGET', skey, 'lu', 'pv')
+  if not s[1] then return false, false end
+  local limit = ttl
+  if s[2] == '1' then limit = pending_ttl end
+  if now - tonumber(s[1]) > limit then
     drop_session()
-    lu = false
+    return false, false
   end
-  if not lu then
-    redis.call('HSET', skey, 'st', fresh, 'lu', fmt(now), 'tk', '0')
-  elseif now > tonumber(lu) then
-    redis.call('HSET', skey, 'lu', fmt(now))
+  return true, s[2] == '1'
+end
+
+-- The session a record other than session_open writes to: the opened one, or else a pending
+-- one (made with state `fresh`, `lu` = when it appeared) that a session_open turns into the
+-- session. A session hash gone (evicted, failed over) while its other keys remain comes back
+-- pending too: never as a fresh session without its newest-stream marker.
+local function session_for_write(fresh)
+  local exists, pending = expire_one()
+  if not exists then
+    redis.call('HSET', skey, 'st', fresh, 'lu', fmt(now), 'tk', '0', 'pv', '1')
+    -- Incarnations without their session hash: the hash was lost (evicted, failed over).
+    -- Marked half-missing for good: its cursors read records_lost.
+    if redis.call('EXISTS', nkey) == 1 then redis.call('HSET', skey, 'hm', '1') end
+    pending = true
+  elseif not pending then
+    if now > tonumber(redis.call('HGET', skey, 'lu')) then
+      redis.call('HSET', skey, 'lu', fmt(now))
+    end
   end
+  if pending then result = 'p' end
   redis.call('PEXPIRE', skey, keep_ms)
   return redis.call('HGET', skey, 'st')
 end
@@ -72,6 +99,7 @@ local function touch_inc(inc)
   redis.call('PEXPIRE', ikey(inc), keep_ms)
   redis.call('PEXPIRE', wkey(inc), keep_ms)
   redis.call('PEXPIRE', lkey(inc), keep_ms)
+  return tk
 end
 
 -- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
@@ -88,50 +116,72 @@ local function evict(keep)
 end
 
 if typ == 'so' then
-  local st = session_for_write('a')
+  -- ARGV: ..., version, admit (1: room was made for a new session).
+  local exists, pending = expire_one()
+  if exists and not pending then
+    result = 'k'
+    if now > tonumber(redis.call('HGET', skey, 'lu')) then
+      redis.call('HSET', skey, 'lu', fmt(now))
+    end
+  elseif ARGV[10] ~= '1' then
+    return 'f'
+  else
+    result = 'o'
+    if exists then
+      -- What landed before the open becomes the session (an end recorded stays: final).
+      redis.call('HDEL', skey, 'pv')
+      redis.call('HSET', skey, 'lu', fmt(now))
+    else
+      redis.call('HSET', skey, 'st', 'a', 'lu', fmt(now), 'tk', '0')
+    end
+    redis.call('PEXPIRE', nkey, keep_ms)
+  end
+  redis.call('PEXPIRE', skey, keep_ms)
   -- Ended is final: a late SessionOpen does not revive the session.
-  if st == 'a' then redis.call('HSET', skey, 'v', ARGV[8]) end
+  if redis.call('HGET', skey, 'st') == 'a' then redis.call('HSET', skey, 'v', ARGV[9]) end
+  return result
 elseif typ == 'se' then
-  local e = ARGV[8]
+  local e = ARGV[9]
   local st = session_for_write(e)
   -- Terminated wins over Expired, whichever lands first.
   if st ~= 't' then redis.call('HSET', skey, 'st', e) end
 elseif typ == 'st' then
-  local inc, kind, owner, epoch, ret, sup = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-  local oms = tonumber(ARGV[14])
+  local inc, kind, owner, epoch, ret, sup = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14]
+  -- ARGV[15], the guard's opened_ms, is accepted and ignored: gateways' clocks differ.
   session_for_write('a')
-  touch_inc(inc)
+  local tk = touch_inc(inc)
   local ik = ikey(inc)
   local cur = redis.call('HMGET', ik, 'o', 'ow')
   if cur[1] == '1' then
-    -- A continuation re-sends StreamOpen: the same owner keeps the epoch it opened in.
+    -- A continuation re-sends StreamOpen: the same owner keeps the epoch it opened in, and
+    -- the incarnation keeps its order (a replay never makes it newer).
     if cur[2] ~= owner then redis.call('HSET', ik, 'ow', owner, 'ep', epoch) end
     redis.call('HSET', ik, 'r', ret, 'k', kind)
-    if sup == '1' then redis.call('HSET', ik, 'om', fmt(oms)) end
   else
-    redis.call('HSET', ik, 'o', '1', 'k', kind, 'ow', owner, 'ep', epoch, 'r', ret, 'om', fmt(oms))
+    redis.call('HSET', ik, 'o', '1', 'k', kind, 'ow', owner, 'ep', epoch, 'r', ret, 'sq', fmt(tk))
   end
   if sup == '1' and kind == 'g' then
-    -- Newest (opened_ms, then incarnation id) wins, whatever order records arrive in.
-    local c = redis.call('HMGET', skey, 'cm', 'ci')
-    local better = (not c[1]) or oms > tonumber(c[1]) or (oms == tonumber(c[1]) and inc > c[2])
-    if better then redis.call('HSET', skey, 'cm', fmt(oms), 'ci', inc) end
+    -- The GET stream whose StreamOpen was applied last (the session's own tick) is the newest.
+    local q = tonumber(redis.call('HGET', ik, 'sq') or '0')
+    local c = redis.call('HMGET', skey, 'gq', 'gi')
+    local better = (not c[1]) or q > tonumber(c[1]) or (q == tonumber(c[1]) and inc > c[2])
+    if better then redis.call('HSET', skey, 'gq', fmt(q), 'gi', inc) end
   end
   evict(inc)
 elseif typ == 'ev' then
   -- ARGV: ..., inc, first_seq, long_kept, n_long, (seq, full id) * n_long, ids...
-  local inc = ARGV[8]
-  local first = tonumber(ARGV[9])
-  local long_kept = tonumber(ARGV[10])
-  local n_long = tonumber(ARGV[11])
-  local ids_at = 11 + 2 * n_long
+  local inc = ARGV[9]
+  local first = tonumber(ARGV[10])
+  local long_kept = tonumber(ARGV[11])
+  local n_long = tonumber(ARGV[12])
+  local ids_at = 12 + 2 * n_long
   local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
   if n_long > 0 then
     local lk = lkey(inc)
     for j = 0, n_long - 1 do
-      redis.call('HSET', lk, ARGV[12 + 2 * j], ARGV[13 + 2 * j])
+      redis.call('HSET', lk, ARGV[13 + 2 * j], ARGV[14 + 2 * j])
     end
     -- Only the newest long_kept seqs keep their full id.
     local extra = redis.call('HLEN', lk) - long_kept
@@ -144,6 +194,8 @@ elseif typ == 'ev' then
   end
   if n > 0 then
     local ik, wk = ikey(inc), wkey(inc)
+    -- The owner relayed again: an earlier failure passed.
+    redis.call('HDEL', ik, 'ff')
     local old_head = tonumber(redis.call('HGET', ik, 'h') or '0')
     local head = math.max(old_head, first + n - 1)
     -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
@@ -175,59 +227,87 @@ elseif typ == 'ev' then
     redis.call('PEXPIRE', wk, keep_ms)
   end
   evict(inc)
+elseif typ == 'of' then
+  session_for_write('a')
+  touch_inc(ARGV[9])
+  -- The first failure counts: repeats never push the window back.
+  redis.call('HSETNX', ikey(ARGV[9]), 'ff', fmt(now))
+  evict(ARGV[9])
 elseif typ == 'sl' then
   session_for_write('a')
-  touch_inc(ARGV[8])
-  redis.call('HSET', ikey(ARGV[8]), 'l', '1')
-  evict(ARGV[8])
+  touch_inc(ARGV[9])
+  redis.call('HSET', ikey(ARGV[9]), 'l', '1')
+  evict(ARGV[9])
 else
   return redis.error_reply('unknown record type ' .. tostring(typ))
 end
-return 1
+return result
 "#;
 
 /// The facts about one cursor, read in one atomic step.
-/// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms.
-/// Returns `{0}` (no session), `{state}` (no opened incarnation) or
+/// ARGV: base, now, ttl, inc, seq, max_expected, max_window, keep_ms, owner failure window.
+/// Returns `{0}` (no session), `{4}` (half-missing: records lost), `{state}` (no opened
+/// incarnation) or
 /// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
-/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`.
+/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`. `state` is
+/// 1 active, 2 terminated, 3 expired; plus 10 when Redis refused the last-used write.
 const SNAPSHOT: &str = r#"
 local inc = ARGV[4]
 local seq = tonumber(ARGV[5])
 local max_expected = tonumber(ARGV[6])
 local max_window = tonumber(ARGV[7])
 local keep_ms = tonumber(ARGV[8])
-local lu = redis.call('HGET', skey, 'lu')
-if not lu then return {0} end
+local failure_window = tonumber(ARGV[9])
+local sf = redis.call('HMGET', skey, 'lu', 'pv', 'hm')
+local lu = sf[1]
+-- Half-missing (the hash lost while incarnations remain, or re-created over them): lost,
+-- never fresh.
+if sf[3] == '1' or (not lu and redis.call('EXISTS', nkey) == 1) then return {4} end
+-- Pending (no session_open yet) is not a session yet.
+if not lu or sf[2] == '1' then return {0} end
 -- Idle past the TTL: reads as expired; the sweep (or the next write) frees it.
 if now - tonumber(lu) > ttl then return {3} end
 local st = redis.call('HGET', skey, 'st')
 local ik, wk, lk = ikey(inc), wkey(inc), lkey(inc)
-if st == 'a' then
-  if now > tonumber(lu) then redis.call('HSET', skey, 'lu', fmt(now)) end
-  redis.call('PEXPIRE', skey, keep_ms)
-  redis.call('PEXPIRE', nkey, keep_ms)
-  redis.call('PEXPIRE', ik, keep_ms)
-  redis.call('PEXPIRE', wk, keep_ms)
-  redis.call('PEXPIRE', lk, keep_ms)
-end
 local code = 3
 if st == 'a' then code = 1 elseif st == 't' then code = 2 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'om', 'l', 'h')
+if st == 'a' then
+  -- The touch must never fail the lookup: a Redis at maxmemory refuses the write, and the
+  -- verdict is then read-only (code + 10, counted).
+  local refused = false
+  local function try(...)
+    local r = redis.pcall(...)
+    if type(r) == 'table' and r.err then refused = true end
+  end
+  if now > tonumber(lu) then try('HSET', skey, 'lu', fmt(now)) end
+  try('PEXPIRE', skey, keep_ms)
+  try('PEXPIRE', nkey, keep_ms)
+  try('PEXPIRE', ik, keep_ms)
+  try('PEXPIRE', wk, keep_ms)
+  try('PEXPIRE', lk, keep_ms)
+  if refused then code = code + 10 end
+end
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
 local superseded = 0
 if kind == 'g' then
-  local c = redis.call('HMGET', skey, 'cm', 'ci')
-  local om = tonumber(f[6])
+  local c = redis.call('HMGET', skey, 'gq', 'gi')
+  local q = tonumber(f[6] or '0')
   if c[1] then
-    local cm = tonumber(c[1])
-    if cm > om or (cm == om and c[2] > inc) then superseded = 1 end
+    local cq = tonumber(c[1])
+    if cq > q or (cq == q and c[2] > inc) then superseded = 1 end
   end
 end
 local lost = 0
 if f[7] == '1' then lost = 1 end
+-- An owner that kept failing for the whole window: lost for good (a refused write changes
+-- nothing: the verdict is the same, and the next resume decides again).
+if lost == 0 and f[9] and now - tonumber(f[9]) > failure_window then
+  lost = 1
+  redis.pcall('HSET', ik, 'l', '1')
+end
 -- Contiguity: walk down from head while recorded; the first missing seq is the floor.
 local retained_from = 0
 local expected = {}
@@ -273,16 +353,20 @@ for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;
 
-/// Free one session if it is idle past its TTL, or at once when ARGV[4] is `evict` (the
-/// session cap). ARGV: base, now, ttl, mode.
-/// Returns `{0}` (already gone), `{1}` (freed) or `{2, last_used}` (alive).
+/// Free one session. ARGV: base, now, ttl, mode. Modes: `free` an opened session idle past
+/// `ttl`; `pending` a pending session that appeared more than `ttl` ago; `evict_pending` a
+/// pending session at once (the pending cap). Returns `{0}` (gone, or not of that kind any
+/// more: off the index), `{1}` (freed) or `{2, last_used}` (alive).
 const SWEEP: &str = r#"
-local lu = redis.call('HGET', skey, 'lu')
+local s = redis.call('HMGET', skey, 'lu', 'pv')
+local lu = s[1]
 if not lu then
   drop_session()
   return {0}
 end
-if ARGV[4] == 'evict' or now - tonumber(lu) > ttl then
+local mode = ARGV[4]
+if (mode == 'free') == (s[2] == '1') then return {0} end
+if mode == 'evict_pending' or now - tonumber(lu) > ttl then
   drop_session()
   return {1}
 end

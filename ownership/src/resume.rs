@@ -71,6 +71,7 @@ pub async fn resolve<S: Store>(
             q.seq,
         );
         let waiting = outcome.is_err() && in_flight(&facts, q);
+        let outcome = records_lost(outcome, &facts);
         let verdict = to_verdict(outcome, facts);
         if !waiting || Instant::now() >= deadline {
             return Ok(Resolution {
@@ -124,6 +125,21 @@ fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
             reason: Reason::UnknownStream,
         },
         (Err(reason), _) => ResumeVerdict::NewStream { reason },
+    }
+}
+
+/// While the store refuses writes, a session or stream it does not know may be one whose
+/// records it could not keep: say so (`records_lost`) instead of pointing the operator at the
+/// session (`session_inactive`) or the guard (`unknown_stream`).
+fn records_lost(outcome: Result<(), Reason>, facts: &Facts) -> Result<(), Reason> {
+    match outcome {
+        Err(Reason::SessionInactive) if facts.refusing && facts.session.is_none() => {
+            Err(Reason::RecordsLost)
+        }
+        Err(Reason::UnknownStream) if facts.refusing && facts.incarnation.is_none() => {
+            Err(Reason::RecordsLost)
+        }
+        other => other,
     }
 }
 

@@ -25,10 +25,26 @@ pub struct Limits {
     pub session_idle_ttl_ms: u64,
     /// Sessions kept in all; past it the least recently active one is evicted.
     pub max_sessions: usize,
-    /// Estimated bytes kept in all (memory store); past it the least recently active session
-    /// is evicted. A shared store leaves bytes to its own `maxmemory`.
+    /// Estimated bytes kept in all (memory store). Above [`HIGH_WATER_PERCENT`] of it new
+    /// sessions are refused (`store_full`); past it sessions are evicted, idle ones first.
+    /// A shared store leaves bytes to its own byte budget (see `RedisOptions::max_bytes`).
     pub max_bytes: usize,
+    /// Sessions with records but no `session_open` yet, kept in all (apart from
+    /// `max_sessions`); past it the oldest such entry is dropped. They never evict or count
+    /// against opened sessions, so records for made-up session ids cost opened sessions nothing.
+    pub max_pending_sessions: usize,
+    /// A session with records but no `session_open` is dropped after this long without one.
+    pub pending_ttl_ms: u64,
+    /// An incarnation whose owner failed a continuation (`owner_failed`) and recorded no events
+    /// since is lost once the first such failure is older than this.
+    pub owner_failure_window_ms: u64,
 }
+
+/// Percent of a byte budget above which new sessions are refused.
+pub const HIGH_WATER_PERCENT: usize = 90;
+
+/// The named error of a refused `session_open`.
+pub const STORE_FULL: &str = "store_full";
 
 impl Default for Limits {
     fn default() -> Self {
@@ -38,6 +54,9 @@ impl Default for Limits {
             session_idle_ttl_ms: 3_600_000,
             max_sessions: 100_000,
             max_bytes: 256 << 20,
+            max_pending_sessions: 10_000,
+            pending_ttl_ms: 60_000,
+            owner_failure_window_ms: 30_000,
         }
     }
 }
@@ -62,6 +81,25 @@ pub struct Facts {
     /// `None`: no `StreamOpen` for this incarnation has landed yet (even if some of its events
     /// have: they wait in a placeholder without an owner).
     pub incarnation: Option<IncarnationView>,
+    /// The store refused or failed a write within the last idle TTL, or it lost part of this
+    /// session's keys: a session or stream it does not know may be one whose records it could
+    /// not keep (`records_lost`).
+    pub refusing: bool,
+}
+
+/// What a store did not apply of a batch (everything else was applied).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Applied {
+    pub refused: Vec<Refusal>,
+}
+
+/// One record a store refused, by its position in the batch it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub index: usize,
+    /// A named problem: [`STORE_FULL`].
+    pub error: &'static str,
+    pub detail: String,
 }
 
 /// One opened incarnation, as seen by a snapshot.
@@ -96,7 +134,10 @@ pub enum CursorId {
 /// Gauges for /metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStats {
+    /// Opened sessions (a `session_open` applied).
     pub sessions: u64,
+    /// Sessions with records but no `session_open` yet.
+    pub pending: u64,
     pub incarnations: u64,
     /// Estimated bytes held (0 when the store cannot tell).
     pub bytes: u64,
@@ -106,6 +147,9 @@ pub struct StoreStats {
     pub reconnects: u64,
     /// Owner addresses whose `owner_gone` epoch is still remembered.
     pub owners: u64,
+    /// Resume lookups answered read-only because the store refused their last-used write
+    /// (Redis at `maxmemory`), since start.
+    pub touch_refused: u64,
 }
 
 /// A store that could not do its job. Never caused by request input: input is validated
@@ -116,6 +160,9 @@ pub enum StoreError {
     Unavailable(String),
     /// The backend answered something this code does not understand (corrupt or foreign data).
     Corrupt(String),
+    /// The backend cannot do what the flags ask (e.g. `WAIT` for replicas it does not have).
+    /// The text is ours (no address, no secret): what is wrong and the variable to change.
+    Misconfigured(String),
 }
 
 impl StoreError {
@@ -124,6 +171,16 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Corrupt(_) => "returned unusable data",
+            StoreError::Misconfigured(_) => "misconfigured",
+        }
+    }
+
+    /// What a caller may be shown: the class, or for a misconfiguration the whole problem and
+    /// the variable to change (composed by this service, never backend text).
+    pub fn public_detail(&self) -> String {
+        match self {
+            StoreError::Misconfigured(m) => format!("misconfigured: {m}"),
+            other => other.class().to_owned(),
         }
     }
 }
@@ -133,6 +190,7 @@ impl std::fmt::Display for StoreError {
         match self {
             StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
             StoreError::Corrupt(m) => write!(f, "store returned unusable data: {m}"),
+            StoreError::Misconfigured(m) => write!(f, "store misconfigured: {m}"),
         }
     }
 }
@@ -155,12 +213,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Apply a batch of (already validated) records. Each record is atomic on its own;
     /// a shared store need not make the whole batch atomic. Touches the idle timer of every
-    /// session named.
+    /// session named. A `session_open` the store has no room for is refused ([`STORE_FULL`])
+    /// rather than evicting a session active within the idle TTL; a record for a session never
+    /// opened is held apart as pending (see [`Limits::max_pending_sessions`]).
     fn apply(
         &self,
         records: &[Record],
         now_ms: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<Applied, StoreError>> + Send;
 
     /// Atomically read the facts about one cursor, and touch the session's idle timer when
     /// it is active.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use mcp_ownership::store::{Facts, SnapshotQuery, StoreError, StoreStats};
+use mcp_ownership::store::{Applied, Facts, SnapshotQuery, StoreError, StoreStats};
 use mcp_ownership::{router, AppState, Limits, MemoryStore, ResumeOptions, Store};
 use mcp_resume_core::ownership::Record;
 use serde_json::{json, Value};
@@ -574,7 +574,7 @@ impl Store for DownStore {
     fn name(&self) -> &'static str {
         "down"
     }
-    async fn apply(&self, _: &[Record], _: u64) -> Result<(), StoreError> {
+    async fn apply(&self, _: &[Record], _: u64) -> Result<Applied, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
@@ -810,7 +810,7 @@ impl Store for Deaf {
     fn name(&self) -> &'static str {
         "deaf"
     }
-    async fn apply(&self, r: &[Record], now: u64) -> Result<(), StoreError> {
+    async fn apply(&self, r: &[Record], now: u64) -> Result<Applied, StoreError> {
         self.0.apply(r, now).await
     }
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
@@ -853,4 +853,49 @@ async fn resume_rechecks_without_change_feed() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(v["verdict"], "continue", "{v}");
     assert!(started.elapsed() < Duration::from_millis(1_000));
+}
+
+/// A full store refuses a new session by name (`store_full`, in `rejected` at its batch
+/// position), counts it, and answers its cursors `records_lost` (counted as a verdict).
+#[tokio::test]
+async fn store_full_is_named_counted_and_explains_the_verdict() {
+    let limits = Limits {
+        max_sessions: 1,
+        ..Limits::default()
+    };
+    let app = router(AppState::new(MemoryStore::new(limits), opts(0)));
+    let (st, ack) = post(&app, "/v1/records", setup_records()).await;
+    assert_eq!((st, ack), (StatusCode::OK, json!({"applied": 3})));
+    let other = "fedcba9876543210fedcba9876543210";
+    let batch = json!({"records": [
+        {"type": "session_end", "session": "x", "why": "expired"},
+        {"type": "session_open", "session": other, "version": "2025-06-18"},
+        {"type": "events", "session": other, "incarnation": A, "first_seq": 1, "ids": ["e1"]},
+    ]});
+    let (st, ack) = post(&app, "/v1/records", batch).await;
+    assert_eq!(st, StatusCode::OK, "{ack}");
+    assert_eq!(ack["applied"], 1, "{ack}");
+    assert_eq!(ack["rejected"][0]["index"], 0, "{ack}");
+    assert_eq!(ack["rejected"][1]["index"], 1, "{ack}");
+    assert_eq!(ack["rejected"][1]["error"], "store_full", "{ack}");
+    let detail = ack["rejected"][1]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("records[1]: ") && detail.contains("--max-sessions"),
+        "{detail}"
+    );
+    let body = json!({"session": other, "incarnation": A, "kind": "get", "seq": 1});
+    let (_, v) = post(&app, "/v1/resume", body).await;
+    assert_eq!(v["reason"], "records_lost", "{v}");
+    // The opened session is untouched.
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(v["verdict"], "continue", "{v}");
+    let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    for line in [
+        "mcp_ownership_sessions_refused_total 1",
+        "mcp_ownership_verdicts_total{outcome=\"records_lost\"} 1",
+        "mcp_ownership_pending_sessions 1",
+        "mcp_ownership_sessions 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
 }

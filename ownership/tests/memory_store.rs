@@ -9,7 +9,9 @@ use mcp_resume_core::ownership::Record;
 store_suite!(MemoryStore::new);
 
 /// Filling the store with 100x its byte cap keeps it under the cap (the estimate never
-/// undercounts the ids it holds), evicting idle sessions; a session in use keeps its verdict.
+/// undercounts the ids it holds): above the high water mark new sessions are refused
+/// (`store_full`) and their records, held as pending, go first; no session is evicted and a
+/// session in use keeps its verdict.
 #[tokio::test]
 async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
     use suite::*;
@@ -39,9 +41,11 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
         ]
     };
     let fillers = 100 * CAP as u64 / (IDS * ID_BYTES as u64);
+    let mut refused = 0;
     for k in 0..fillers {
         let now = T0 + k + 1;
-        apply_at(&s, &big(1000 + k, now), now).await;
+        let done = s.apply(&big(1000 + k, now), now).await.unwrap();
+        refused += done.refused.len() as u64;
         if k % 50 == 0 {
             assert_eq!(
                 verdict_at(&s, &live, 1, now).await,
@@ -57,8 +61,13 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
         );
     }
     let st = s.stats(T0 + fillers + 1).await.unwrap();
-    assert!(st.evicted >= fillers - 100, "{st:?}");
+    assert_eq!(st.evicted, 0, "{st:?}");
+    assert!(refused >= fillers - 100, "{refused} refused: {st:?}");
     assert!(st.sessions > 10, "the cap is not a wipe: {st:?}");
+    assert!(
+        st.bytes <= (CAP / 100 * mcp_ownership::store::HIGH_WATER_PERCENT) as u64 + 20_000,
+        "{st:?}"
+    );
     assert_eq!(
         verdict_at(&s, &live, 1, T0 + fillers + 1).await,
         cont(OWNER_X, ids(2, 3), 3)
@@ -67,5 +76,5 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
     let later = T0 + fillers + Limits::default().session_idle_ttl_ms + 10;
     s.sweep(later).await.unwrap();
     let st = s.stats(later).await.unwrap();
-    assert_eq!((st.sessions, st.bytes), (0, 0), "{st:?}");
+    assert_eq!((st.sessions, st.pending, st.bytes), (0, 0, 0), "{st:?}");
 }

@@ -284,7 +284,7 @@ async fn slot_migration_keeps_verdicts_right() {
             let mut failed_records = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 match s.apply(&[events(&key, A, next, next)], T0).await {
-                    Ok(()) => {
+                    Ok(_) => {
                         acked.store(next, std::sync::atomic::Ordering::SeqCst);
                         next += 1;
                     }

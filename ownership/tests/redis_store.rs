@@ -149,7 +149,10 @@ async fn keys_are_hash_tagged_per_session() {
         let rest = &k[prefix.len()..];
         let tagged =
             rest.starts_with(&format!("{{{S1}}}:")) || rest.starts_with(&format!("{{{S2}}}:"));
-        assert!(tagged || rest == "sessions" || rest == "owners", "{k}");
+        assert!(
+            tagged || ["sessions", "pending", "owners", "refused"].contains(&rest),
+            "{k}"
+        );
         // Every session key expires on its own, even if no instance ever sweeps.
         if tagged {
             let ttl: i64 = redis::cmd("PTTL")
@@ -335,8 +338,47 @@ async fn readonly_after_failover_is_unavailable_then_recovers() {
         0,
     )
     .await;
+    // A write failed moments ago: a stream the store does not know may be one of its.
     assert_eq!(
         v,
-        suite::new_stream(mcp_resume_core::ownership::Reason::UnknownStream)
+        suite::new_stream(mcp_resume_core::ownership::Reason::RecordsLost)
     );
+}
+
+/// One lost key (the session hash, as an evicting policy or a failover may lose it) never makes
+/// a superseded stream resumable: a later record does not re-create the session without its
+/// newest-stream marker, and the session's cursors read `records_lost`, not a continuation.
+#[tokio::test]
+async fn a_lost_session_hash_never_revives_a_superseded_stream() {
+    use mcp_resume_core::ownership::{Reason, StreamKind};
+    use suite::*;
+    let s = make(Limits::default());
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events(S1, A, 1, 3),
+            get_stream(S1, B, T0 + 1),
+            events(S1, B, 1, 1),
+        ],
+    )
+    .await;
+    assert_eq!(verdict_get(&s, A, 3).await, new_stream(Reason::Superseded));
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", server())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{}:s", s.session_base(S1)))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lost = new_stream(Reason::RecordsLost);
+    assert_eq!(verdict_get(&s, A, 3).await, lost);
+    // B's next record lands: the session is not re-created as fresh.
+    apply(&s, &[events(S1, B, 2, 2)]).await;
+    assert_eq!(verdict_get(&s, A, 3).await, lost);
+    assert_eq!(verdict_get(&s, B, 1).await, lost);
+    // Not even a replayed session_open revives it.
+    apply(&s, &[open(S1), events(S1, B, 3, 3)]).await;
+    assert_eq!(verdict(&s, S1, A, StreamKind::Get, 3).await, lost);
 }

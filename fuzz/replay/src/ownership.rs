@@ -109,6 +109,10 @@ fn valid_record(r: &Record) {
         Record::StreamLost {
             session,
             incarnation,
+        }
+        | Record::OwnerFailed {
+            session,
+            incarnation,
         } => assert!(is_session(session) && is_hex(incarnation, 16)),
         Record::OwnerGone { owner } => assert!(is_owner(owner)),
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
-use mcp_ownership::store::{Limits, Store};
+use mcp_ownership::store::{Limits, Store, STORE_FULL};
 use mcp_resume_core::ownership::{
     Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind,
 };
@@ -280,16 +280,27 @@ pub async fn every_reason<S: Store>(make: impl Fn(Limits) -> S) {
 
 pub async fn placeholder_until_stream_open<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
-    // Events (and even a session) before the StreamOpen lands: no owner yet.
+    // Events (and even the session) before the StreamOpen lands: no owner yet.
     apply(&s, &[events(S1, A, 1, 4)]).await;
     assert_eq!(
         verdict_get(&s, A, 2).await,
+        new_stream(Reason::SessionInactive)
+    );
+    // A StreamOpen for a session not opened yet is held (pending), not a session.
+    apply(&s, &[get_stream(S1, A, T0)]).await;
+    assert_eq!(
+        verdict_get(&s, A, 2).await,
+        new_stream(Reason::SessionInactive)
+    );
+    // The SessionOpen that was overtaken lands: everything held before becomes the session.
+    apply(&s, &[open(S1)]).await;
+    assert_eq!(verdict_get(&s, A, 2).await, cont(OWNER_X, ids(3, 4), 4));
+    // A placeholder of an opened session: events without their StreamOpen.
+    apply(&s, &[open(S2), events(S2, B, 1, 2)]).await;
+    assert_eq!(
+        verdict(&s, S2, B, StreamKind::Request, 0).await,
         new_stream(Reason::UnknownStream)
     );
-    // StreamOpen for an unknown session creates it active: a replica served it.
-    apply(&s, &[get_stream(S1, A, T0)]).await;
-    assert_eq!(verdict_get(&s, A, 2).await, cont(OWNER_X, ids(3, 4), 4));
-    // StreamOpen alone, no session record, no events.
     apply(
         &s,
         &[stream(S2, B, StreamKind::Request, OWNER_Y, 0, false, T0)],
@@ -297,7 +308,48 @@ pub async fn placeholder_until_stream_open<S: Store>(make: impl Fn(Limits) -> S)
     .await;
     assert_eq!(
         verdict(&s, S2, B, StreamKind::Request, 0).await,
-        cont(OWNER_Y, vec![], 0)
+        cont(OWNER_Y, ids(1, 2), 2)
+    );
+}
+
+/// Records for a session never opened (made-up ids: a 404 is recorded as a session end) create
+/// no session: they neither count against the session cap nor evict a quiet opened session,
+/// whatever their number, and they are bounded on their own.
+pub async fn unopened_sessions_cost_nothing<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        max_sessions: 20,
+        max_pending_sessions: 50,
+        ..Limits::default()
+    });
+    // A quiet victim, then a full house of other real sessions.
+    fill_one(&s, 1, T0).await;
+    for n in 2..=20 {
+        fill_one(&s, n, T0 + n).await;
+    }
+    for k in 0..1_000u64 {
+        let key = session_n(0xf000_0000 + k);
+        let r = match k % 4 {
+            0 => end(&key, SessionEnd::Expired),
+            1 => events(&key, A, 1, 2),
+            2 => get_stream(&key, A, T0),
+            _ => lost(&key, A),
+        };
+        apply_at(&s, &[r], T0 + 100 + k).await;
+    }
+    let now = T0 + 2_000;
+    assert_eq!(
+        verdict_at(&s, &session_n(1), 1, now).await,
+        cont(OWNER_X, ids(2, 3), 3),
+        "the quiet victim still continues"
+    );
+    let st = s.stats(now).await.unwrap();
+    assert_eq!(st.sessions, 20, "{st:?}");
+    assert!(st.pending <= 50, "{st:?}");
+    assert_eq!(st.evicted, 0, "{st:?}");
+    // A made-up session is still nothing a cursor can continue.
+    assert_eq!(
+        verdict_at(&s, &session_n(0xf000_0000 + 999), 0, now).await,
+        new_stream(Reason::SessionInactive)
     );
 }
 
@@ -338,37 +390,43 @@ pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
     assert_eq!(verdict_get(&s, B, 1).await, new_stream(Reason::Superseded));
 }
 
-pub async fn supersede_out_of_order<S: Store>(make: impl Fn(Limits) -> S) {
+/// The newest GET stream is the one whose StreamOpen the store applied last: the guard's
+/// `opened_ms` (a gateway's clock) is accepted and ignored, so no clock skew can invert the
+/// order; a replayed StreamOpen never makes an older stream newer.
+pub async fn supersede_by_store_order<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
-    // The newer stream's record lands first; the older one arrives late and is dead at once.
-    apply(&s, &[open(S1), get_stream(S1, B, 200), events(S1, B, 1, 1)]).await;
-    apply(&s, &[get_stream(S1, A, 100), events(S1, A, 1, 1)]).await;
+    // B opened later on a gateway whose clock is behind: its opened_ms is smaller.
+    apply(&s, &[open(S1), get_stream(S1, A, 200), events(S1, A, 1, 1)]).await;
+    apply(&s, &[get_stream(S1, B, 100), events(S1, B, 1, 1)]).await;
     assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::Superseded));
     assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, vec![], 1));
-    // Same opened_ms: the larger incarnation id wins, in either arrival order.
+    // Within one batch, order is kept too.
     apply(
         &s,
-        &[open(S2), get_stream(S2, D, 500), get_stream(S2, C, 500)],
+        &[open(S2), get_stream(S2, D, 900), get_stream(S2, C, 100)],
     )
     .await;
     assert_eq!(
-        verdict(&s, S2, C, StreamKind::Get, 0).await,
+        verdict(&s, S2, D, StreamKind::Get, 0).await,
         new_stream(Reason::Superseded)
     );
     assert_eq!(
-        verdict(&s, S2, D, StreamKind::Get, 0).await,
+        verdict(&s, S2, C, StreamKind::Get, 0).await,
         cont(OWNER_X, vec![], 0)
     );
-    // Replaying a whole batch changes nothing (idempotent).
-    apply(&s, &[get_stream(S2, C, 500), get_stream(S2, D, 500)]).await;
+    // Replaying a whole batch (a retried one) changes nothing.
+    apply(&s, &[get_stream(S2, D, 900), get_stream(S2, C, 100)]).await;
+    apply(&s, &[get_stream(S1, A, 200)]).await;
     assert_eq!(
-        verdict(&s, S2, C, StreamKind::Get, 0).await,
+        verdict(&s, S2, D, StreamKind::Get, 0).await,
         new_stream(Reason::Superseded)
     );
     assert_eq!(
-        verdict(&s, S2, D, StreamKind::Get, 0).await,
+        verdict(&s, S2, C, StreamKind::Get, 0).await,
         cont(OWNER_X, vec![], 0)
     );
+    assert_eq!(verdict_get(&s, A, 1).await, new_stream(Reason::Superseded));
+    assert_eq!(verdict_get(&s, B, 1).await, cont(OWNER_X, vec![], 1));
 }
 
 pub async fn window_trim_and_gap<S: Store>(make: impl Fn(Limits) -> S) {
@@ -503,6 +561,41 @@ pub async fn stream_lost_is_sticky<S: Store>(make: impl Fn(Limits) -> S) {
         verdict_get(&s, A, 1).await,
         new_stream(Reason::OwnerUnavailable)
     );
+}
+
+pub fn failed(session: &str, inc: &str) -> Record {
+    Record::OwnerFailed {
+        session: session.into(),
+        incarnation: inc.into(),
+    }
+}
+
+/// A blip at the owner is not a loss: after `owner_failed`, resumes may still continue until
+/// the first failure not followed by events is older than the window; then the incarnation is
+/// lost for good. Events from the owner clear a failure; repeats never push the window back.
+pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
+    let window = 30_000;
+    let s = make(Limits {
+        owner_failure_window_ms: window,
+        ..Limits::default()
+    });
+    apply(&s, &[open(S1), get_stream(S1, A, T0), events(S1, A, 1, 3)]).await;
+    let right = cont(OWNER_X, ids(3, 3), 3);
+    apply_at(&s, &[failed(S1, A)], T0 + 1_000).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 2_000).await, right, "a blip");
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 1_000 + window).await, right);
+    // The owner relayed again: the failure passed; a new one starts a new window.
+    apply_at(&s, &[events(S1, A, 4, 4)], T0 + 20_000).await;
+    let right = cont(OWNER_X, ids(3, 4), 4);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 40_000).await, right);
+    apply_at(&s, &[failed(S1, A)], T0 + 50_000).await;
+    apply_at(&s, &[failed(S1, A)], T0 + 50_000 + window - 10).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_000 + window).await, right);
+    let gone = new_stream(Reason::OwnerUnavailable);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, gone);
+    // Lost for good: later events do not bring it back.
+    apply_at(&s, &[events(S1, A, 5, 5)], T0 + 50_002 + window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_003 + window).await, gone);
 }
 
 pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
@@ -1081,54 +1174,84 @@ pub async fn verdict_at<S: Store>(s: &S, session: &str, seq: u64, now: u64) -> R
         .verdict
 }
 
-/// The session cap: filling the store far past it evicts the least recently active sessions;
-/// sessions in use (resumed, even if written long ago) keep their verdicts.
-pub async fn session_cap_evicts_idle_first<S: Store>(make: impl Fn(Limits) -> S) {
+/// The session cap: filling the store far past it refuses new sessions (`store_full`) rather
+/// than evicting sessions active within the idle TTL; sessions idle past the TTL make room.
+/// Cursors of a refused session read `records_lost`, not `session_inactive`.
+pub async fn session_cap_refuses_new_sessions<S: Store>(make: impl Fn(Limits) -> S) {
     const CAP: usize = 20;
+    let ttl = 10_000;
     let s = make(Limits {
         max_sessions: CAP,
+        session_idle_ttl_ms: ttl,
         ..Limits::default()
     });
-    let live: Vec<u64> = (1..=5).collect();
-    for n in &live {
-        fill_one(&s, *n, T0).await;
+    for n in 1..=CAP as u64 {
+        fill_one(&s, n, T0).await;
     }
-    for k in 0..300u64 {
+    let mut refused = 0;
+    for k in 0..100u64 {
         let now = T0 + 10 * (k + 1);
-        fill_one(&s, 1000 + k, now).await;
-        if k % 5 == 0 {
-            for n in &live {
-                assert_eq!(
-                    verdict_at(&s, &session_n(*n), 1, now).await,
-                    cont(OWNER_X, ids(2, 3), 3),
-                    "live session {n} at step {k}"
-                );
-            }
-        }
-        let st = s.stats(now).await.unwrap();
+        let key = session_n(1000 + k);
+        let done = s
+            .apply(
+                &[open(&key), get_stream(&key, A, now), events(&key, A, 1, 3)],
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(done.refused.len(), 1, "{done:?}");
+        assert_eq!(done.refused[0].index, 0);
+        assert_eq!(done.refused[0].error, STORE_FULL);
         assert!(
-            st.sessions <= CAP as u64,
-            "{} sessions at step {k}",
-            st.sessions
+            done.refused[0].detail.contains("--max-sessions"),
+            "{done:?}"
+        );
+        refused += 1;
+        let st = s.stats(now).await.unwrap();
+        assert!(st.sessions <= CAP as u64, "{st:?}");
+    }
+    assert_eq!(refused, 100);
+    let now = T0 + 2_000;
+    for n in 1..=CAP as u64 {
+        assert_eq!(
+            verdict_at(&s, &session_n(n), 1, now).await,
+            cont(OWNER_X, ids(2, 3), 3),
+            "session {n}, active within the TTL, is kept"
         );
     }
-    let now = T0 + 10 * 301;
-    for n in &live {
+    assert_eq!(
+        verdict_at(&s, &session_n(1050), 1, now).await,
+        new_stream(Reason::RecordsLost),
+        "a refused session says why its cursor cannot continue"
+    );
+    assert_eq!(s.stats(now).await.unwrap().evicted, 0);
+    // Sessions 1..=10 stay in use; 11..=20 go idle past the TTL and make room.
+    let later = now + ttl + 500;
+    for n in 1..=10 {
         assert_eq!(
-            verdict_at(&s, &session_n(*n), 1, now).await,
+            verdict_at(&s, &session_n(n), 1, now + ttl - 100).await,
             cont(OWNER_X, ids(2, 3), 3)
         );
     }
-    // The newest filler is kept, the oldest ones were evicted.
-    assert_eq!(
-        verdict_at(&s, &session_n(1299), 1, now).await,
-        cont(OWNER_X, ids(2, 3), 3)
-    );
-    assert_eq!(
-        verdict_at(&s, &session_n(1000), 1, now).await,
-        new_stream(Reason::SessionInactive)
-    );
-    assert!(s.stats(now).await.unwrap().evicted >= 280);
+    for k in 0..10u64 {
+        let key = session_n(2000 + k);
+        let done = s.apply(&[open(&key)], later).await.unwrap();
+        assert!(
+            done.refused.is_empty(),
+            "room made of idle sessions: {done:?}"
+        );
+    }
+    let done = s.apply(&[open(&session_n(3000))], later).await.unwrap();
+    assert_eq!(done.refused.len(), 1, "{done:?}");
+    for n in 1..=10 {
+        assert_eq!(
+            verdict_at(&s, &session_n(n), 1, later).await,
+            cont(OWNER_X, ids(2, 3), 3)
+        );
+    }
+    // A session open replayed (already open) is never refused.
+    let done = s.apply(&[open(&session_n(1))], later).await.unwrap();
+    assert!(done.refused.is_empty(), "{done:?}");
 }
 
 /// Owner epochs are forgotten once old, without bringing back an incarnation they made lost.
@@ -1203,11 +1326,12 @@ macro_rules! store_suite {
             every_reason,
             placeholder_until_stream_open,
             supersede_in_order,
-            supersede_out_of_order,
+            supersede_by_store_order,
             window_trim_and_gap,
             retention_window,
             owner_gone_epochs,
             stream_lost_is_sticky,
+            owner_failure_window,
             session_end,
             idle_ttl,
             record_in_flight,
@@ -1216,7 +1340,8 @@ macro_rules! store_suite {
             health_and_stats,
             linearizable_under_concurrency,
             long_ids_round_trip,
-            session_cap_evicts_idle_first,
+            session_cap_refuses_new_sessions,
+            unopened_sessions_cost_nothing,
             owner_epochs_expire,
         );
     };
