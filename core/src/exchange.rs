@@ -998,6 +998,18 @@ impl Exchange {
         }
     }
 
+    /// The owner failed a continuation in a way that may pass: the store declares the stream
+    /// lost only if such failures outlive its window.
+    fn record_owner_failed<H: Host>(&self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
+        if let Some(sid) = self.req.session_id.as_deref() {
+            let r = Record::OwnerFailed {
+                session: session_key(sid),
+                incarnation: incarnation_hex(cursor.incarnation),
+            };
+            Self::push_record(w, host, r);
+        }
+    }
+
     /// The owner failed the continuation. Only an owner no longer in the cluster is evidence
     /// that its log is gone (`owner_unavailable`, recorded lost); anything else (a refused or
     /// reset connection, its own 5xx, a full circuit breaker) may pass, so only this resume is
@@ -1008,6 +1020,7 @@ impl Exchange {
             self.record_stream_lost(w, host, cursor);
             Reason::OwnerUnavailable
         } else {
+            self.record_owner_failed(w, host, cursor);
             Reason::OwnerBusy
         };
         let id = cursor.request_id.as_deref();

@@ -407,9 +407,7 @@ fn a_busy_owner_refuses_this_resume_only() {
         assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7));
         let records = drain_records(&mut w, &mut host);
         assert!(
-            !records
-                .iter()
-                .any(|r| matches!(r, Record::StreamLost { .. })),
+            matches!(records.as_slice(), [Record::OwnerFailed { .. }]),
             "{details}: {records:?}"
         );
     }
