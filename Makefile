@@ -117,10 +117,14 @@ wasm-test: wasm-bindgen
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
 	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib
 
+# The shipped configs read the cursor key from the environment (keys[].secret_env): a freshly
+# generated one here, so Envoy loads the guard and check-config checks the key's value too.
 validate: venv wasm native cli
-	@for f in envoy/*.yaml; do echo "validate $$f"; ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) \
+	@key=$$($(BINDIR)/mcp-guard keygen --secret) && test -n "$$key" || exit 1; \
+	for f in envoy/*.yaml; do echo "validate $$f"; MCP_GUARD_KEY_1="$$key" \
+	  ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(CURDIR)/$(NATIVE_DIR) \
 	  $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; \
-	  $(BINDIR)/mcp-guard check-config $$f || exit 1; done
+	  MCP_GUARD_KEY_1="$$key" $(BINDIR)/mcp-guard check-config $$f || exit 1; done
 
 # Alert rules: syntax and unit tests (observability/prometheus/*.test.yaml).
 rules: prometheus

@@ -117,6 +117,7 @@ def rss(pid):
 
 # ---- Envoy configurations -----------------------------------------------------------------
 
+BENCH_KEY = "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U="
 EXTRA_WASM: dict[str, Path] = {}
 # The directory holding libmcp_resume_guard_native.so, when the native column is measured.
 NATIVE_DIR: Path | None = None
@@ -132,6 +133,12 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
     hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
     filters = hcm["http_filters"]
     g = next(f for f in filters if f["name"] == "mcp_resume_guard")
+    # envoy.yaml reads its key from MCP_GUARD_KEY_1; the bench signs with a literal one, as
+    # tests/e2e/harness.py does (32 random bytes: the guard refuses text and patterns).
+    conf = g["typed_config"]["config"]["configuration"]
+    pc = json.loads(conf["value"])
+    pc["keys"] = [{"id": 1, "active": True, "secret": BENCH_KEY}]
+    conf["value"] = json.dumps(pc)
     if kind == "native":
         # The dynamic-module filter of envoy/envoy-native.yaml with this config's plugin JSON.
         with open(ROOT / "envoy" / "envoy-native.yaml") as f:

@@ -44,6 +44,7 @@ ENVOY_BIN = ROOT / ".venv" / "bin" / "envoy"
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
 SCHEMA = json.loads((ROOT / "schema" / "config.schema.json").read_text())
 LOCAL_ENVOY = ROOT / "envoy" / "envoy.yaml"
+PRODUCTION_ENVOY = ROOT / "envoy" / "envoy-production.yaml"
 COMPOSE_ENVOY = DEPLOY / "compose" / "envoy.yaml"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yaml"
 WASM_IN_CONTAINER = "/etc/envoy/mcp_resume_guard.wasm"
@@ -55,6 +56,8 @@ ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Route
 MUTATION_TYPE = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 PER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSessionPerRoute"
 PIN_FILTER = "mcp_resume_guard.stateful_session"
+RATELIMIT_TYPE = "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
+RATELIMIT_FILTER = "mcp_resume_guard.initialize_ratelimit"
 
 ISTIO_OWNERSHIP_CLUSTER = "outbound|9200||mcp-ownership.mcp-system.svc.cluster.local"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
@@ -140,8 +143,8 @@ def assert_valid(res: subprocess.CompletedProcess) -> None:
     assert " OK" in res.stdout + res.stderr
 
 
-def local_config_with_wasm() -> dict:
-    cfg = yaml.safe_load(LOCAL_ENVOY.read_text())
+def local_config_with_wasm(path: Path = LOCAL_ENVOY) -> dict:
+    cfg = yaml.safe_load(path.read_text())
     guard(cfg)["vm_config"]["code"]["local"]["filename"] = str(ensure_wasm())
     return cfg
 
@@ -169,9 +172,19 @@ def routes(cfg: dict) -> list[dict]:
     return [r for vh in hcm(cfg)["route_config"]["virtual_hosts"] for r in vh["routes"]]
 
 
+def route_patches() -> dict[str, dict]:
+    """The EnvoyFilter's HTTP_ROUTE patches by the VirtualService route name they patch."""
+    return {p["match"]["routeConfiguration"]["vhost"]["route"]["name"]: p for p in patches("HTTP_ROUTE")}
+
+
 def istio_equivalent_config() -> dict:
-    """envoy/envoy.yaml turned into what the Istio files ask a gateway's Envoy to run."""
-    cfg = local_config_with_wasm()
+    """envoy/envoy-production.yaml (envoy.yaml plus the session-opening routes) turned into what
+    the Istio files ask a gateway's Envoy to run."""
+    cfg = local_config_with_wasm(PRODUCTION_ENVOY)
+    # Istio names a route after its VirtualService http route.
+    for r in routes(cfg):
+        if r.get("name") == "mcp_initialize":
+            r["name"] = "mcp-initialize"
     wp = one("WasmPlugin")["spec"]
     g = guard(cfg)
     # Istio hands pluginConfig (a Struct) to the filter as JSON, with pluginName as root_id.
@@ -190,12 +203,14 @@ def istio_equivalent_config() -> dict:
     filters(cfg)[filter_index(cfg, STATEFUL_TYPE)] = copy.deepcopy(pin_patch()["patch"]["value"])
     (first,) = [p for p in patches("HTTP_FILTER") if p["patch"]["operation"] == "INSERT_FIRST"]
     filters(cfg)[filter_index(cfg, MUTATION_TYPE)] = copy.deepcopy(first["patch"]["value"])
-    # The route patch, on the routes of that name, in place of the local per-route config.
-    (rp,) = patches("HTTP_ROUTE")
+    (rl,) = [p for p in patches("HTTP_FILTER") if p["patch"]["value"]["typed_config"]["@type"] == RATELIMIT_TYPE]
+    filters(cfg)[filter_index(cfg, RATELIMIT_TYPE)] = copy.deepcopy(rl["patch"]["value"])
+    # The route patches, on the routes of their names, in place of the local per-route config.
+    rps = route_patches()
     for r in routes(cfg):
         r.pop("typed_per_filter_config", None)
-        if r.get("name") == rp["match"]["routeConfiguration"]["vhost"]["route"]["name"]:
-            r.update(copy.deepcopy(rp["patch"]["value"]))
+        if r.get("name") in rps:
+            r.update(copy.deepcopy(rps[r["name"]]["patch"]["value"]))
     # The listener patch on the HttpConnectionManager.
     (np,) = patches("NETWORK_FILTER")
     hcm(cfg).update({k: v for k, v in np["patch"]["value"]["typed_config"].items() if k != "@type"})
@@ -280,19 +295,22 @@ def test_istio_names_agree():
     assert len(svcs) == 1 and svcs[0]["metadata"]["namespace"] == svc_ns
     assert int(port) in [p["port"] for p in svcs[0]["spec"]["ports"]]
     owner_header = wp["spec"]["pluginConfig"].get("owner_header", "x-mcp-owner")
-    (rp,) = patches("HTTP_ROUTE")
-    state = rp["patch"]["value"]["typed_per_filter_config"][PIN_FILTER]["stateful_session"]["session_state"]
-    assert state["typed_config"]["name"] == owner_header
+    rps = route_patches()
+    assert set(rps) == {"mcp", "mcp-initialize"}
+    for rp in rps.values():
+        state = rp["patch"]["value"]["typed_per_filter_config"][PIN_FILTER]["stateful_session"]["session_state"]
+        assert state["typed_config"]["name"] == owner_header
     (mp,) = [p for p in patches("HTTP_FILTER") if p["patch"]["operation"] == "INSERT_FIRST"]
     assert mp["patch"]["value"]["typed_config"]["mutations"]["response_mutations"] == [{"remove": owner_header}]
     vs = one("VirtualService")
     for route in vs["spec"]["http"]:
         assert owner_header in route["headers"]["request"]["remove"]
         assert owner_header in route["headers"]["response"]["remove"]
-    # The patched route is the MCP endpoint: exactly mcp_paths, with and without a trailing slash.
-    (mcp,) = [r for r in vs["spec"]["http"] if r["name"] == rp["match"]["routeConfiguration"]["vhost"]["route"]["name"]]
-    exact = sorted(m["uri"]["exact"] for m in mcp["match"])
-    assert exact == sorted(p + s for p in wp["spec"]["pluginConfig"]["mcp_paths"] for s in ("", "/"))
+    # The patched routes are the MCP endpoint: exactly mcp_paths, with and without a trailing slash.
+    for name in rps:
+        (mcp,) = [r for r in vs["spec"]["http"] if r["name"] == name]
+        exact = sorted(m["uri"]["exact"] for m in mcp["match"])
+        assert exact == sorted(p + s for p in wp["spec"]["pluginConfig"]["mcp_paths"] for s in ("", "/"))
 
 
 def test_envoyfilter_inserts_strict_header_session_before_router():
@@ -307,13 +325,13 @@ def test_envoyfilter_inserts_strict_header_session_before_router():
     assert p["patch"]["value"]["name"] == PIN_FILTER
     # No session state at the listener: the pin exists only on the route that configures it.
     assert set(p["patch"]["value"]["typed_config"]) == {"@type"}
-    (rp,) = patches("HTTP_ROUTE")
-    assert rp["patch"]["operation"] == "MERGE"
-    tc = rp["patch"]["value"]["typed_per_filter_config"][PIN_FILTER]
-    assert tc["@type"] == PER_ROUTE_TYPE
-    assert tc["stateful_session"]["strict"] is True
-    assert tc["stateful_session"]["session_state"]["name"] == "envoy.http.stateful_session.header"
-    assert tc["stateful_session"]["session_state"]["typed_config"]["@type"] == HEADER_STATE_TYPE
+    for rp in patches("HTTP_ROUTE"):
+        assert rp["patch"]["operation"] == "MERGE"
+        tc = rp["patch"]["value"]["typed_per_filter_config"][PIN_FILTER]
+        assert tc["@type"] == PER_ROUTE_TYPE
+        assert tc["stateful_session"]["strict"] is True
+        assert tc["stateful_session"]["session_state"]["name"] == "envoy.http.stateful_session.header"
+        assert tc["stateful_session"]["session_state"]["typed_config"]["@type"] == HEADER_STATE_TYPE
     (np,) = patches("NETWORK_FILTER")
     assert np["patch"]["operation"] == "MERGE"
     hc = np["patch"]["value"]["typed_config"]
@@ -337,10 +355,17 @@ def test_istio_equivalent_envoy_config_validates(tmp_path):
     names = [f["typed_config"]["@type"] for f in filters(cfg)]
     # guard -> stateful_session -> router, the order the WasmPlugin/EnvoyFilter pair produces.
     assert names.index(WASM_TYPE) < names.index(STATEFUL_TYPE) == names.index(ROUTER_TYPE) - 1
+    # The EnvoyFilter inserts the rate limit before the router first, then stateful_session.
+    ef = one("EnvoyFilter")["spec"]["configPatches"]
+    types = [p["patch"]["value"].get("typed_config", {}).get("@type") for p in ef]
+    assert types.index(RATELIMIT_TYPE) < types.index(STATEFUL_TYPE)
     assert_valid(envoy_validate(cfg, tmp_path, "istio-equivalent"))
 
 
-@pytest.mark.parametrize("path", [LOCAL_ENVOY, COMPOSE_ENVOY, ROOT / "envoy" / "envoy-ts-affinity.yaml"],
+SHIPPED_ENVOY = sorted((ROOT / "envoy").glob("*.yaml")) + [COMPOSE_ENVOY]
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED_ENVOY if p.name != "envoy-native.yaml"],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_envoy_configs_pin_only_on_the_mcp_routes(path):
     """The shipped configs: normalized paths, escaped slashes refused, h2c, the owner pin on
@@ -359,8 +384,12 @@ def test_envoy_configs_pin_only_on_the_mcp_routes(path):
     (pin,) = [f for f in filters(cfg) if f["name"] == PIN_FILTER]
     assert set(pin["typed_config"]) == {"@type"}, "the listener-level pin filter must have no session state"
     mcp_paths = plugin_json(cfg)["mcp_paths"]
-    pinned = sorted(r["match"]["path"] for r in routes(cfg) if route_pin(r) is not None)
-    assert pinned == sorted(p + s for p in mcp_paths for s in ("", "/"))
+    want = sorted(p + s for p in mcp_paths for s in ("", "/"))
+    # One plain MCP route per path; session-opening routes (header matches) on the same paths.
+    pinned = sorted(r["match"]["path"] for r in routes(cfg) if route_pin(r) is not None
+                    and not r["match"].get("headers"))
+    assert pinned == want
+    assert sorted({r["match"]["path"] for r in routes(cfg) if route_pin(r) is not None}) == want
     for r in routes(cfg):
         ss = route_pin(r)
         assert ss is None or (ss["strict"] is True and ss["session_state"]["typed_config"]["name"] == "x-mcp-owner")
@@ -385,15 +414,15 @@ def test_compose_plugin_config_matches_schema():
     jsonschema.validate(plugin_json(yaml.safe_load(COMPOSE_ENVOY.read_text())), SCHEMA)
 
 
-def test_compose_envoy_is_the_local_config_adapted():
-    local, comp = yaml.safe_load(LOCAL_ENVOY.read_text()), yaml.safe_load(COMPOSE_ENVOY.read_text())
+def test_compose_envoy_is_the_production_config_adapted():
+    local, comp = yaml.safe_load(PRODUCTION_ENVOY.read_text()), yaml.safe_load(COMPOSE_ENVOY.read_text())
     # The one difference: compose runs the ownership service with a token, so the guard sends it.
     want = plugin_json(local)
     want["ownership"]["token_env"] = "MCP_GUARD_OWNERSHIP_TOKEN"
     assert want == plugin_json(comp)
     assert guard(comp)["vm_config"]["code"]["local"]["filename"] == WASM_IN_CONTAINER
     strip = lambda c: [f for f in filters(c) if f["typed_config"]["@type"] != WASM_TYPE]  # noqa: E731
-    assert strip(local) == strip(comp), "stateful_session / router must match envoy/envoy.yaml"
+    assert strip(local) == strip(comp), "the filters must match envoy/envoy-production.yaml"
     assert hcm(local)["route_config"] == hcm(comp)["route_config"]
     assert comp["static_resources"]["listeners"][0]["address"]["socket_address"]["address"] == "0.0.0.0"
     clusters = {c["name"]: c for c in comp["static_resources"]["clusters"]}
@@ -695,3 +724,164 @@ def test_only_the_guard_and_the_prestop_hook_reach_the_ownership_service():
     peer = one("PeerAuthentication")
     assert peer["spec"]["mtls"]["mode"] == "STRICT"
     assert peer["spec"]["selector"]["matchLabels"] == authz["spec"]["selector"]["matchLabels"]
+
+
+# ---- session-opening rate limit and long-lived SSE -----------------------------------------
+EG_FILE = DEPLOY / "envoy-gateway" / "mcp-resume-guard.yaml"
+FULL = {"numerator": 100, "denominator": "HUNDRED"}
+
+
+def check_token_bucket(per: dict) -> None:
+    """A per-route local rate limit that acts: a bucket, enabled and enforced on every request."""
+    assert per["@type"] == RATELIMIT_TYPE
+    tb = per["token_bucket"]
+    assert 0 < tb["tokens_per_fill"] <= tb["max_tokens"] and tb["fill_interval"] == "1s", tb
+    # Envoy's defaults are 0%: without both the bucket counts nothing or refuses nothing.
+    assert per["filter_enabled"]["default_value"] == FULL
+    assert per["filter_enforced"]["default_value"] == FULL
+
+
+def is_session_opening(match: dict, path: str) -> bool:
+    """POST on the MCP path without Mcp-Session-Id (Envoy route match)."""
+    heads = {h["name"]: h for h in match.get("headers", [])}
+    return (match.get("path") == path
+            and heads.get(":method", {}).get("string_match") == {"exact": "POST"}
+            and heads.get("mcp-session-id", {}).get("present_match") is False)
+
+
+@pytest.mark.parametrize("path", [PRODUCTION_ENVOY, COMPOSE_ENVOY], ids=lambda p: str(p.relative_to(ROOT)))
+def test_session_opening_is_rate_limited(path):
+    cfg = yaml.safe_load(path.read_text())
+    names = [f["name"] for f in filters(cfg)]
+    (rl,) = [f for f in filters(cfg) if f["typed_config"]["@type"] == RATELIMIT_TYPE]
+    assert rl["name"] == RATELIMIT_FILTER
+    # At the listener: no bucket (it would limit every route); before the guard and the router.
+    assert "token_bucket" not in rl["typed_config"]
+    assert names.index(RATELIMIT_FILTER) < names.index("mcp_resume_guard") < names.index("envoy.filters.http.router")
+    rs = routes(cfg)
+    for p in (x + s for x in plugin_json(cfg)["mcp_paths"] for s in ("", "/")):
+        opening = [i for i, r in enumerate(rs) if is_session_opening(r["match"], p)]
+        plain = [i for i, r in enumerate(rs) if r["match"] == {"path": p}]
+        assert len(opening) == 1 and len(plain) == 1 and opening[0] < plain[0], p
+        o, m = rs[opening[0]], rs[plain[0]]
+        # The same as the MCP route (cluster, no deadline, idle timeout, no retries, the pin)...
+        assert o["route"] == m["route"] and "retry_policy" not in o["route"]
+        assert route_pin(o) == route_pin(m) is not None
+        # ...plus the bucket, which no other route has.
+        check_token_bucket(o["typed_per_filter_config"][RATELIMIT_FILTER])
+    assert sum(RATELIMIT_FILTER in r.get("typed_per_filter_config", {}) for r in rs) == 2
+
+
+@pytest.mark.parametrize("path", SHIPPED_ENVOY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_replica_cluster_sized_for_long_lived_sse(path):
+    cfg = yaml.safe_load(path.read_text())
+    (c,) = [c for c in cfg["static_resources"]["clusters"] if c["name"] == "mcp_replicas"]
+    (t,) = c["circuit_breakers"]["thresholds"]
+    # Far above Envoy's default 1024 concurrent streams/connections; the queue stays bounded.
+    assert t["max_connections"] >= 10_000 and t["max_requests"] >= 10_000, t
+    assert 0 < t["max_pending_requests"] <= 10_000 and t["max_retries"] == 0, t
+    ka = c["upstream_connection_options"]["tcp_keepalive"]
+    assert ka["keepalive_time"] <= 300 and ka["keepalive_interval"] <= 60 and ka["keepalive_probes"] >= 1
+    assert hcm(cfg)["stream_idle_timeout"] == "0s"
+    for r in routes(cfg):
+        if r["route"]["cluster"] == "mcp_replicas":
+            assert r["route"]["timeout"] == "0s" and "retry_policy" not in r["route"]
+            assert 300 <= int(r["route"]["idle_timeout"].rstrip("s")) <= 86_400
+
+
+def test_production_rate_limit_refuses_only_session_opening(tmp_path):
+    """envoy-production.yaml under Envoy: past the burst, POSTs to /mcp without Mcp-Session-Id
+    get 429; with a session id, or a GET, never (no replica listens: those get 503)."""
+    cfg = local_config_with_wasm(PRODUCTION_ENVOY)
+    port, admin, dead = free_port(), free_port(), free_port()
+    cfg["admin"]["address"]["socket_address"]["port_value"] = admin
+    cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] = port
+    for c in cfg["static_resources"]["clusters"]:
+        for ep in c["load_assignment"]["endpoints"][0]["lb_endpoints"]:
+            ep["endpoint"]["address"]["socket_address"]["port_value"] = dead
+    path = tmp_path / "production.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    base = {k: v for k, v in os.environ.items() if k not in GUARD_ENV}
+    proc = subprocess.Popen([str(ENVOY_BIN), "-c", str(path), "--log-level", "warn", "--concurrency", "1",
+                             "--use-dynamic-base-id"], env={**base, **GUARD_ENV},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
+                    if r.read().strip() == b"LIVE":
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "envoy did not start"
+            time.sleep(0.1)
+
+        def codes(n, method="POST", path="/mcp", session=None):
+            out = []
+            for _ in range(n):
+                req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                             data=b"{}" if method == "POST" else None)
+                if session:
+                    req.add_header("Mcp-Session-Id", session)
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        out.append(r.status)
+                except urllib.error.HTTPError as e:
+                    out.append(e.code)
+            return out
+
+        with_session = codes(150, session="s-1")
+        gets = codes(20, method="GET")
+        opening = codes(150)
+        assert 429 not in with_session and 429 not in gets, (with_session, gets)
+        # Burst 100 (plus whatever refilled meanwhile), then refused.
+        assert opening.count(429) >= 10 and opening[:90].count(429) == 0, opening
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_istio_session_opening_route():
+    vs = one("VirtualService")["spec"]["http"]
+    assert vs[0]["name"] == "mcp-initialize", "first, so it takes these requests before `mcp`"
+    for m in vs[0]["match"]:
+        assert m["method"] == {"exact": "POST"} and m["withoutHeaders"] == {"mcp-session-id": {}}
+    assert sorted(m["uri"]["exact"] for m in vs[0]["match"]) == \
+        sorted(m["uri"]["exact"] for m in next(r for r in vs if r["name"] == "mcp")["match"])
+    per = route_patches()["mcp-initialize"]["patch"]["value"]["typed_per_filter_config"]
+    check_token_bucket(per[RATELIMIT_FILTER])
+    assert RATELIMIT_FILTER not in route_patches()["mcp"]["patch"]["value"]["typed_per_filter_config"]
+    (rl,) = [p for p in patches("HTTP_FILTER") if p["patch"]["value"]["typed_config"]["@type"] == RATELIMIT_TYPE]
+    assert rl["patch"]["value"]["name"] == RATELIMIT_FILTER and "token_bucket" not in rl["patch"]["value"]["typed_config"]
+
+
+def test_istio_destination_rule_sized_for_long_lived_sse():
+    pool = one("DestinationRule")["spec"]["trafficPolicy"]["connectionPool"]
+    assert pool["tcp"]["maxConnections"] >= 10_000
+    assert set(pool["tcp"]["tcpKeepalive"]) == {"time", "interval", "probes"}
+    assert pool["http"]["http2MaxRequests"] >= 10_000
+    assert 0 < pool["http"]["http1MaxPendingRequests"] <= 10_000
+    # 1 would close every upstream connection after one request.
+    assert pool["http"]["maxRequestsPerConnection"] in (0, None) and pool["http"]["maxRetries"] == 0
+
+
+def test_envoy_gateway_backend_traffic_policy():
+    objs = {d["kind"]: d for d in docs(EG_FILE)}
+    btp, route = objs["BackendTrafficPolicy"], objs["HTTPRoute"]
+    (ref,) = btp["spec"]["targetRefs"]
+    assert (ref["kind"], ref["name"]) == ("HTTPRoute", route["metadata"]["name"])
+    assert btp["metadata"]["namespace"] == route["metadata"]["namespace"]
+    # The named rule is the MCP rule (rule 0, the pinned one).
+    assert route["spec"]["rules"][0]["name"] == ref["sectionName"]
+    sp = btp["spec"]
+    assert "retry" not in sp
+    (rule,) = sp["rateLimit"]["local"]["rules"]
+    (sel,) = rule["clientSelectors"]
+    assert sel["headers"] == [{"name": "mcp-session-id", "type": "RegularExpression", "value": ".*", "invert": True}]
+    assert rule["limit"]["requests"] > 0 and rule["limit"]["unit"] == "Second"
+    cb = sp["circuitBreaker"]
+    assert cb["maxConnections"] >= 10_000 and cb["maxParallelRequests"] >= 10_000
+    assert 0 < cb["maxPendingRequests"] <= 10_000 and cb["maxParallelRetries"] == 0
+    assert set(sp["tcpKeepalive"]) == {"idleTime", "interval", "probes"}
+    assert sp["timeout"]["http"]["connectionIdleTimeout"]

@@ -28,6 +28,10 @@ FILTER_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 # How Envoy Gateway names the Wasm filter of EnvoyExtensionPolicy mcp/mcp-resume-guard, wasm[0].
 EG_WASM_NAME = "envoy.filters.http.wasm/envoyextensionpolicy/mcp/mcp-resume-guard/0"
 SS_NAME = "mcp_resume_guard.stateful_session"
+# Envoy Gateway's local rate limit filter (BackendTrafficPolicy rateLimit.local).
+RL_NAME = "envoy.filters.http.local_ratelimit"
+RL_TYPE = "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
+FULL = {"default_value": {"numerator": 100, "denominator": "HUNDRED"}}
 
 
 def objects() -> dict[str, dict]:
@@ -43,6 +47,7 @@ def test_objects_and_api_versions():
         "EnvoyProxy": "gateway.envoyproxy.io/v1alpha1",
         "Gateway": "gateway.networking.k8s.io/v1",
         "HTTPRoute": "gateway.networking.k8s.io/v1",
+        "BackendTrafficPolicy": "gateway.envoyproxy.io/v1alpha1",
         "EnvoyExtensionPolicy": "gateway.envoyproxy.io/v1alpha1",
         "EnvoyPatchPolicy": "gateway.envoyproxy.io/v1alpha1",
     }
@@ -177,8 +182,43 @@ def eg_routes(o: dict) -> list[dict]:
                     mods["ResponseHeaderModifier"]["responseHeaderModifier"]["remove"],
                 "typed_per_filter_config": {EG_WASM_NAME: {"@type": FILTER_CONFIG_TYPE, "config": {}}},
             })
+        if rule.get("name") and rule["name"] == rate_limited_rule(o):
+            for r in out[-len(rule["matches"]):]:
+                r["typed_per_filter_config"][RL_NAME] = eg_local_rate_limit(o)
     out.sort(key=lambda r: ("path" in r["match"], len(next(iter(r["match"].values())))), reverse=True)
     return out
+
+
+def rate_limited_rule(o: dict) -> str:
+    (ref,) = o["BackendTrafficPolicy"]["spec"]["targetRefs"]
+    assert ref["name"] == o["HTTPRoute"]["metadata"]["name"]
+    return ref["sectionName"]
+
+
+def eg_local_rate_limit(o: dict) -> dict:
+    """The per-route local rate limit Envoy Gateway generates for the policy's one rule: a
+    header_value_match action per header selector (expect_match false when inverted), one
+    descriptor with the rule's bucket, and a default bucket no request draws from."""
+    (rule,) = o["BackendTrafficPolicy"]["spec"]["rateLimit"]["local"]["rules"]
+    (sel,) = rule["clientSelectors"]
+    actions, entries = [], []
+    for j, hm in enumerate(sel["headers"]):
+        assert hm["type"] == "RegularExpression"
+        key = f"rule-0-match-{j}"
+        actions.append({"header_value_match": {
+            "descriptor_key": key, "descriptor_value": key, "expect_match": not hm.get("invert", False),
+            "headers": [{"name": hm["name"], "string_match": {"safe_regex": {"regex": hm["value"]}}}]}})
+        entries.append({"key": key, "value": key})
+    n, unit = rule["limit"]["requests"], {"Second": "1s", "Minute": "60s"}[rule["limit"]["unit"]]
+    return {
+        "@type": RL_TYPE, "stat_prefix": "http_local_rate_limiter",
+        "token_bucket": {"max_tokens": 4294967295, "tokens_per_fill": 4294967295, "fill_interval": "1s"},
+        "filter_enabled": FULL, "filter_enforced": FULL,
+        "descriptors": [{"entries": entries,
+                         "token_bucket": {"max_tokens": n, "tokens_per_fill": n, "fill_interval": unit}}],
+        "always_consume_default_token_bucket": False,
+        "rate_limits": [{"actions": actions}],
+    }
 
 
 def eg_equivalent() -> dict:
@@ -203,7 +243,10 @@ def eg_equivalent() -> dict:
     guard["typed_config"]["config"]["root_id"] = w["rootID"]
     # env.hostKeys becomes the VM's host_env_keys.
     guard["typed_config"]["config"]["vm_config"]["environment_variables"] = {"host_env_keys": w["env"]["hostKeys"]}
-    tc["http_filters"] = [guard, router]
+    # Envoy Gateway orders its filters: Wasm, then local_ratelimit (empty: configured per route),
+    # then the router.
+    rl = {"name": RL_NAME, "typed_config": {"@type": RL_TYPE, "stat_prefix": "http_local_rate_limiter"}}
+    tc["http_filters"] = [guard, rl, router]
     gw = o["Gateway"]
     rc_name = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
     tc["route_config"] = {"name": rc_name, "virtual_hosts": [{
@@ -236,8 +279,12 @@ def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
     cfg = eg_equivalent()
     tc = cfg["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]["typed_config"]
     assert [f["name"] for f in tc["http_filters"]] == [
-        "mcp_resume_guard.owner_header_mutation", EG_WASM_NAME, SS_NAME, "envoy.filters.http.router"]
-    assert "session_state" not in tc["http_filters"][2]["typed_config"], "the pin is per route"
+        "mcp_resume_guard.owner_header_mutation", EG_WASM_NAME, RL_NAME, SS_NAME, "envoy.filters.http.router"]
+    assert "session_state" not in tc["http_filters"][3]["typed_config"], "the pin is per route"
+    # The rate limit acts on the two MCP routes (rule 0) only.
+    limited = [r["match"] for r in tc["route_config"]["virtual_hosts"][0]["routes"]
+               if RL_NAME in r["typed_per_filter_config"]]
+    assert sorted(m.get("path", "") for m in limited) == ["/mcp", "/mcp/"]
     assert (tc["normalize_path"], tc["merge_slashes"], tc["path_with_escaped_slashes_action"]) == \
         (True, True, "REJECT_REQUEST")
     path = tmp_path / "eg-equivalent.yaml"
@@ -265,15 +312,20 @@ def test_route_patches_refuse_a_reordered_route_table():
             apply_patch(rc, op)
 
 
-def test_patch_test_guards_the_insert_position():
-    """With another filter before the router, the policy's `test` refuses instead of misplacing."""
+@pytest.mark.parametrize("chain", [
+    ["envoy.filters.http.wasm/x/0", RL_NAME, "envoy.filters.http.ext_authz/y", "envoy.filters.http.router"],
+    # Without the BackendTrafficPolicy's rate limit.
+    ["envoy.filters.http.wasm/x/0", "envoy.filters.http.router"],
+])
+def test_patch_test_guards_the_insert_position(chain):
+    """With another filter before the router, or the rate limit missing, the policy's `test`
+    refuses instead of misplacing."""
     o = objects()
     listener = {"default_filter_chain": {"filters": [{"typed_config": {"http_filters": [
-        {"name": "envoy.filters.http.wasm/x/0"}, {"name": "envoy.filters.http.ext_authz/y"},
-        {"name": "envoy.filters.http.router"}]}}]}}
+        {"name": n} for n in chain]}}]}}
     test_op = next(p["operation"] for p in o["EnvoyPatchPolicy"]["spec"]["jsonPatches"]
                    if p["operation"]["op"] == "test")
-    with pytest.raises(AssertionError):
+    with pytest.raises((AssertionError, IndexError)):
         apply_patch(listener, test_op)
 
 
