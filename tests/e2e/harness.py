@@ -445,6 +445,24 @@ class Client:
         return self.open("POST", body, headers)
 
 
+def assert_settled(r, body: bytes, reason: str, request_id=None) -> dict:
+    """A refused cursor of a request stream as the client hears it: 200 SSE, the `mcp-resume`
+    header and control event, then a JSON-RPC error for the opening request, which settles the
+    client's pending call. Returns that error message."""
+    assert r.status == 200, (r.status, body)
+    assert r.header("mcp-resume") == f"rejected; reason={reason}", (r.header("mcp-resume"), body)
+    assert (r.header("content-type") or "").startswith("text/event-stream"), r.header("content-type")
+    text = body.decode()
+    control = f'event: mcp-resume\ndata: {{"resumed":false,"reason":"{reason}"}}\n\n'
+    assert text.startswith(control), text
+    data = text.split("event: message\ndata: ", 1)[1].split("\n", 1)[0]
+    msg = json.loads(data)
+    assert msg["error"]["code"] == -32010, msg
+    assert msg["error"]["data"] == {"resumed": False, "reason": reason}, msg
+    assert msg["id"] == request_id if request_id is not None else msg["id"] is not None, msg
+    return msg
+
+
 def replica_get(port: int, path: str):
     with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=3) as r:
         return json.loads(r.read())

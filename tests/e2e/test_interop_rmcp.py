@@ -414,7 +414,7 @@ def test_rmcp_with_guard_empty_replay_of_recorded_events_is_signalled(rstack):
     r = c.get_stream(last_event_id=cursor)
     body = r.resp.read()
     r.close()
-    assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=owner_unavailable", body
+    h.assert_settled(r, body, "owner_unavailable")
 
 
 def test_rmcp_with_guard_owner_gone_is_signalled(rstack):
@@ -427,15 +427,14 @@ def test_rmcp_with_guard_owner_gone_is_signalled(rstack):
     a.close()
     time.sleep(0.1)  # records are asynchronous
     rstack.replicas[rstack.port(owner)].kill()
-    before = stat(env, "refused.owner_unavailable")
+    # A killed process still in Envoy's cluster may be a blip: this resume is refused as
+    # `owner_busy` (its call settled), and the stream is not declared lost for it.
+    before = stat(env, "refused.owner_busy")
     r = c.get_stream(last_event_id=cursor)
     body = r.resp.read()
     r.close()
-    assert r.status == 409, (r.status, body)
-    assert r.header(GUARD_HEADER) == "rejected; reason=owner_unavailable"
-    err = json.loads(body)
-    assert err["error"]["data"] == {"resumed": False, "reason": "owner_unavailable"}
-    assert stat(env, "refused.owner_unavailable") == before + 1
+    h.assert_settled(r, body, "owner_busy")
+    assert stat(env, "refused.owner_busy") == before + 1
 
 
 def test_rmcp_with_guard_rmcp_id_is_a_foreign_cursor(rstack):
@@ -597,7 +596,7 @@ def test_rmcp_delete_makes_later_cursors_session_inactive(rstack):
     r = c.get_stream(last_event_id=tool_cursor)
     body = r.resp.read()
     r.close()
-    assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=session_inactive", body
+    h.assert_settled(r, body, "session_inactive")
     assert stat(env, "refused.session_inactive") == before + 2
 
 
