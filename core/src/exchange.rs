@@ -651,7 +651,7 @@ impl Exchange {
     ) -> Action {
         match verdict {
             None => self.callout_failed(w, host, cursor.kind, CalloutFailure::Body),
-            Some(ResumeVerdict::NewStream { reason }) => {
+            Some(ResumeVerdict::NewStream { reason, .. }) => {
                 self.refuse(w, host, reason, Some(cursor.kind))
             }
             Some(ResumeVerdict::Continue {
@@ -771,6 +771,7 @@ impl Exchange {
                         retention: cfg.retention,
                         supersedes: kind == StreamKind::Get,
                         opened_ms: host.now_ms(),
+                        request_id: None,
                     };
                     Self::push_record(w, host, r);
                 }
