@@ -355,6 +355,11 @@ pub async fn unopened_sessions_cost_nothing<S: Store>(make: impl Fn(Limits) -> S
         verdict_at(&s, &session_n(0xf000_0000 + 999), 0, now).await,
         new_stream(Reason::SessionInactive)
     );
+    // Pending entries that never see their session_open go after the pending TTL.
+    let later = now + Limits::default().pending_ttl_ms + 1;
+    s.sweep(later).await.unwrap();
+    let st = s.stats(later).await.unwrap();
+    assert_eq!((st.sessions, st.pending), (20, 0), "{st:?}");
 }
 
 pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
