@@ -379,7 +379,7 @@ fn verdict(a: VerdictArgs) -> Res {
                 ""
             }
         ),
-        ResumeVerdict::NewStream { reason } => println!(
+        ResumeVerdict::NewStream { reason, .. } => println!(
             "new stream: reason={reason} (the client gets Mcp-Resume: restarted or rejected; \
              reason={reason})"
         ),

@@ -12,7 +12,7 @@
 //! | seq              | 1..=10    | u64 as LEB128, minimal encoding only                    |
 //! | replica id len   | 1         | 0..=[`MAX_REPLICA_ID_BYTES`], or 0xFF = not embedded    |
 //! | replica id       | len       | UTF-8 bytes of the replica's own event id               |
-//! | request id len   | 1         | version 4 only: 1..=[`MAX_REQUEST_ID_BYTES`]            |
+//! | request id len   | 1         | version 4 only: 1..=64 ([`MAX_EMBEDDED_REQUEST_ID_BYTES`]) |
 //! | request id       | len       | version 4 only: the JSON-RPC id of the POST (raw JSON)  |
 //! | MAC              | 16        | see below, over all bytes before it                     |
 //!
@@ -47,7 +47,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::block_api::compress256;
 use sha2::{Digest, Sha256};
 
-use crate::jsonrpc::{valid_request_id, MAX_REQUEST_ID_BYTES};
+use crate::jsonrpc::valid_request_id;
 use crate::ownership::StreamKind;
 
 /// The version of every cursor minted now without a request id: BLAKE3 `keyed_hash` tag.
@@ -78,6 +78,9 @@ const SHA256_IV: [u32; 8] = [
     0x1f83_d9ab,
     0x5be0_cd19,
 ];
+/// Longest JSON-RPC request id a version-4 cursor carries; longer ones ride in the stream's
+/// record (`StreamOpen.request_id`).
+pub const MAX_EMBEDDED_REQUEST_ID_BYTES: usize = 64;
 /// Longer replica ids are not embedded (`replica_event_id = None`); the guard's records still map seq to them.
 pub const MAX_REPLICA_ID_BYTES: usize = 128;
 /// Length of the truncated tag (every version).
@@ -88,8 +91,13 @@ const FIXED_HEAD: usize = 1 + 1 + 8 + 8 + 1;
 const MAX_VARINT: usize = 10;
 /// Largest binary cursor: fixed head, longest varint, length byte, longest replica id, the
 /// longest request id with its length byte, MAC.
-pub const MAX_CURSOR_BYTES: usize =
-    FIXED_HEAD + MAX_VARINT + 1 + MAX_REPLICA_ID_BYTES + 1 + MAX_REQUEST_ID_BYTES + MAC_BYTES;
+pub const MAX_CURSOR_BYTES: usize = FIXED_HEAD
+    + MAX_VARINT
+    + 1
+    + MAX_REPLICA_ID_BYTES
+    + 1
+    + MAX_EMBEDDED_REQUEST_ID_BYTES
+    + MAC_BYTES;
 /// Smallest binary cursor: one-byte varint, no replica id.
 const MIN_CURSOR_BYTES: usize = FIXED_HEAD + 1 + 1 + MAC_BYTES;
 /// Any longer `Last-Event-ID` is rejected before decoding (unpadded base64 of [`MAX_CURSOR_BYTES`]).
@@ -176,7 +184,7 @@ pub struct Cursor<'a> {
     /// Embedded only when at most [`MAX_REPLICA_ID_BYTES`] long; otherwise decodes as `None`.
     pub replica_event_id: Option<&'a str>,
     /// The JSON-RPC id (raw JSON) of the request whose stream this is; carried only when it is
-    /// a valid id of at most [`MAX_REQUEST_ID_BYTES`] (see [`crate::jsonrpc`]).
+    /// a valid id of at most [`MAX_EMBEDDED_REQUEST_ID_BYTES`] (see [`crate::jsonrpc`]).
     pub request_id: Option<&'a str>,
 }
 
@@ -285,7 +293,7 @@ impl Keyring {
         let mut buf = Buf::new();
         let request_id = c
             .request_id
-            .filter(|r| r.len() <= MAX_REQUEST_ID_BYTES && !r.is_empty());
+            .filter(|r| r.len() <= MAX_EMBEDDED_REQUEST_ID_BYTES && !r.is_empty());
         let version = match request_id {
             Some(_) => CURSOR_VERSION_REQUEST,
             None => CURSOR_VERSION,
@@ -306,7 +314,7 @@ impl Keyring {
             _ => buf.push(&[NOT_EMBEDDED]),
         }
         if let Some(r) = request_id {
-            // Fits in u8: MAX_REQUEST_ID_BYTES < 0xFF.
+            // Fits in u8: MAX_EMBEDDED_REQUEST_ID_BYTES < 0xFF.
             buf.push(&[r.len() as u8]);
             buf.push(r.as_bytes());
         }
@@ -444,7 +452,9 @@ fn parse_body(version: u8, key_id: u8, body: &[u8]) -> Result<DecodedCursor, Cur
         let len = usize::from(r.byte()?);
         let b = r.take(len)?;
         match std::str::from_utf8(b) {
-            Ok(id) if len <= MAX_REQUEST_ID_BYTES && valid_request_id(id) => Some(id.to_owned()),
+            Ok(id) if len <= MAX_EMBEDDED_REQUEST_ID_BYTES && valid_request_id(id) => {
+                Some(id.to_owned())
+            }
             _ => return Err(CursorError::Malformed),
         }
     } else {
@@ -702,7 +712,7 @@ mod tests {
             assert!(matches!(&r.decode(&text), Ok(d) if same(&c, d)), "{id}");
         }
         // Without one (or with one too long to carry) it stays version 3.
-        let too_long = format!("\"{}\"", "r".repeat(MAX_REQUEST_ID_BYTES));
+        let too_long = format!("\"{}\"", "r".repeat(MAX_EMBEDDED_REQUEST_ID_BYTES));
         for id in [None, Some(""), Some(too_long.as_str())] {
             let c = Cursor {
                 request_id: id,
@@ -735,7 +745,7 @@ mod tests {
     fn extremes_round_trip_and_fit_the_bound() {
         let r = ring(0, 1);
         let long = "x".repeat(MAX_REPLICA_ID_BYTES);
-        let long_request = format!("\"{}\"", "r".repeat(MAX_REQUEST_ID_BYTES - 2));
+        let long_request = format!("\"{}\"", "r".repeat(MAX_EMBEDDED_REQUEST_ID_BYTES - 2));
         let c = Cursor {
             request_id: Some(&long_request),
             session: [0xFF; 8],

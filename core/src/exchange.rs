@@ -9,7 +9,10 @@
 //! Headers arrive as one slice of `(name, value)` pairs per direction (names as the proxy keeps
 //! them, values as raw bytes), read once per direction.
 use crate::config::{Config, Policy};
-use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, DecodedCursor};
+use crate::cursor::{
+    incarnation_hex, session_binding_and_key, session_key, DecodedCursor,
+    MAX_EMBEDDED_REQUEST_ID_BYTES,
+};
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
 use crate::host::{CalloutFailure, Host, Stat};
 use crate::jsonrpc::{RequestIdScanner, Scan};
@@ -832,8 +835,9 @@ impl Exchange {
     ) -> Action {
         match verdict {
             None => self.callout_failed(w, host, &cursor, CalloutFailure::Body),
-            Some(ResumeVerdict::NewStream { reason }) => {
-                let id = cursor.request_id.as_deref();
+            Some(ResumeVerdict::NewStream { reason, request_id }) => {
+                // The cursor carries short ids; the store keeps the longer ones.
+                let id = cursor.request_id.as_deref().or(request_id.as_deref());
                 self.refuse(w, host, reason, Some(cursor.kind), id)
             }
             Some(ResumeVerdict::Continue {
@@ -955,6 +959,10 @@ impl Exchange {
                         retention: cfg.retention,
                         supersedes: kind == StreamKind::Get,
                         opened_ms: host.now_ms(),
+                        // Too long for the cursor: the store keeps it for the refusal.
+                        request_id: self.req.request_id.clone().filter(|r| {
+                            kind == StreamKind::Request && r.len() > MAX_EMBEDDED_REQUEST_ID_BYTES
+                        }),
                     };
                     Self::push_record(w, host, r);
                 }

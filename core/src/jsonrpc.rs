@@ -7,8 +7,9 @@
 //! after `params` (TypeScript builds `{...request, jsonrpc, id}`), so the whole body may be
 //! read, up to [`MAX_SCAN_BYTES`].
 
-/// Longest id the guard carries (raw JSON text: a number, or a string with its quotes).
-pub const MAX_REQUEST_ID_BYTES: usize = 64;
+/// Longest id the guard carries (raw JSON text: a number, or a string with its quotes): the
+/// cursor embeds up to [`crate::cursor::MAX_EMBEDDED_REQUEST_ID_BYTES`], the record the rest.
+pub use crate::ownership::MAX_REQUEST_ID_BYTES;
 /// A body longer than this without its top-level `id` is not scanned further.
 pub const MAX_SCAN_BYTES: usize = 1 << 20;
 

@@ -17,6 +17,8 @@ pub const MAX_EVENT_ID_BYTES: usize = 128;
 pub const MAX_LONG_ID_BYTES: usize = 64 * 1024;
 /// Full long ids the store keeps per incarnation (the newest).
 pub const LONG_IDS_KEPT: usize = 16;
+/// Bytes of a `StreamOpen.request_id` (raw JSON text).
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// Bytes of a protocol version string.
 pub const MAX_VERSION_BYTES: usize = 64;
 /// Sequence numbers stay within JSON's exactly representable integers (2^53 - 1), which also
@@ -197,6 +199,10 @@ pub enum ResumeVerdict {
     },
     NewStream {
         reason: Reason,
+        /// The recorded JSON-RPC id of the cursor's stream (raw JSON text), when the store
+        /// knows the incarnation and its StreamOpen carried one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
     },
 }
 
@@ -239,6 +245,11 @@ pub enum Record {
         /// compatibility; the service orders GET streams by the order it applies their first
         /// StreamOpen, never by this (gateways' clocks differ).
         opened_ms: u64,
+        /// The JSON-RPC id of the request this stream answers, as raw JSON text (a number or
+        /// a string token, at most [`MAX_REQUEST_ID_BYTES`]); kept per incarnation and handed
+        /// back in a `new_stream` verdict for it. Absent from older guards.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
     },
     /// Events relayed: seq `first_seq + i` carried the event `ids[i]`, in recorded form
     /// ([`recorded_event`]: the recorded id and the content digest; the id alone is accepted).
@@ -498,6 +509,26 @@ pub fn check_version(field: &str, v: &str) -> Result<(), FieldError> {
     ))
 }
 
+/// A JSON-RPC id as raw JSON text: a number or a string, at most [`MAX_REQUEST_ID_BYTES`].
+pub fn check_request_id(field: &str, id: &str) -> Result<(), FieldError> {
+    if id.len() > MAX_REQUEST_ID_BYTES {
+        return Err(field_error(
+            field,
+            format!("{} bytes, at most {MAX_REQUEST_ID_BYTES}", id.len()),
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(id) {
+        Ok(v) if v.is_number() || v.is_string() => Ok(()),
+        _ => Err(field_error(
+            field,
+            format!(
+                "expected a JSON number or string (raw JSON text), got {}",
+                shown(id)
+            ),
+        )),
+    }
+}
+
 impl ResumeQuery {
     pub fn validate(&self) -> Result<(), FieldError> {
         check_session("session", &self.session)?;
@@ -520,11 +551,16 @@ impl Record {
                 session,
                 incarnation,
                 owner,
+                request_id,
                 ..
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)?;
-                check_owner("owner", owner)
+                check_owner("owner", owner)?;
+                match request_id {
+                    Some(id) => check_request_id("request_id", id),
+                    None => Ok(()),
+                }
             }
             Record::Events {
                 session,
@@ -661,6 +697,62 @@ mod tests {
         assert!(bad.validate().is_err_and(|e| e.field == "incarnation"));
         let text = serde_json::to_string(&r).unwrap_or_default();
         assert!(text.starts_with(r#"{"type":"owner_failed""#), "{text}");
+    }
+
+    #[test]
+    fn request_ids_are_json_numbers_or_strings() {
+        let open = |id: Option<&str>| Record::StreamOpen {
+            session: "0123456789abcdef0123456789abcdef".into(),
+            incarnation: "0123456789abcdef".into(),
+            kind: StreamKind::Request,
+            owner: "10.0.0.1:80".into(),
+            retention: 0,
+            supersedes: false,
+            opened_ms: 1,
+            request_id: id.map(str::to_owned),
+        };
+        for ok in [
+            None,
+            Some("7"),
+            Some("-1.5e3"),
+            Some(r#""abc""#),
+            Some(r#""""#),
+        ] {
+            assert_eq!(open(ok).validate(), Ok(()), "{ok:?}");
+        }
+        let long = format!("\"{}\"", "x".repeat(MAX_REQUEST_ID_BYTES));
+        for bad in [
+            "",
+            "null",
+            "[1]",
+            "{}",
+            "abc",
+            "1 2",
+            r#""a"#,
+            long.as_str(),
+        ] {
+            let e = open(Some(bad)).validate();
+            assert!(
+                e.as_ref().is_err_and(|e| e.field == "request_id"),
+                "{bad:?}: {e:?}"
+            );
+        }
+        // Wire-compatible: absent reads as None and is not written.
+        let text = r#"{"type":"stream_open","session":"0123456789abcdef0123456789abcdef","incarnation":"0123456789abcdef","kind":"request","owner":"10.0.0.1:80","retention":0,"supersedes":false,"opened_ms":1}"#;
+        let r: Result<Record, _> = serde_json::from_str(text);
+        assert!(r.as_ref().is_ok_and(|r| *r == open(None)), "{r:?}");
+        assert_eq!(
+            serde_json::to_string(&open(None)).ok().as_deref(),
+            Some(text)
+        );
+        let v = ResumeVerdict::NewStream {
+            reason: Reason::Gap,
+            request_id: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&v).ok().as_deref(),
+            Some(r#"{"verdict":"new_stream","reason":"gap"}"#)
+        );
     }
 
     #[test]

@@ -36,6 +36,7 @@ fn open(owner: &str) -> Record {
         retention: 0,
         supersedes: true,
         opened_ms: 1,
+        request_id: None,
     }
 }
 

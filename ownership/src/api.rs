@@ -323,7 +323,7 @@ pub async fn resume<S: Store>(
         .map_err(|e| ApiError::store(st.store.name(), &e))?;
     let outcome = match &r.verdict {
         ResumeVerdict::Continue { .. } => "continue",
-        ResumeVerdict::NewStream { reason } => reason.as_str(),
+        ResumeVerdict::NewStream { reason, .. } => reason.as_str(),
     };
     st.metrics
         .verdicts

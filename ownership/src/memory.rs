@@ -91,7 +91,11 @@ fn entry_cost(id: &str) -> usize {
 
 impl Incarnation {
     fn cost(&self) -> usize {
-        INCARNATION_OVERHEAD + self.entry_bytes + self.opened.as_ref().map_or(0, |o| o.owner.len())
+        INCARNATION_OVERHEAD
+            + self.entry_bytes
+            + self.opened.as_ref().map_or(0, |o| {
+                o.owner.len() + o.request_id.as_ref().map_or(0, String::len)
+            })
     }
 
     /// Insert or replace one map entry, keeping `entry_bytes` exact.
@@ -116,6 +120,8 @@ struct Opened {
     retention: u64,
     /// The store's tick when its first StreamOpen was applied: orders GET streams.
     order: u64,
+    /// The JSON-RPC id its StreamOpen carried (raw JSON text).
+    request_id: Option<String>,
 }
 
 impl Session {
@@ -402,6 +408,7 @@ impl Inner {
                 supersedes,
                 // Accepted on the wire, never used for order: gateways' clocks differ.
                 opened_ms: _,
+                request_id,
             } => {
                 let epoch = self.owner_epochs.get(owner).copied().unwrap_or(0);
                 let tick = self.next_tick();
@@ -418,6 +425,9 @@ impl Inner {
                         }
                         o.retention = *retention;
                         o.kind = *kind;
+                        if request_id.is_some() {
+                            o.request_id.clone_from(request_id);
+                        }
                         // Its order stays: a replayed StreamOpen never makes it newer.
                     }
                     None => {
@@ -427,6 +437,7 @@ impl Inner {
                             owner_epoch: epoch,
                             retention: *retention,
                             order: tick,
+                            request_id: request_id.clone(),
                         });
                     }
                 }
@@ -575,6 +586,7 @@ impl Inner {
                 },
                 owner: o.owner.clone(),
                 expected,
+                request_id: o.request_id.clone(),
             })
         });
         Facts {

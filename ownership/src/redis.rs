@@ -1001,6 +1001,7 @@ impl RedisStore {
                 retention,
                 supersedes,
                 opened_ms,
+                request_id,
                 ..
             } => {
                 c.arg("st")
@@ -1010,7 +1011,9 @@ impl RedisStore {
                     .arg(epochs.get(owner).copied().unwrap_or(0))
                     .arg(retention)
                     .arg(if *supersedes { "1" } else { "0" })
-                    .arg(opened_ms);
+                    .arg(opened_ms)
+                    // '' (never valid JSON): none.
+                    .arg(request_id.as_deref().unwrap_or(""));
             }
             Record::Events {
                 incarnation,
@@ -1427,7 +1430,7 @@ impl RedisStore {
                 refusing: self.refusing(now_ms).await?,
             });
         }
-        if arr.len() < 11 {
+        if arr.len() < 12 {
             return Err(corrupt("snapshot", format!("{} fields", arr.len())));
         }
         let bad = |f: &str| corrupt("snapshot", format!("field {f}"));
@@ -1449,7 +1452,10 @@ impl RedisStore {
             Some(2) => CursorId::LongMissing,
             _ => return Err(bad("cursor_id")),
         };
-        let expected = arr[11..]
+        let request_id = as_string(&arr[11])
+            .ok_or_else(|| bad("request_id"))
+            .map(|r| (!r.is_empty()).then_some(r))?;
+        let expected = arr[12..]
             .iter()
             .map(|v| as_string(v).ok_or_else(|| bad("expected")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -1490,6 +1496,7 @@ impl RedisStore {
                 owner,
                 expected,
                 cursor_id,
+                request_id,
             }),
             refusing: false,
         })

@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `h` head |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
@@ -160,6 +160,8 @@ elseif typ == 'st' then
   else
     redis.call('HSET', ik, 'o', '1', 'k', kind, 'ow', owner, 'ep', epoch, 'r', ret, 'sq', fmt(tk))
   end
+  -- ARGV[16]: the JSON-RPC id (raw JSON text), '' when none.
+  if ARGV[16] and ARGV[16] ~= '' then redis.call('HSET', ik, 'rq', ARGV[16]) end
   if sup == '1' and kind == 'g' then
     -- The GET stream whose StreamOpen was applied last (the session's own tick) is the newest.
     local q = tonumber(redis.call('HGET', ik, 'sq') or '0')
@@ -249,7 +251,8 @@ return result
 /// Returns `{0}` (no session), `{4}` (half-missing: records lost), `{state}` (no opened
 /// incarnation) or
 /// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
-/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', ids…}`. `state` is
+/// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', request id or '',
+/// ids…}`. `state` is
 /// 1 active, 2 terminated, 3 expired; plus 10 when Redis refused the last-used write.
 const SNAPSHOT: &str = r#"
 local inc = ARGV[4]
@@ -287,7 +290,7 @@ if st == 'a' then
   try('PEXPIRE', lk, keep_ms)
   if refused then code = code + 10 end
 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff')
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
@@ -348,7 +351,7 @@ else
   local rec = redis.call('HGET', wk, fmt(seq))
   if rec and string.sub(rec, 1, 1) == '~' then cid_code = 2 end
 end
-local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from, cid_code, cid}
+local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from, cid_code, cid, f[10] or ''}
 for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;

@@ -101,17 +101,18 @@ fn snapshot_query<'a>(q: &'a ResumeQuery, opts: &ResumeOptions) -> SnapshotQuery
 }
 
 fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
+    let request_id = facts
+        .incarnation
+        .as_ref()
+        .and_then(|i| i.request_id.clone());
+    let new_stream = |reason| ResumeVerdict::NewStream { reason, request_id };
     match (outcome, facts.incarnation) {
         (Ok(()), Some(inc)) => {
             let resume_id = match inc.cursor_id {
                 CursorId::Plain => None,
                 CursorId::Long(id) => Some(id),
                 // The replica needs the full id to resume from it, and it is gone.
-                CursorId::LongMissing => {
-                    return ResumeVerdict::NewStream {
-                        reason: Reason::UnknownStream,
-                    }
-                }
+                CursorId::LongMissing => return new_stream(Reason::UnknownStream),
             };
             ResumeVerdict::Continue {
                 owner: inc.owner,
@@ -121,10 +122,8 @@ fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
             }
         }
         // `decide` never says Ok without an incarnation; fail closed if it ever did.
-        (Ok(()), None) => ResumeVerdict::NewStream {
-            reason: Reason::UnknownStream,
-        },
-        (Err(reason), _) => ResumeVerdict::NewStream { reason },
+        (Ok(()), None) => new_stream(Reason::UnknownStream),
+        (Err(reason), _) => new_stream(reason),
     }
 }
 

@@ -117,6 +117,8 @@ pub struct IncarnationView {
     pub expected: Vec<String>,
     /// What the store knows about the replica id of the cursor's own seq.
     pub cursor_id: CursorId,
+    /// The JSON-RPC id its StreamOpen carried (raw JSON text), if any.
+    pub request_id: Option<String>,
 }
 
 /// The replica id of the cursor's own seq, as far as a resume needs it.

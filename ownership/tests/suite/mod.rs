@@ -62,6 +62,7 @@ pub fn stream(
         retention,
         supersedes,
         opened_ms,
+        request_id: None,
     }
 }
 
@@ -191,7 +192,10 @@ pub async fn verdict_get<S: Store>(s: &S, inc: &str, seq: u64) -> ResumeVerdict 
 }
 
 pub fn new_stream(reason: Reason) -> ResumeVerdict {
-    ResumeVerdict::NewStream { reason }
+    ResumeVerdict::NewStream {
+        reason,
+        request_id: None,
+    }
 }
 
 pub fn cont(owner: &str, expected: Vec<String>, head: u64) -> ResumeVerdict {
@@ -351,6 +355,11 @@ pub async fn unopened_sessions_cost_nothing<S: Store>(make: impl Fn(Limits) -> S
         verdict_at(&s, &session_n(0xf000_0000 + 999), 0, now).await,
         new_stream(Reason::SessionInactive)
     );
+    // Pending entries that never see their session_open go after the pending TTL.
+    let later = now + Limits::default().pending_ttl_ms + 1;
+    s.sweep(later).await.unwrap();
+    let st = s.stats(later).await.unwrap();
+    assert_eq!((st.sessions, st.pending), (20, 0), "{st:?}");
 }
 
 pub async fn supersede_in_order<S: Store>(make: impl Fn(Limits) -> S) {
@@ -560,6 +569,60 @@ pub async fn stream_lost_is_sticky<S: Store>(make: impl Fn(Limits) -> S) {
     assert_eq!(
         verdict_get(&s, A, 1).await,
         new_stream(Reason::OwnerUnavailable)
+    );
+}
+
+/// A StreamOpen's JSON-RPC id is kept per incarnation and handed back in a `new_stream`
+/// verdict for it; a StreamOpen without one (an older guard, a continuation) keeps it.
+pub async fn request_id_round_trip<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    let with_id = |inc: &str, id: &str| Record::StreamOpen {
+        session: S1.into(),
+        incarnation: inc.into(),
+        kind: StreamKind::Request,
+        owner: OWNER_X.into(),
+        retention: 3,
+        supersedes: false,
+        opened_ms: T0,
+        request_id: Some(id.into()),
+    };
+    apply(
+        &s,
+        &[
+            open(S1),
+            with_id(A, "42"),
+            events(S1, A, 1, 9),
+            with_id(B, r#""req-7""#),
+            events(S1, B, 1, 1),
+            stream(S1, A, StreamKind::Request, OWNER_X, 3, false, T0),
+        ],
+    )
+    .await;
+    let req = StreamKind::Request;
+    assert_eq!(
+        verdict(&s, S1, A, req, 1).await,
+        ResumeVerdict::NewStream {
+            reason: Reason::Gap,
+            request_id: Some("42".into())
+        }
+    );
+    // A continuation is unchanged by it.
+    assert_eq!(
+        verdict(&s, S1, A, req, 8).await,
+        cont(OWNER_X, ids(9, 9), 9)
+    );
+    apply(&s, &[lost(S1, B)]).await;
+    assert_eq!(
+        verdict(&s, S1, B, req, 1).await,
+        ResumeVerdict::NewStream {
+            reason: Reason::OwnerUnavailable,
+            request_id: Some(r#""req-7""#.into())
+        }
+    );
+    // Unknown incarnation: nothing to hand back.
+    assert_eq!(
+        verdict(&s, S1, C, req, 1).await,
+        new_stream(Reason::UnknownStream)
     );
 }
 
@@ -1069,7 +1132,7 @@ pub async fn linearizable_under_concurrency<S: Store + 'static>(make: impl Fn(Li
             );
             let name = match &got {
                 ResumeVerdict::Continue { .. } => "continue",
-                ResumeVerdict::NewStream { reason } => reason.as_str(),
+                ResumeVerdict::NewStream { reason, .. } => reason.as_str(),
             };
             *seen.entry(name).or_default() += 1;
             checked += 1;
@@ -1332,6 +1395,7 @@ macro_rules! store_suite {
             owner_gone_epochs,
             stream_lost_is_sticky,
             owner_failure_window,
+            request_id_round_trip,
             session_end,
             idle_ttl,
             record_in_flight,
