@@ -184,6 +184,15 @@ def stat(env: h.Envoy, name: str) -> int:
 # Run 1: no guard. Plain round robin plus strict stateful_session (clients may pin a replica).
 # =============================================================================================
 
+def assert_cut_and_settled(got, reason: str) -> None:
+    """A request stream cut mid-way: the control event, then the JSON-RPC error that settles the
+    call (both without an id)."""
+    assert [(e.event, e.id) for e in got] == [("mcp-resume", None), ("message", None)], got
+    assert got[0].json() == {"resumed": False, "reason": reason}
+    err = got[1].json()["error"]
+    assert err["code"] == -32010 and err["data"] == {"resumed": False, "reason": reason}, err
+
+
 def test_rmcp_without_guard_resume_on_a_busy_replica_returns_another_calls_result(rstack):
     """The wrong-result case: the resume lands on a replica running another call of the same
     session, whose stream has the same rmcp ids, and replays that call. HTTP 200, no error."""
@@ -361,7 +370,7 @@ def test_rmcp_with_echo_suppression_off_the_echo_is_a_replay_mismatch(rstack):
     r = c.get_stream(last_event_id=first[-1].id)
     got = drain(r, 3)
     r.close()
-    assert [(e.event, e.json()) for e in got] == [("mcp-resume", {"resumed": False, "reason": "replay_mismatch"})]
+    assert_cut_and_settled(got, "replay_mismatch")
     assert stat(env, "replay_mismatch") == before + 1
 
 
@@ -407,8 +416,7 @@ def test_rmcp_with_guard_empty_replay_of_recorded_events_is_signalled(rstack):
     got = drain(r, 3)
     r.close()
     assert r.status == 200 and r.header("x-replica") == owner
-    assert [(e.event, e.id, e.json()) for e in got] == \
-        [("mcp-resume", None, {"resumed": False, "reason": "replay_mismatch"})]
+    assert_cut_and_settled(got, "replay_mismatch")
     assert stat(env, "replay_mismatch") == before + 1
     time.sleep(0.1)  # the lost-stream record is asynchronous
     r = c.get_stream(last_event_id=cursor)
@@ -626,8 +634,20 @@ def rmcp_client_refused(stack: RmcpStack, label: str, timeout_ms: int = 5000) ->
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_rmcp_client_on_reject_retries_until_its_timeout(rstack):
+def test_rmcp_client_on_the_settling_refusal_ends_its_call_at_once(rstack):
     env = rstack.use(guard=True)
+    before = stat(env, "rejected")
+    t0 = time.monotonic()
+    rep = rmcp_client_refused(rstack, f"S-{uuid.uuid4().hex[:6]}")
+    assert rep["result"] is None, rep
+    assert "-32010" in rep["error"] and "ownership_unavailable" in rep["error"], rep
+    assert stat(env, "rejected") >= before + 1
+    # The client resumes 1 s after the cut and its timeout is 5 s: it settles long before.
+    assert time.monotonic() - t0 < 4, time.monotonic() - t0
+
+
+def test_rmcp_client_on_reject_retries_until_its_timeout(rstack):
+    env = rstack.use(guard=True, policy={"get_stream": "restart", "request_stream": "reject"})
     before = stat(env, "rejected")
     t0 = time.monotonic()
     rep = rmcp_client_refused(rstack, f"J-{uuid.uuid4().hex[:6]}")
