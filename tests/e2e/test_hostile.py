@@ -11,6 +11,7 @@ Every response any test here receives is checked for the owner header (see `no_o
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import socketserver
 import threading
@@ -449,9 +450,14 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
 
-    def __init__(self, sse: bytes, port: int = HOSTILE_PORT, length: bool = False):
+    def __init__(self, sse: bytes, port: int = HOSTILE_PORT, length: bool = False,
+                 resume: bytes | None = None, gzip_sse: bool = False, post_sse: bool = False):
         self.sse = sse
         self.length = length  # a Content-Length on the SSE answer (a finite stream)
+        self.resume = resume  # the whole raw answer to a GET that carries Last-Event-ID
+        self.gzip_sse = gzip_sse  # the SSE answer gzip-encoded, whatever the client accepts
+        self.post_sse = post_sse  # a POST with an id is answered with the SSE body
+        self.accept_encodings: list[bytes] = []
         self.cursors: list[bytes] = []
         self.requests = 0
         super().__init__((h.HOST, port), self.Handler)
@@ -478,8 +484,13 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
                 n = int(headers.get(b"content-length", b"0") or 0)
                 body = self.rfile.read(n) if n else b""
                 srv.requests += 1
+                srv.accept_encodings.append(headers.get(b"accept-encoding", b""))
                 if b"last-event-id" in headers:
                     srv.cursors.append(headers[b"last-event-id"])
+                if srv.resume is not None and b"last-event-id" in headers:
+                    self.wfile.write(srv.resume)
+                    self.wfile.flush()
+                    return
                 if method == b"POST" and b'"initialize"' in body:
                     out = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
                         "protocolVersion": "2025-11-25", "capabilities": {},
@@ -487,15 +498,17 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
                     self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                                      b"mcp-session-id: 0123abcd\r\ncontent-length: "
                                      + str(len(out)).encode() + b"\r\n\r\n" + out)
-                elif method == b"POST":
+                elif method == b"POST" and not (srv.post_sse and b'"id"' in body):
                     self.wfile.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
                 else:
-                    length = b"content-length: %d\r\n" % len(srv.sse) if srv.length else b""
+                    sse = gzip.compress(srv.sse) if srv.gzip_sse else srv.sse
+                    length = b"content-length: %d\r\n" % len(sse) if srv.length else b""
+                    coding = b"content-encoding: gzip\r\n" if srv.gzip_sse else b""
                     self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + length
-                                     + b"connection: close\r\n\r\n")
+                                     + coding + b"connection: close\r\n\r\n")
                     try:
-                        for i in range(0, len(srv.sse), 65536):
-                            self.wfile.write(srv.sse[i:i + 65536])
+                        for i in range(0, len(sse), 65536):
+                            self.wfile.write(sse[i:i + 65536])
                         self.wfile.flush()
                     except OSError:
                         pass
@@ -585,6 +598,62 @@ def test_a_replicas_hostile_sse(fresh, hostile_envoy, case):
             r.close()
         assert hostile_envoy.alive
         assert c.request("POST", {"jsonrpc": "2.0", "method": "notifications/initialized"}).status == 202
+
+
+# Whatever the owner answers a continuation, it is checked: events after the cursor are recorded,
+# so an answer without their replay is refused by name, never passed on as an empty "resumption".
+NO_REPLAY = {
+    "sse_headers_only": b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n",
+    "no_content": b"HTTP/1.1 204 No Content\r\n\r\n",
+    "json": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+    "gzip_sse": (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+                 b"connection: close\r\n\r\n" + gzip.compress(event(2, b"h2") + event(3, b"h3"))),
+}
+
+
+@pytest.mark.parametrize("case", list(NO_REPLAY))
+def test_a_continuation_answered_without_a_replay_is_refused_by_name(fresh, hostile_envoy, case):
+    sse = b"".join(event(i, f"h{i}".encode()) for i in range(1, 4))
+    reason = "encoded_stream" if case == "gzip_sse" else "replay_missing"
+    with HostileUpstream(sse, resume=NO_REPLAY[case]) as up:
+        c = h.Client()
+        c.initialize()
+        s = c.get_stream()
+        evs = [s.next_event() for _ in range(3)]
+        s.close()
+        assert all(e is not None and e.id for e in evs), evs
+        time.sleep(0.2)  # the records land
+        before = hostile_envoy.stats()
+        r = c.get_stream(last_event_id=evs[0].id)
+        body = r.resp.read()
+        r.close()
+        assert up.cursors == [b"h1"], up.cursors  # it did go to the owner, with its own id
+        assert r.status == 409 and r.header(GUARD_HEADER) == f"rejected; reason={reason}", (r.status, body)
+        assert json.loads(body)["error"]["data"] == {"resumed": False, "reason": reason}
+        assert b"h2" not in body and b"h3" not in body, "no raw replica id reaches a client"
+        after = hostile_envoy.stats()
+        key = f"mcp_resume_guard.refused.{reason}"
+        assert after[key] == before[key] + 1
+
+
+def test_encoded_sse_is_never_relayed(fresh, hostile_envoy):
+    """Replicas are asked for identity; one that gzips its SSE anyway is refused by name, fresh or
+    continued, and a request stream's call is settled with its own id."""
+    sse = b"".join(event(i, f"h{i}".encode()) for i in range(1, 4))
+    with HostileUpstream(sse, gzip_sse=True, post_sse=True) as up:
+        c = h.Client()
+        c.initialize()
+        r = c.get_stream(headers={"accept-encoding": "gzip"})
+        body = r.resp.read()
+        r.close()
+        assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=encoded_stream", (r.status, body)
+        assert set(up.accept_encodings[1:]) == {b"identity"}, up.accept_encodings
+        call = {"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
+        r = c.open("POST", call, {"accept-encoding": "gzip, br"})
+        body = r.resp.read()
+        r.close()
+        h.assert_settled(r, body, "encoded_stream", request_id=41)
+        assert b"h1" not in body
 
 
 def test_a_finite_stream_with_a_length_arrives_whole(fresh, hostile_envoy):
