@@ -251,7 +251,13 @@ def test_pending_call_meets_a_refused_resume(stack, sdks, hook, sdk, kind, path)
         # `if (isJSONRPCResultResponse(message)) { ... message.id = replayMessageId; }`): an error
         # keeps the original request's id, which is not this request's, so the call waits for its
         # timeout; the transport reports the id as unknown.
-        assert row["outcome"] == "timeout" and not row["settled"], row
+        if kind == "forked":
+            # The competitor is refused by the SDK server (its own 409, `replay_missing` for the
+            # competitor): it gives its claim back, the application's continuation goes on and its
+            # result is remapped to the call. Or the timing lets the competitor win: a timeout.
+            assert row["outcome"] in ("result", "timeout"), row
+        else:
+            assert row["outcome"] == "timeout" and not row["settled"], row
         # At the timeout the SDK sends notifications/cancelled with the same resumption options: one
         # more GET with the cursor, refused again, and that error (the original request's id) settles
         # whatever call of this client has that id now, e.g. the next one: wrongly.

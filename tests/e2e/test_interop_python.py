@@ -78,7 +78,6 @@ def _token_of_another_session() -> str:
 @pytest.mark.parametrize("case", [
     # (guard policy for both stream kinds, token, expected guard answer)
     ("default", "foreign", "restarted; reason=foreign_cursor"),
-    ("default", "other_session", "rejected; reason=session_mismatch"),
     ("restart", "other_session", "restarted; reason=session_mismatch"),
 ])
 def test_what_the_python_client_does_on_a_refusal(pyf, case):
@@ -102,6 +101,19 @@ def test_what_the_python_client_does_on_a_refusal(pyf, case):
     assert i.cursors_at_replicas(h.REPLICA_PORTS) == []
 
 
+def test_a_settled_refusal_ends_the_python_call_and_keeps_the_session(pyf):
+    """The default for a request stream's cursor: the guard answers 200 SSE with the call's error; the
+    client's explicit resume ends with that error (-32010, the reason), and its session goes on."""
+    pyf.use(guard=True)
+    out = i.py_client("token", "--token", _token_of_another_session(), "--timeout", "3")
+    [r] = resumes(out)
+    assert r["status"] == 200 and r["mcp_resume"] == "rejected; reason=session_mismatch", r
+    assert r["replica"] is None, "the guard's own answer"
+    assert out["_rc"] == 0, out
+    assert out["resume"]["outcome"] == "error" and "session_mismatch" in out["resume"]["error"], out["resume"]
+    assert i.cursors_at_replicas(h.REPLICA_PORTS) == []
+
+
 def test_delete_through_a_python_server_makes_cursors_session_inactive(pyf):
     env = pyf.use(guard=True)
     before = env.stats().get("mcp_resume_guard.refused.session_inactive", 0)
@@ -115,8 +127,9 @@ def test_delete_through_a_python_server_makes_cursors_session_inactive(pyf):
     assert c.request("DELETE").status == 200
     time.sleep(0.1)  # the guard's record of the DELETE is asynchronous
     r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
     r.close()
-    assert r.status == 409 and r.header("mcp-resume") == "rejected; reason=session_inactive"
+    h.assert_settled(r, body, "session_inactive")
     assert env.stats()["mcp_resume_guard.refused.session_inactive"] == before + 1
 
 
@@ -154,6 +167,7 @@ def test_idle_expiry_404_makes_later_cursors_session_inactive(py):
     assert status == 404, "the SDK expired the idle session"
     time.sleep(0.1)  # the guard's record of the 404 is asynchronous
     r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
     r.close()
-    assert r.status == 409 and r.header("mcp-resume") == "rejected; reason=session_inactive"
+    h.assert_settled(r, body, "session_inactive")
     assert env.stats()["mcp_resume_guard.refused.session_inactive"] == before + 1
