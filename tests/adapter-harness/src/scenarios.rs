@@ -111,7 +111,8 @@ fn cfg() -> Config {
     }
 }
 
-fn cursor(kind: StreamKind, seq: u64, id: &str, request_id: Option<&str>) -> String {
+/// A cursor of incarnation 42 of session [`SID`], under the key of [`config`].
+pub fn cursor(kind: StreamKind, seq: u64, id: &str, request_id: Option<&str>) -> String {
     cfg().keyring.encode(&Cursor {
         session: session_binding(SID.as_bytes()),
         incarnation: 42,
