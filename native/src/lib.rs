@@ -7,7 +7,9 @@
 //! written here, not taken from an SDK. Every hook catches panics, so none crosses the FFI
 //! boundary (the `native` build profile unwinds instead of aborting).
 
-mod abi;
+// Public for the in-process tests (tests/adapter.rs): its types are the ones their mock of
+// Envoy's callbacks is written with.
+pub mod abi;
 mod hooks;
 mod host;
 mod module;

@@ -1,0 +1,137 @@
+//! The proxy-wasm adapter's glue: the real release `.wasm` (built first if stale) under the
+//! test host, through every scenario.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use mcp_adapter_harness::scenarios::{Attribute, Callout, Flow, Proxy, Reply};
+use mcp_adapter_harness::wasm::{build_guard_wasm, Action, Headers, Vm};
+use std::sync::OnceLock;
+
+/// The module, built once per test run.
+fn module() -> &'static [u8] {
+    static WASM: OnceLock<Vec<u8>> = OnceLock::new();
+    WASM.get_or_init(|| {
+        let path = build_guard_wasm().unwrap_or_else(|e| panic!("{e}"));
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    })
+}
+
+struct Wasm(Vm);
+
+fn flow(a: Result<Action, String>) -> Flow {
+    match a.unwrap_or_else(|e| panic!("{e}")) {
+        Action::Continue => Flow::Continue,
+        Action::Pause => Flow::Stop,
+    }
+}
+
+impl Proxy for Wasm {
+    fn start(config: &str) -> Result<Self, String> {
+        Vm::start(module(), config.as_bytes()).map(Wasm)
+    }
+    fn new_stream(&mut self) -> u32 {
+        self.0.new_stream().unwrap()
+    }
+    fn request_headers(&mut self, s: u32, h: Headers, eos: bool) -> Flow {
+        flow(self.0.request_headers(s, h, eos))
+    }
+    fn request_body(&mut self, s: u32, chunk: &[u8], eos: bool) -> Flow {
+        flow(self.0.request_body(s, chunk, eos))
+    }
+    fn response_headers(&mut self, s: u32, h: Headers, eos: bool) -> Flow {
+        flow(self.0.response_headers(s, h, eos))
+    }
+    fn response_body(&mut self, s: u32, chunk: &[u8], eos: bool) -> Flow {
+        flow(self.0.response_body(s, chunk, eos))
+    }
+    fn callout_answer(&mut self, token: u32, status: Option<u32>, body: &[u8]) {
+        let h = status.map(|s| vec![(":status".to_string(), s.to_string().into_bytes())]);
+        self.0.http_call_response(token, h, body).unwrap();
+    }
+    fn tick(&mut self) {
+        self.0.tick().unwrap();
+    }
+    fn end_stream(&mut self, s: u32) {
+        self.0.end_stream(s).unwrap();
+    }
+    fn set_attribute(&mut self, s: u32, a: Attribute, value: &str) {
+        let key = match a {
+            Attribute::UpstreamAddress => "upstream.address",
+            Attribute::ResponseCodeDetails => "response.code_details",
+        };
+        let props = &mut self.0.stream_mut(s).properties;
+        props.insert(key.to_string(), value.as_bytes().to_vec());
+    }
+    fn callouts(&self) -> Vec<Callout> {
+        let root = self.0.state().root_context;
+        self.0
+            .state()
+            .callouts
+            .iter()
+            .map(|c| Callout {
+                token: c.token,
+                from_stream: c.context != root,
+                cluster: c.cluster.clone(),
+                headers: c.headers.clone(),
+                body: c.body.clone(),
+            })
+            .collect()
+    }
+    fn upstream_headers(&self, s: u32) -> Headers {
+        self.0.stream(s).request_headers.clone()
+    }
+    fn upstream_body(&self, s: u32) -> Vec<u8> {
+        self.0.stream(s).upstream_body.clone()
+    }
+    fn client_headers(&self, s: u32) -> Headers {
+        self.0.stream(s).response_headers.clone()
+    }
+    fn client_body(&self, s: u32) -> Vec<u8> {
+        self.0.stream(s).client_body.clone()
+    }
+    fn local_replies(&self, s: u32) -> Vec<Reply> {
+        let r = &self.0.stream(s).local_replies;
+        r.iter()
+            .map(|r| (r.status, r.headers.clone(), r.body.clone()))
+            .collect()
+    }
+    fn resumed(&self, s: u32) -> bool {
+        self.0.stream(s).continued.contains(&0)
+    }
+    fn was_reset(&self, s: u32) -> bool {
+        !self.0.stream(s).closed.is_empty()
+    }
+    fn counter(&self, name: &str) -> Option<i64> {
+        self.0.state().metric(name)
+    }
+    fn histogram_samples(&self, name: &str) -> usize {
+        let m = &self.0.state().metrics;
+        m.iter()
+            .find(|m| m.name == name)
+            .map_or(0, |m| m.samples.len())
+    }
+    fn metrics_defined(&self) -> usize {
+        self.0.state().metrics.len()
+    }
+}
+
+mcp_adapter_harness::adapter_tests!(Wasm);
+
+/// Nothing the guard did in these scenarios failed at the host: no warning was logged.
+#[test]
+fn a_stream_logs_no_host_call_failure() {
+    mcp_adapter_harness::scenarios::on_big_stack(no_host_call_failure);
+}
+
+fn no_host_call_failure() {
+    let mut p = <Wasm as Proxy>::start(&mcp_adapter_harness::scenarios::config()).unwrap();
+    let s = p.new_stream();
+    let h = mcp_adapter_harness::wasm::headers(&[(":method", "GET"), (":path", "/mcp")]);
+    p.request_headers(s, h, true);
+    p.end_stream(s);
+    assert!(
+        p.0.state().tick_ms.is_some(),
+        "the tick is set up at configuration"
+    );
+    let warnings = p.0.state().logs_at_least(3);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
