@@ -1049,6 +1049,18 @@ fn istio_envoyfilters(
     routes
 }
 
+/// Does some match of the route take every request for one of `paths` (only a `uri` condition)?
+fn takes_all(matches: &[Value], paths: &[String]) -> bool {
+    matches.is_empty()
+        || matches.iter().any(|m| {
+            let only_uri = m.as_object().is_some_and(|o| {
+                o.keys()
+                    .all(|k| k == "uri" || k == "ignoreUriCase" || k == "name")
+            });
+            only_uri && covers(std::slice::from_ref(m), paths, "uri")
+        })
+}
+
 fn covers(matches: &[Value], paths: &[String], uri_key: &str) -> bool {
     if matches.is_empty() {
         return true;
@@ -1081,27 +1093,37 @@ fn istio_virtualservice(
     r: &mut Report,
 ) {
     let http = arr(&v["spec"], "http");
-    // Istio takes the first http route that matches; that one must be a pinned route.
+    // Istio takes the first http route that matches. A route that also matches on a method or
+    // headers (the `initialize` rate-limit route) takes only part of the path's requests, so
+    // every route that may take it, up to the first that takes all of them, must be pinned.
     if let Some(pinned) = pinned {
         for path in paths {
-            let Some(i) = http
+            let one = std::slice::from_ref(path);
+            let takers = http
                 .iter()
-                .position(|h| covers(&arr(h, "match"), std::slice::from_ref(path), "uri"))
-            else {
-                continue;
-            };
-            let got = str_of(&http[i], "/name");
-            if !got.is_some_and(|n| pinned.iter().any(|p| p == n)) {
-                r.error(
-                    format!("VirtualService/{name}.spec.http[{i}].name"),
-                    format!(
-                        "this route takes the MCP path {path}, so it must be a route the \
+                .enumerate()
+                .filter(|(_, h)| covers(&arr(h, "match"), one, "uri"));
+            let mut upto = Vec::new();
+            for (i, h) in takers {
+                upto.push(i);
+                if takes_all(&arr(h, "match"), one) {
+                    break;
+                }
+            }
+            for i in upto {
+                let got = str_of(&http[i], "/name");
+                if !got.is_some_and(|n| pinned.iter().any(|p| p == n)) {
+                    r.error(
+                        format!("VirtualService/{name}.spec.http[{i}].name"),
+                        format!(
+                            "this route takes the MCP path {path}, so it must be a route the \
                          EnvoyFilter's HTTP_ROUTE patch pins ({}), got {}: otherwise \
                          continuations there have no owner pin",
-                        pinned.join(", "),
-                        got.unwrap_or("no name")
-                    ),
-                );
+                            pinned.join(", "),
+                            got.unwrap_or("no name")
+                        ),
+                    );
+                }
             }
         }
     }

@@ -530,7 +530,7 @@ fn broken_istio_objects_fail_and_name_the_field() {
         wp,
         &ef.replace("strict: true", "strict: false"),
         vs,
-        "configPatches[1].patch.value.typed_per_filter_config[\"mcp_resume_guard.stateful_session\"]\
+        "configPatches[2].patch.value.typed_per_filter_config[\"mcp_resume_guard.stateful_session\"]\
          .stateful_session.strict",
     );
     i.fails(
@@ -547,7 +547,7 @@ fn broken_istio_objects_fail_and_name_the_field() {
         wp,
         &no_route,
         vs,
-        "configPatches[0].patch.value.typed_config: has no session state, and no HTTP_ROUTE patch",
+        "configPatches[1].patch.value.typed_config: has no session state, and no HTTP_ROUTE patch",
     );
     let disabled = i.ef_with(|ps| {
         for p in ps.iter_mut().filter(|p| is_route_patch(p)) {
@@ -575,7 +575,7 @@ fn broken_istio_objects_fail_and_name_the_field() {
         wp,
         &misplaced,
         vs,
-        "configPatches[0].patch.operation",
+        "configPatches[1].patch.operation",
     );
     // The VirtualService's MCP route renamed: the HTTP_ROUTE patch no longer reaches it.
     i.fails(
@@ -583,7 +583,7 @@ fn broken_istio_objects_fail_and_name_the_field() {
         wp,
         ef,
         &vs.replacen("- name: mcp\n", "- name: mcp-main\n", 1),
-        "VirtualService/mcp-server.spec.http[0].name: this route takes the MCP path /mcp",
+        "VirtualService/mcp-server.spec.http[1].name: this route takes the MCP path /mcp",
     );
     for strategy in ["FAIL_CLOSE", "FAIL_RELOAD"] {
         let (code, out) = i.run(strategy, &wp.replace("FAIL_RELOAD", strategy), ef, vs);
