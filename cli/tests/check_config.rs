@@ -612,7 +612,7 @@ fn broken_istio_objects_fail_and_name_the_field() {
     i.warns(
         "latemutation",
         &late_mutation,
-        "configPatches[2].patch.operation: should be INSERT_FIRST",
+        "configPatches[4].patch.operation: should be INSERT_FIRST",
     );
     let no_paths = i.ef_with(|ps| ps.retain(|p| p["applyTo"] != "NETWORK_FILTER"));
     i.warns(
@@ -628,7 +628,7 @@ fn broken_istio_objects_fail_and_name_the_field() {
     i.warns(
         "noslashes",
         &keep,
-        "configPatches[3].patch.value.typed_config.merge_slashes: should be true",
+        "configPatches[5].patch.value.typed_config.merge_slashes: should be true",
     );
 }
 
