@@ -7,8 +7,6 @@ pub mod auth;
 pub mod memory;
 pub mod metrics;
 pub mod redis;
-pub mod redis_config;
-mod redis_lua;
 pub mod resume;
 pub mod store;
 
