@@ -227,7 +227,6 @@ pub(super) fn install_tls_provider() {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::parse_url;
 
     #[test]
