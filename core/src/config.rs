@@ -598,11 +598,7 @@ mod tests {
     #[cfg_attr(not(target_arch = "wasm32"), test)]
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn minimal_config_gets_defaults() {
-        let c = Config::from_json(json("").as_bytes());
-        let c = match c {
-            Ok(c) => c,
-            Err(e) => unreachable!("{e}"),
-        };
+        let c = Config::from_json(json("").as_bytes()).unwrap();
         assert!(c.is_mcp_path("/mcp"));
         assert!(c.is_mcp_path("/mcp?x=1"));
         assert!(!c.is_mcp_path("/mcpx"));
@@ -707,10 +703,7 @@ mod tests {
             &cfg,
             &[("KEY_1", &format!("{SECRET}\n")), ("TOKEN", "t0k.en")],
         );
-        let c = match c {
-            Ok(c) => c,
-            Err(e) => unreachable!("{e}"),
-        };
+        let c = c.unwrap();
         assert_eq!(
             c.ownership_authorization().as_deref(),
             Some("Bearer t0k.en")
@@ -737,7 +730,7 @@ mod tests {
                     assert_eq!(e.field, "keys[0].secret_env");
                     assert!(e.message.contains("KEY_1 is not set"), "{e}");
                 }
-                Ok(_) => unreachable!("an unset key variable must be refused"),
+                Ok(_) => panic!("an unset key variable must be refused"),
             }
         }
         let e = with_env(&cfg, &[("KEY_1", SECRET)]).err();
@@ -774,7 +767,7 @@ mod tests {
         let refused = |secret: &str| match Config::from_json(
             key_json(&format!(r#""secret":"{secret}""#)).as_bytes(),
         ) {
-            Ok(_) => unreachable!("{secret} must be refused"),
+            Ok(_) => panic!("{secret} must be refused"),
             Err(e) => {
                 assert_eq!(e.field, "keys[0].secret", "{e}");
                 e.message

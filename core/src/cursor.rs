@@ -625,10 +625,7 @@ mod tests {
     }
 
     fn ring(id: u8, fill: u8) -> Keyring {
-        match Keyring::new(key(id, fill), vec![]) {
-            Ok(r) => r,
-            Err(e) => unreachable!("{e}"),
-        }
+        Keyring::new(key(id, fill), vec![]).unwrap()
     }
 
     fn sample(replica: Option<&str>) -> Cursor<'_> {
@@ -877,10 +874,7 @@ mod tests {
     #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
     fn one_block_tag_is_truncated_sha256_of_k2_and_body() {
         // The fast path computes exactly SHA-256(K₂ ‖ body), from a precomputed chaining value.
-        let hmac = match <Hmac<Sha256> as KeyInit>::new_from_slice(&[9; 32]) {
-            Ok(m) => m,
-            Err(_) => unreachable!(),
-        };
+        let hmac = <Hmac<Sha256> as KeyInit>::new_from_slice(&[9; 32]).unwrap();
         let k2 = derive_k2(&hmac);
         let st = one_block_state(&k2);
         for len in [0usize, 1, 21, 54, 55] {
@@ -934,10 +928,7 @@ mod tests {
     fn key_rotation() {
         let old = ring(1, 0x11);
         let text = old.encode(&sample(Some("a")));
-        let rotated = match Keyring::new(key(2, 0x22), vec![key(1, 0x11)]) {
-            Ok(r) => r,
-            Err(e) => unreachable!("{e}"),
-        };
+        let rotated = Keyring::new(key(2, 0x22), vec![key(1, 0x11)]).unwrap();
         assert_eq!(rotated.active_id(), 2);
         assert!(matches!(rotated.decode(&text), Ok(d) if d.key_id == 1));
         let fresh = rotated.encode(&sample(Some("a")));
@@ -1035,7 +1026,7 @@ mod tests {
                 prop_assert!(text.len() <= MAX_CURSOR_CHARS);
                 let d = r.decode(&text);
                 prop_assert!(d.is_ok(), "{:?}", d);
-                let d = d.unwrap_or_else(|_| unreachable!());
+                let d = d.unwrap();
                 let embeds = replica.as_ref().is_some_and(|s| s.len() <= MAX_REPLICA_ID_BYTES);
                 prop_assert_eq!(d.replica_event_id.is_some(), embeds);
                 if embeds {
@@ -1069,8 +1060,8 @@ mod tests {
             #[test]
             fn other_key_is_rejected((session, incarnation, kind, seq, replica) in fields(), a in any::<[u8; 32]>(), b in any::<[u8; 32]>()) {
                 prop_assume!(a != b);
-                let ra = Keyring::new(Key { id: 1, secret: a.to_vec() }, vec![]).unwrap_or_else(|_| unreachable!());
-                let rb = Keyring::new(Key { id: 1, secret: b.to_vec() }, vec![]).unwrap_or_else(|_| unreachable!());
+                let ra = Keyring::new(Key { id: 1, secret: a.to_vec() }, vec![]).unwrap();
+                let rb = Keyring::new(Key { id: 1, secret: b.to_vec() }, vec![]).unwrap();
                 let c = Cursor { session, incarnation, kind, seq, replica_event_id: replica.as_deref(), request_id: None };
                 prop_assert_eq!(rb.decode(&ra.encode(&c)), Err(CursorError::BadMac));
             }

@@ -251,16 +251,14 @@ mod tests {
     }
 
     fn ring() -> Keyring {
-        match Keyring::new(
+        Keyring::new(
             crate::cursor::Key {
                 id: 3,
                 secret: vec![9; 32],
             },
             vec![],
-        ) {
-            Ok(k) => k,
-            Err(e) => unreachable!("{e:?}"),
-        }
+        )
+        .unwrap()
     }
 
     fn cursor_for(keys: &Keyring, sid: &str) -> String {
@@ -329,16 +327,14 @@ mod tests {
             local(&k, true, &good, None, None),
             refused(Reason::SessionInactive, get)
         );
-        let other = match Keyring::new(
+        let other = Keyring::new(
             crate::cursor::Key {
                 id: 3,
                 secret: vec![1; 32],
             },
             vec![],
-        ) {
-            Ok(k) => k,
-            Err(e) => unreachable!("{e:?}"),
-        };
+        )
+        .unwrap();
         assert_eq!(
             local(&other, true, &good, Some("s1"), None),
             refused(Reason::ForeignCursor, None)

@@ -49,7 +49,7 @@ fn messages(body: &str) -> Vec<serde_json::Value> {
 /// Asserts a settling answer: 200 SSE, the header, the control event, then an error for `id`.
 fn assert_settles(effects: &[Effect], reason: Reason, id: serde_json::Value) {
     let Some((status, headers, body)) = local(effects) else {
-        unreachable!("no local answer in {effects:?}")
+        panic!("no local answer in {effects:?}")
     };
     assert_eq!(status, 200, "{body}");
     assert_eq!(
@@ -129,9 +129,7 @@ fn local_refusals_and_a_down_cluster_settle_too() {
     let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
     let mut ex = Exchange::new();
     rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", &c)]));
-    let Some((token, _)) = host.last_dispatch() else {
-        unreachable!()
-    };
+    let (token, _) = host.last_dispatch().unwrap();
     host.take();
     ex.on_callout_response(&mut w, &mut host, token, None, None);
     assert_settles(

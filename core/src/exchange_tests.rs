@@ -12,10 +12,7 @@ fn config(extra: &str) -> Config {
     let json = format!(
         r#"{{"ownership":{{"cluster":"mcp_ownership"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}}]{extra}}}"#
     );
-    match Config::from_json(json.as_bytes()) {
-        Ok(c) => c,
-        Err(e) => unreachable!("{e}"),
-    }
+    Config::from_json(json.as_bytes()).unwrap()
 }
 
 fn worker() -> Worker {
@@ -114,10 +111,7 @@ fn drain_records(w: &mut Worker, host: &mut MockHost) -> Vec<Record> {
         let Some((token, body)) = host.last_dispatch() else {
             break;
         };
-        let batch: RecordBatch = match serde_json::from_slice(body) {
-            Ok(b) => b,
-            Err(e) => unreachable!("{e}"),
-        };
+        let batch: RecordBatch = serde_json::from_slice(body).unwrap();
         let n = batch.records.len();
         out.extend(batch.records);
         let ack = format!(r#"{{"applied":{n}}}"#);
@@ -136,9 +130,7 @@ fn resume(
     let mut ex = Exchange::new();
     let a = rq(&mut ex, w, host, &get(&[("last-event-id", cursor)]));
     assert_eq!(a, Action::Pause);
-    let Some((token, body)) = host.last_dispatch() else {
-        unreachable!("no callout");
-    };
+    let (token, body) = host.last_dispatch().expect("no callout");
     let q: Result<ResumeQuery, _> = serde_json::from_slice(body);
     assert!(q.is_ok());
     host.take();
@@ -235,9 +227,7 @@ fn a_callout_failure_fails_closed() {
     let c = cursor(&w, 42, 7, "e7");
     let mut ex = Exchange::new();
     rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", &c)]));
-    let Some((token, _)) = host.last_dispatch() else {
-        unreachable!()
-    };
+    let (token, _) = host.last_dispatch().unwrap();
     ex.on_callout_response(&mut w, &mut host, token, Some(503), None);
     let fx = host.take();
     assert!(removed_req(&fx, "last-event-id"));
@@ -280,7 +270,7 @@ fn streams_with_long_ids_continue() {
         let records = drain_records(&mut w, &mut host);
         assert_eq!(host.stat(Stat::RecordsInvalid), 0);
         let Some(Record::Events { ids, long, .. }) = records.get(1) else {
-            unreachable!("{records:?}")
+            panic!("{records:?}")
         };
         assert_eq!(long.len(), 2, "full ids kept for resumption");
         // The store answers the cursor at seq 1 with the recorded seq 2 and the full id of seq 1.
@@ -461,13 +451,8 @@ fn session_ids_are_hashed_as_raw_bytes() {
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
     rq(&mut ex, &mut w, &mut host, &h(raw.clone()));
-    let Some((_, body)) = host.last_dispatch() else {
-        unreachable!("bound to the raw bytes: asked")
-    };
-    let q: ResumeQuery = match serde_json::from_slice(body) {
-        Ok(q) => q,
-        Err(e) => unreachable!("{e}"),
-    };
+    let (_, body) = host.last_dispatch().expect("bound to the raw bytes: asked");
+    let q: ResumeQuery = serde_json::from_slice(body).unwrap();
     assert_eq!(q.session, crate::cursor::session_key(&raw));
     // The lossy spelling of the same id is another session.
     let mut host = MockHost::new();

@@ -21,10 +21,7 @@ fn queue(extra: &str) -> RecordQueue {
     let json = format!(
         r#"{{"ownership":{{"cluster":"c"{extra}}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}}]}}"#
     );
-    match Config::from_json(json.as_bytes()) {
-        Ok(c) => RecordQueue::new(&c),
-        Err(e) => unreachable!("{e}"),
-    }
+    RecordQueue::new(&Config::from_json(json.as_bytes()).unwrap())
 }
 
 fn open(owner: &str) -> Record {
@@ -46,10 +43,7 @@ fn flush(q: &mut RecordQueue, host: &mut MockHost) -> Option<(u32, Vec<Record>, 
     q.flush(host);
     let (token, body) = host.last_dispatch()?;
     let n = body.len();
-    let batch: RecordBatch = match serde_json::from_slice(body) {
-        Ok(b) => b,
-        Err(e) => unreachable!("{e}"),
-    };
+    let batch: RecordBatch = serde_json::from_slice(body).unwrap();
     Some((token, batch.records, n))
 }
 
@@ -89,9 +83,7 @@ fn ids_of_any_length_are_recorded_in_bounded_form() {
     ];
     q.push_events(&mut host, S, I, 1, evs(ids));
     assert_eq!(host.stat(Stat::RecordsInvalid), 0);
-    let Some((_, records, _)) = flush(&mut q, &mut host) else {
-        unreachable!()
-    };
+    let (_, records, _) = flush(&mut q, &mut host).unwrap();
     let mut all_ids = Vec::new();
     let mut all_long = Vec::new();
     for r in &records {
@@ -166,9 +158,7 @@ fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
             owner: "127.0.0.1:9102".into(),
         },
     );
-    let Some((token, records, _)) = flush(&mut q, &mut host) else {
-        unreachable!()
-    };
+    let (token, records, _) = flush(&mut q, &mut host).unwrap();
     assert_eq!(records.len(), 3);
     let ack = r#"{"applied":2,"rejected":[{"index":1,"error":"bad_field","detail":"records[1].ids[0]: x"}]}"#;
     q.on_response(&mut host, token, Some(200), Some(ack.as_bytes()));
@@ -178,9 +168,7 @@ fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
     assert!(flush(&mut q, &mut host).is_none());
     // The service of today answers without `rejected`: all applied.
     q.push(&mut host, open("127.0.0.1:9101"));
-    let Some((token, _, _)) = flush(&mut q, &mut host) else {
-        unreachable!()
-    };
+    let (token, _, _) = flush(&mut q, &mut host).unwrap();
     q.on_response(&mut host, token, Some(200), Some(b"{\"applied\":1}"));
     assert_eq!(host.stat(Stat::RecordsSent), 3);
 }
@@ -197,9 +185,7 @@ fn a_4xx_batch_is_dropped_never_retried() {
             owner: "127.0.0.1:9102".into(),
         },
     );
-    let Some((token, _, _)) = flush(&mut q, &mut host) else {
-        unreachable!()
-    };
+    let (token, _, _) = flush(&mut q, &mut host).unwrap();
     q.on_response(
         &mut host,
         token,
@@ -221,7 +207,7 @@ fn transport_failures_and_5xx_retry_with_jittered_exponential_backoff() {
     let mut ceilings = Vec::new();
     for round in 0..8 {
         let Some((token, records, _)) = flush(&mut q, &mut host) else {
-            unreachable!("round {round}: the batch is retried")
+            panic!("round {round}: the batch is retried")
         };
         assert_eq!(records.len(), 1);
         let status = if round % 2 == 0 { None } else { Some(503) };
@@ -244,9 +230,7 @@ fn transport_failures_and_5xx_retry_with_jittered_exponential_backoff() {
         "the backoff grows: {ceilings:?}"
     );
     // Success resets it.
-    let Some((token, _, _)) = flush(&mut q, &mut host) else {
-        unreachable!()
-    };
+    let (token, _, _) = flush(&mut q, &mut host).unwrap();
     q.on_response(&mut host, token, Some(200), None);
     assert_eq!(q.retry_at_ms(), 0);
     assert_eq!(host.stat(Stat::RecordsSent), 1);
@@ -282,9 +266,7 @@ fn queued_events_are_written_exactly_as_the_record_serializes() {
     assert_eq!(q.len(), 1);
     host.take();
     q.flush(&mut host);
-    let Some((_, body)) = host.last_dispatch() else {
-        unreachable!()
-    };
+    let (_, body) = host.last_dispatch().unwrap();
     let want = Record::Events {
         session: S.into(),
         incarnation: I.into(),

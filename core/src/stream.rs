@@ -594,16 +594,14 @@ mod tests {
     use crate::sse::content_digest;
 
     fn keys() -> Keyring {
-        match Keyring::new(
+        Keyring::new(
             Key {
                 id: 1,
                 secret: vec![7; 32],
             },
             vec![],
-        ) {
-            Ok(k) => k,
-            Err(e) => unreachable!("{e:?}"),
-        }
+        )
+        .unwrap()
     }
 
     fn run(s: &mut StreamState, k: &Keyring, input: &str) -> (String, Flow) {
@@ -838,7 +836,7 @@ mod tests {
                 Some(w) => assert_eq!(w, &got, "split at {cut}"),
             }
         }
-        whole.unwrap_or_else(|| unreachable!())
+        whole.unwrap()
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

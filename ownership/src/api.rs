@@ -9,31 +9,19 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mcp_resume_core::ownership::{
-    ErrorBody, FieldError, Record, RecordAck, RejectedRecord, ResumeQuery, ResumeVerdict,
-    MAX_BATCH_RECORDS, MAX_RECORDS_BODY_BYTES, MAX_SEQ,
+    FieldError, Record, RecordAck, RejectedRecord, ResumeQuery, ResumeVerdict, MAX_BATCH_RECORDS,
+    MAX_RECORDS_BODY_BYTES, MAX_SEQ,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, OWNERS_GONE_PATH};
+use crate::clock::{system_clock, Clock};
+pub use crate::error::ApiError;
 use crate::metrics::{record_type, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
 use crate::resume::{resolve, timed, ResumeOptions};
 use crate::store::{Applied, Store};
-
-/// Path of the operator / preStop endpoint (not in the core: only people and hooks call it).
-pub const OWNERS_GONE_PATH: &str = "/v1/owners/gone";
-pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
-
-/// Milliseconds since the Unix epoch from the system clock.
-pub fn system_clock() -> Clock {
-    Arc::new(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0)
-    })
-}
 
 /// Everything a handler needs. Cheap to clone (all shared).
 pub struct AppState<S> {
@@ -78,57 +66,6 @@ impl<S: Store> AppState<S> {
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
-    }
-}
-
-/// A 4xx/5xx with a named problem.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub body: ErrorBody,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, error: &str, detail: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            body: ErrorBody {
-                error: error.to_owned(),
-                detail: detail.into(),
-            },
-        }
-    }
-
-    fn bad_field(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_field", detail)
-    }
-
-    /// A store failure, named by its class only: backend error texts stay in the log.
-    pub fn store(store: &str, e: &crate::store::StoreError) -> Self {
-        log_store_error(e);
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            format!("{store}: {}", e.class()),
-        )
-    }
-}
-
-/// Log a store error at most once a second (an outage fails every request), with the
-/// backend's own text: store errors never carry credentials (URLs are redacted, passwords are
-/// never part of a Redis error).
-fn log_store_error(e: &crate::store::StoreError) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = (system_clock())() / 1000;
-    if LAST.swap(now, Ordering::Relaxed) != now {
-        eprintln!("mcp-ownership: {e}; answering 503 store_unavailable");
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
     }
 }
 

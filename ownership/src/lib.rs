@@ -4,11 +4,11 @@
 //! is the core's `decide`; this crate only gathers an atomic snapshot of facts for it.
 pub mod api;
 pub mod auth;
+pub mod clock;
+pub mod error;
 pub mod memory;
 pub mod metrics;
 pub mod redis;
-pub mod redis_config;
-mod redis_lua;
 pub mod resume;
 pub mod store;
 
@@ -33,7 +33,7 @@ pub fn router<S: Store>(state: AppState<S>) -> Router {
     Router::new()
         .route(RESUME_PATH, post(api::resume::<S>))
         .route(RECORDS_PATH, post(api::records::<S>))
-        .route(api::OWNERS_GONE_PATH, post(api::owners_gone::<S>))
+        .route(auth::OWNERS_GONE_PATH, post(api::owners_gone::<S>))
         .route("/healthz", get(api::healthz::<S>))
         .route("/metrics", get(api::metrics::<S>))
         .fallback(api::not_found)

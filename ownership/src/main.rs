@@ -459,7 +459,6 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use clap::CommandFactory as _;
 

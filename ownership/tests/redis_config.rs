@@ -181,7 +181,7 @@ async fn fill_to(a: &mut redis::aio::MultiplexedConnection, target: u64, tag: &s
             .query_async(a)
             .await
             .unwrap();
-        let used = mcp_ownership::redis_config::parse_info(&info).used;
+        let used = mcp_ownership::redis::config::parse_info(&info).used;
         if used >= target {
             return;
         }
