@@ -1,6 +1,8 @@
 //! The proxy-wasm implementation of the core's [`Host`]: every call goes to the proxy-wasm ABI
 //! and never panics (the trait helpers of the proxy-wasm crate unwrap); failures are logged.
-use mcp_resume_core::host::{Host, LogLevel, Stat, CALLOUT_MS};
+use mcp_resume_core::host::{
+    clock_random, metric_name, Host, LogLevel, Stat, CALLOUT_MS, METRIC_PREFIX,
+};
 use proxy_wasm::hostcalls as hc;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::time::{Duration, UNIX_EPOCH};
@@ -103,7 +105,7 @@ pub struct Metrics {
 }
 
 fn define(kind: MetricType, name: &str) -> u32 {
-    match hc::define_metric(kind, &format!("mcp_resume_guard.{name}")) {
+    match hc::define_metric(kind, &metric_name(name)) {
         Ok(id) => id,
         Err(_) => {
             log(LogLevel::Warn, &format!("cannot define metric {name}"));
@@ -128,7 +130,7 @@ impl Metrics {
 const CLAIM_SLOTS: u64 = 1024;
 
 fn claim_key(incarnation: u64) -> String {
-    format!("mcp_resume_guard.claim.{}", incarnation % CLAIM_SLOTS)
+    format!("{METRIC_PREFIX}claim.{}", incarnation % CLAIM_SLOTS)
 }
 
 /// The host as seen from one callback. `body_size` is the size of the body chunk being handled.
@@ -151,7 +153,7 @@ impl Host for ProxyHost<'_> {
         let mut b = [0u8; 8];
         match getrandom::fill(&mut b) {
             Ok(()) => u64::from_le_bytes(b),
-            Err(_) => self.now_ms().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
+            Err(_) => clock_random(self.now_ms()),
         }
     }
 

@@ -184,6 +184,20 @@ impl Stat {
     }
 }
 
+/// Every metric the guard defines is named `mcp_resume_guard.<name>`, in both builds.
+pub const METRIC_PREFIX: &str = "mcp_resume_guard.";
+
+/// The full metric name of `name` ([`Stat::name`] or [`CALLOUT_MS`]).
+pub fn metric_name(name: &str) -> String {
+    format!("{METRIC_PREFIX}{name}")
+}
+
+/// A random value when the host's randomness failed: spread from the clock. Only incarnation
+/// ids, claims and backoff jitter use randomness; none of them is a secret.
+pub fn clock_random(now_ms: u64) -> u64 {
+    now_ms.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15
+}
+
 /// The histogram of resume callout latency, `mcp_resume_guard.callout_ms`.
 pub const CALLOUT_MS: &str = "callout_ms";
 

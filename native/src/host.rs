@@ -3,7 +3,7 @@
 //! C ABI in `abi` and never panics; failures are logged.
 use crate::abi::{self, EnvoyBuffer, HttpFilterConfigEnvoyPtr, HttpFilterEnvoyPtr, HttpHeader};
 use crate::abi::{ModuleBuffer, CALLOUT_INIT_SUCCESS, METRICS_SUCCESS};
-use mcp_resume_core::host::{Host, LogLevel, Stat, CALLOUT_MS};
+use mcp_resume_core::host::{clock_random, metric_name, Host, LogLevel, Stat, CALLOUT_MS};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -30,7 +30,7 @@ fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     match getrandom::fill(&mut b) {
         Ok(()) => u64::from_le_bytes(b),
-        Err(_) => now_ms().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
+        Err(_) => clock_random(now_ms()),
     }
 }
 
@@ -68,7 +68,7 @@ impl Metrics {
     /// Main thread, while Envoy still accepts new stats (during config creation).
     pub fn define(config: HttpFilterConfigEnvoyPtr) -> Metrics {
         let define = |name: String, histogram: bool| {
-            let full = format!("mcp_resume_guard.{name}");
+            let full = metric_name(&name);
             let mut id = 0usize;
             // SAFETY: `config` is the config being created; the buffers are valid for the call.
             let r = unsafe {
