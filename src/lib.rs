@@ -22,7 +22,7 @@ proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
         host::log(LogLevel::Critical, &format!("mcp-resume-guard: panic: {info}"));
     }));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(GuardRoot::default()) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Guard::default()) });
 }}
 
 fn action(a: CoreAction) -> Action {
@@ -32,14 +32,15 @@ fn action(a: CoreAction) -> Action {
     }
 }
 
-/// Per-worker root: owns the worker state (config, record queue) and the metric ids.
+/// The guard of one worker (proxy-wasm's root context): owns the worker state (config, record
+/// queue) and the metric ids. `Guard` and `Filter` name the same things in the native build.
 #[derive(Default)]
-struct GuardRoot {
+struct Guard {
     worker: Option<Rc<RefCell<Worker>>>,
     metrics: Option<Rc<Metrics>>,
 }
 
-impl Context for GuardRoot {
+impl Context for Guard {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _: usize) {
         let (Some(w), Some(m)) = (&self.worker, &self.metrics) else {
             return;
@@ -59,7 +60,7 @@ impl Context for GuardRoot {
     }
 }
 
-impl RootContext for GuardRoot {
+impl RootContext for Guard {
     fn on_configure(&mut self, _size: usize) -> bool {
         match Config::from_json(&host::plugin_configuration()) {
             Ok(cfg) => {
@@ -88,7 +89,7 @@ impl RootContext for GuardRoot {
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Guard {
+        Some(Box::new(Filter {
             worker: self.worker.clone()?,
             metrics: self.metrics.clone()?,
             exchange: Exchange::new(),
@@ -100,13 +101,14 @@ impl RootContext for GuardRoot {
     }
 }
 
-struct Guard {
+/// One request/response through the guard (proxy-wasm's HTTP context).
+struct Filter {
     worker: Rc<RefCell<Worker>>,
     metrics: Rc<Metrics>,
     exchange: Exchange,
 }
 
-impl Context for Guard {
+impl Context for Filter {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _: usize) {
         let status = if headers > 0 {
             host::call_status()
@@ -124,7 +126,7 @@ impl Context for Guard {
     }
 }
 
-impl HttpContext for Guard {
+impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
         let headers = host::header_map(MapType::HttpRequestHeaders);
         let mut h = ProxyHost {
