@@ -434,7 +434,7 @@ fn keyring(
             ));
         }
         if let Err(why) = check_random(&secret) {
-            return Err(err(field, why));
+            return Err(err(field, why.to_string()));
         }
         if keys[..i].iter().any(|o| o.id == k.id) {
             return Err(err(
@@ -539,16 +539,12 @@ pub const MIN_DISTINCT_BYTES: usize = 16;
 /// placeholder; 32 random bytes are all text with probability below 1e-13), and the first 32
 /// bytes showing fewer than [`MIN_DISTINCT_BYTES`] distinct values or distinct successive
 /// differences (repeats, counters, patterns).
-pub fn check_random(secret: &[u8]) -> Result<(), String> {
+pub fn check_random(secret: &[u8]) -> Result<(), NotRandom> {
     if secret
         .iter()
         .all(|b| (0x20..=0x7e).contains(b) || b"\t\r\n".contains(b))
     {
-        return Err(
-            "decodes to text, not random bytes: use the base64 of 32 random bytes \
-             (mcp-guard keygen, or head -c 32 /dev/urandom | base64)"
-                .to_string(),
-        );
+        return Err(NotRandom::Text);
     }
     let head = &secret[..secret.len().min(MIN_SECRET_BYTES)];
     let distinct = |it: &mut dyn Iterator<Item = u8>| {
@@ -559,15 +555,50 @@ pub fn check_random(secret: &[u8]) -> Result<(), String> {
     let values = distinct(&mut head.iter().copied());
     let steps = distinct(&mut head.windows(2).map(|w| w[1].wrapping_sub(w[0])));
     if values < MIN_DISTINCT_BYTES || steps < MIN_DISTINCT_BYTES {
-        return Err(format!(
-            "does not look random: its first {} bytes show {values} distinct values and {steps} \
-             distinct steps, a random key at least {MIN_DISTINCT_BYTES} of each: use the base64 \
-             of 32 random bytes (mcp-guard keygen)",
-            head.len()
-        ));
+        return Err(NotRandom::Patterned {
+            bytes: head.len(),
+            values,
+            steps,
+        });
     }
     Ok(())
 }
+
+/// Why a key is not plausibly random ([`check_random`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotRandom {
+    /// Every byte is printable text.
+    Text,
+    /// Too few distinct values or successive differences among the first `bytes` bytes.
+    Patterned {
+        bytes: usize,
+        values: usize,
+        steps: usize,
+    },
+}
+
+impl fmt::Display for NotRandom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotRandom::Text => f.write_str(
+                "decodes to text, not random bytes: use the base64 of 32 random bytes \
+                 (mcp-guard keygen, or head -c 32 /dev/urandom | base64)",
+            ),
+            NotRandom::Patterned {
+                bytes,
+                values,
+                steps,
+            } => write!(
+                f,
+                "does not look random: its first {bytes} bytes show {values} distinct values and \
+                 {steps} distinct steps, a random key at least {MIN_DISTINCT_BYTES} of each: use \
+                 the base64 of 32 random bytes (mcp-guard keygen)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotRandom {}
 
 fn is_header_name(s: &str) -> bool {
     !s.is_empty()

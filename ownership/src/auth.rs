@@ -89,12 +89,36 @@ pub fn parse_tokens(text: &str) -> Result<Vec<[u8; 32]>, String> {
     Ok(out)
 }
 
+/// A token file that cannot be used: the flag, the path and what is wrong (never a token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenFileError {
+    pub flag: &'static str,
+    pub path: PathBuf,
+    pub problem: String,
+}
+
+impl std::fmt::Display for TokenFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.flag, self.path.display(), self.problem)
+    }
+}
+
+impl std::error::Error for TokenFileError {}
+
 impl TokenFile {
     /// Load `path` now; any problem is an error naming `flag` and the path (never a token).
-    pub fn load(flag: &'static str, path: impl Into<PathBuf>) -> Result<Self, String> {
+    pub fn load(flag: &'static str, path: impl Into<PathBuf>) -> Result<Self, TokenFileError> {
         let path = path.into();
-        let (stamp, digests) =
-            read(&path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+        let (stamp, digests) = match read(&path) {
+            Ok(r) => r,
+            Err(problem) => {
+                return Err(TokenFileError {
+                    flag,
+                    path,
+                    problem,
+                })
+            }
+        };
         Ok(TokenFile {
             path,
             flag,

@@ -277,7 +277,11 @@ fn main() -> ExitCode {
 fn load_auth(cli: &Cli) -> Result<Auth, String> {
     let load = |flag, path: &Option<PathBuf>| {
         path.as_ref()
-            .map(|p| TokenFile::load(flag, p).map(Arc::new))
+            .map(|p| {
+                TokenFile::load(flag, p)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
             .transpose()
     };
     let auth = Auth {

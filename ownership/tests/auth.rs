@@ -238,13 +238,17 @@ fn token_files_are_checked_at_load() {
     ] {
         let p = dir.join("t");
         write_atomic(&p, text);
-        let e = TokenFile::load("--token-file", &p).err().unwrap();
+        let e = TokenFile::load("--token-file", &p)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("--token-file") && e.contains(words), "{e}");
         assert!(!e.contains(GUARD) && !e.contains("space in it"), "{e}");
     }
     let e = TokenFile::load("--token-file", dir.join("missing"))
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
     assert!(e.contains("--token-file") && e.contains("missing"), "{e}");
 }
 

@@ -66,14 +66,15 @@ fn cluster_urls() {
         ("redis-cluster://h:x,h:7001", "bad port"),
         ("redis-cluster://h:0", "bad port"),
     ] {
-        let e = parse_url(bad).err().unwrap();
+        let e = parse_url(bad).err().unwrap().to_string();
         assert!(e.contains(want), "{bad}: {e}");
         assert!(e.contains("redis-cluster://HOST:PORT"), "{bad}: {e}");
     }
     // A password in the URL is never shown.
     let e = parse_url("redis-cluster://u:secret-pw@h:1/0")
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
     assert!(!e.contains("secret-pw"), "{e}");
     let e = RedisStore::new(
         "redis-cluster://127.0.0.1:7000",
@@ -87,7 +88,8 @@ fn cluster_urls() {
         },
     )
     .err()
-    .unwrap();
+    .unwrap()
+    .to_string();
     assert!(e.contains("only for rediss-cluster://"), "{e}");
 }
 

@@ -267,7 +267,8 @@ async fn acl_and_tls() {
     ] {
         let e = RedisStore::new(&bad, Limits::default(), opts(ca_only.clone()))
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(!e.contains(PASSWORD), "{e}");
     }
 }

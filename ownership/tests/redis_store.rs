@@ -88,7 +88,8 @@ async fn bad_url_is_a_clear_error() {
     for bad in ["redis://", "127.0.0.1:6390", "redis://h:x"] {
         let e = RedisStore::new(bad, Limits::default(), RedisOptions::default())
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains("redis://HOST:PORT"), "{e}");
     }
 }

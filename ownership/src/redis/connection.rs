@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::RoutingInfo;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use super::setup::{RedisOptions, Target};
+use super::setup::{RedisOptions, SetupError, Target};
 
 /// Milliseconds on a monotonic clock, from the first call (never 0).
 fn clock_ms() -> u64 {
@@ -144,7 +144,7 @@ pub(super) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Link {
-    pub(super) fn new(target: &Target, opts: &RedisOptions) -> Result<Link, String> {
+    pub(super) fn new(target: &Target, opts: &RedisOptions) -> Result<Link, SetupError> {
         match target {
             Target::Single(client) => {
                 let config = ConnectionManagerConfig::new()
@@ -157,7 +157,7 @@ impl Link {
                     .set_min_delay(Duration::from_millis(10))
                     .set_max_delay(Duration::from_millis(100));
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                    .map_err(|e| format!("redis: {e}"))?;
+                    .map_err(|e| SetupError::Connection(e.to_string()))?;
                 Ok(Link::Single {
                     client: client.clone(),
                     config,

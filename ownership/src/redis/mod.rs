@@ -49,8 +49,8 @@ mod store;
 mod sweep;
 
 pub use setup::{
-    client, is_cluster_url, parse_url, redacted, RedisAuth, RedisOptions, Secret, CLUSTER_SCHEME,
-    CLUSTER_TLS_SCHEME,
+    client, is_cluster_url, parse_url, redacted, RedisAuth, RedisOptions, Secret, SetupError,
+    CLUSTER_SCHEME, CLUSTER_TLS_SCHEME,
 };
 
 /// Keys outlive the idle TTL by this much, so the TTL check in the scripts (on the caller's
@@ -114,12 +114,9 @@ impl RedisStore {
     /// node listed a seed). Does not connect: the first operation does, so the service can
     /// start while Redis is down (/healthz says 503 until it answers). Must be called inside a
     /// Tokio runtime.
-    pub fn new(url: &str, limits: Limits, opts: RedisOptions) -> Result<Self, String> {
+    pub fn new(url: &str, limits: Limits, opts: RedisOptions) -> Result<Self, SetupError> {
         if opts.prefix.contains(['{', '}']) {
-            return Err(format!(
-                "key prefix {:?} must not contain braces",
-                opts.prefix
-            ));
+            return Err(SetupError::Prefix(opts.prefix));
         }
         install_tls_provider();
         let target = target(url, &opts)?;

@@ -79,6 +79,64 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
+/// Why a Redis store could not be set up. Every variant shows the URL only redacted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupError {
+    /// Not the expected shape (`want`), e.g. another scheme; `why` says more when known.
+    Shape {
+        want: &'static str,
+        shown: String,
+        why: Option<&'static str>,
+    },
+    /// The port is not a usable port (also where a mistyped `user:password` lands).
+    BadPort { want: &'static str },
+    /// The redis crate refused the URL.
+    Unusable {
+        shown: String,
+        what: &'static str,
+        kind: String,
+    },
+    /// The CA file could not be used.
+    Ca { shown: String, kind: String },
+    /// A CA file given for a URL without TLS.
+    CaWithoutTls { shown: String, scheme: &'static str },
+    /// `--redis-prefix` contains braces (they would break the Cluster hash tags).
+    Prefix(String),
+    /// The connection could not be prepared.
+    Connection(String),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::Shape {
+                want,
+                shown,
+                why: None,
+            } => write!(f, "expected {want}, got {shown:?}"),
+            SetupError::Shape {
+                want,
+                shown,
+                why: Some(why),
+            } => write!(f, "expected {want}, got {shown:?} ({why})"),
+            SetupError::BadPort { want } => write!(f, "expected {want} (bad port)"),
+            SetupError::Unusable { shown, what, kind } => {
+                write!(f, "{shown:?}: not a usable {what} ({kind})")
+            }
+            SetupError::Ca { shown, kind } => {
+                write!(f, "{shown:?}: the CA file is not usable ({kind})")
+            }
+            SetupError::CaWithoutTls { shown, scheme } => {
+                write!(f, "{shown:?}: a CA file is only for {scheme}:// (TLS) URLs")
+            }
+            SetupError::Prefix(p) => write!(f, "key prefix {p:?} must not contain braces"),
+            SetupError::Connection(e) => write!(f, "redis: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
 /// Is this `--store` value a Redis Cluster (`redis-cluster://`, `rediss-cluster://`)?
 pub fn is_cluster_url(url: &str) -> bool {
     url.starts_with(CLUSTER_SCHEME) || url.starts_with(CLUSTER_TLS_SCHEME)
@@ -87,11 +145,11 @@ pub fn is_cluster_url(url: &str) -> bool {
 /// Check a `--store` Redis URL (`redis://…`, `rediss://…`, `redis-cluster://…`,
 /// `rediss-cluster://…`) without connecting. The error says what is wrong and never shows a
 /// password.
-pub fn parse_url(url: &str) -> Result<(), String> {
+pub fn parse_url(url: &str) -> Result<(), SetupError> {
     target(url, &RedisOptions::default()).map(|_| ())
 }
 
-pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, String> {
+pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, SetupError> {
     if is_cluster_url(url) {
         cluster_client(url, opts).map(Target::Cluster)
     } else {
@@ -100,32 +158,42 @@ pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, String> {
 }
 
 /// `HOST:PORT` with a usable port (the port is optional: `default_port` ok).
-fn check_hostport(hostport: &str, shown: &str, want: &str) -> Result<(), String> {
+fn check_hostport(hostport: &str, shown: &str, want: &'static str) -> Result<(), SetupError> {
     if hostport.is_empty() || hostport.starts_with(':') {
-        return Err(format!("expected {want}, got {shown:?} (no host)"));
+        return Err(SetupError::Shape {
+            want,
+            shown: shown.to_owned(),
+            why: Some("no host"),
+        });
     }
     if let Some((_, port)) = hostport.rsplit_once(':') {
         if !hostport.ends_with(']') && port.parse::<u16>().map_or(true, |p| p == 0) {
             // Not the port's text: without an '@', a mistyped `user:password` lands here.
-            return Err(format!("expected {want} (bad port)"));
+            return Err(SetupError::BadPort { want });
         }
     }
     Ok(())
 }
 
 /// The client for `url` with `auth` applied (credentials, TLS roots).
-pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, String> {
+pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, SetupError> {
     let shown = redacted(url);
     let rest = url
         .strip_prefix("redis://")
         .or_else(|| url.strip_prefix("rediss://"))
-        .ok_or_else(|| {
-            format!("expected redis://HOST:PORT or rediss://HOST:PORT, got {shown:?}")
+        .ok_or_else(|| SetupError::Shape {
+            want: "redis://HOST:PORT or rediss://HOST:PORT",
+            shown: shown.clone(),
+            why: None,
         })?;
     let hostport = rest.rsplit('@').next().unwrap_or(rest);
     let hostport = hostport.split('/').next().unwrap_or(hostport);
     check_hostport(hostport, &shown, "redis://HOST:PORT")?;
-    let bad = |e: redis::RedisError| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind());
+    let bad = |e: redis::RedisError| SetupError::Unusable {
+        shown: shown.clone(),
+        what: "Redis URL",
+        kind: format!("{:?}", e.kind()),
+    };
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(bad)?;
     let mut settings = info.redis_settings().clone();
     if let Some(u) = &auth.username {
@@ -144,17 +212,21 @@ pub fn client(url: &str, auth: &RedisAuth) -> Result<redis::Client, String> {
                 root_cert: Some(pem.clone()),
             },
         )
-        .map_err(|e| format!("{shown:?}: the CA file is not usable ({:?})", e.kind())),
-        (Some(_), false) => Err(format!(
-            "{shown:?}: a CA file is only for rediss:// (TLS) URLs"
-        )),
+        .map_err(|e| SetupError::Ca {
+            shown: shown.clone(),
+            kind: format!("{:?}", e.kind()),
+        }),
+        (Some(_), false) => Err(SetupError::CaWithoutTls {
+            shown: shown.clone(),
+            scheme: "rediss",
+        }),
         (None, _) => redis::Client::open(info).map_err(bad),
     }
 }
 
 /// The Cluster client for `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` (or
 /// `rediss-cluster://` for TLS): every listed node is a seed; the client learns the rest.
-fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, String> {
+fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, SetupError> {
     const WANT: &str = "redis-cluster://HOST:PORT[,HOST:PORT…]";
     let shown = redacted(url);
     let (scheme, rest) = match url.strip_prefix(CLUSTER_SCHEME) {
@@ -162,7 +234,11 @@ fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, Strin
         None => (
             "rediss",
             url.strip_prefix(CLUSTER_TLS_SCHEME)
-                .ok_or_else(|| format!("expected {WANT}, got {shown:?}"))?,
+                .ok_or_else(|| SetupError::Shape {
+                    want: WANT,
+                    shown: shown.clone(),
+                    why: None,
+                })?,
         ),
     };
     let (userinfo, hosts) = match rest.rsplit_once('@') {
@@ -170,9 +246,11 @@ fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, Strin
         None => (None, rest),
     };
     if hosts.contains('/') {
-        return Err(format!(
-            "expected {WANT}, got {shown:?} (a Cluster has no database number)"
-        ));
+        return Err(SetupError::Shape {
+            want: WANT,
+            shown,
+            why: Some("a Cluster has no database number"),
+        });
     }
     let mut nodes = Vec::new();
     for hostport in hosts.split(',') {
@@ -181,8 +259,13 @@ fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, Strin
             Some(u) => format!("{scheme}://{u}@{hostport}"),
             None => format!("{scheme}://{hostport}"),
         };
-        let info = redis::IntoConnectionInfo::into_connection_info(node.as_str())
-            .map_err(|e| format!("{shown:?}: not a usable Redis URL ({:?})", e.kind()))?;
+        let info = redis::IntoConnectionInfo::into_connection_info(node.as_str()).map_err(|e| {
+            SetupError::Unusable {
+                shown: shown.clone(),
+                what: "Redis URL",
+                kind: format!("{:?}", e.kind()),
+            }
+        })?;
         nodes.push(info);
     }
     let tls = scheme == "rediss";
@@ -210,14 +293,18 @@ fn cluster_client(url: &str, opts: &RedisOptions) -> Result<ClusterClient, Strin
             });
         }
         (Some(_), false) => {
-            return Err(format!(
-                "{shown:?}: a CA file is only for rediss-cluster:// (TLS) URLs"
-            ))
+            return Err(SetupError::CaWithoutTls {
+                shown,
+                scheme: "rediss-cluster",
+            })
         }
         (None, _) => {}
     }
-    b.build()
-        .map_err(|e| format!("{shown:?}: not a usable Redis Cluster URL ({:?})", e.kind()))
+    b.build().map_err(|e| SetupError::Unusable {
+        shown,
+        what: "Redis Cluster URL",
+        kind: format!("{:?}", e.kind()),
+    })
 }
 
 /// A TLS provider for rustls, installed once per process (rediss:// needs one).
@@ -242,7 +329,7 @@ mod tests {
             "redis://host:0",
             "http://host:1",
         ] {
-            let e = parse_url(bad).err().unwrap();
+            let e = parse_url(bad).err().unwrap().to_string();
             assert!(
                 e.contains("redis://HOST:PORT") || e.contains(bad),
                 "{bad}: {e}"
