@@ -11,17 +11,15 @@ import pytest
 
 import harness as h
 import interop as i
+from stack.topology import running
 
 i.require_sdks(node=False, python=True)
 
 
 @pytest.fixture(scope="module")
 def py(stack):
-    s = i.SdkStack(stack, "py").start()
-    try:
-        yield s
-    finally:
-        s.stop()
+    s = i.SdkStack(stack, "py")
+    yield from running(s, s.start)
 
 
 @pytest.fixture

@@ -12,17 +12,15 @@ import pytest
 
 import harness as h
 import interop as i
+from stack.topology import running
 
 i.require_sdks(node=True, python=False)
 
 
 @pytest.fixture(scope="module")
 def ts(stack):
-    s = i.SdkStack(stack, "ts").start()
-    try:
-        yield s
-    finally:
-        s.stop()
+    s = i.SdkStack(stack, "ts")
+    yield from running(s, s.start)
 
 
 @pytest.fixture
