@@ -12,9 +12,11 @@ import re
 import subprocess
 import urllib.request
 
+import pytest
+
 import harness as h
 from stack.services import INTEROP, NODE, PYTHON
-from stack.topology import Stack
+from stack.topology import Stack, running
 
 AFFINITY_CONFIG = "envoy-ts-affinity.yaml"
 
@@ -129,6 +131,28 @@ class SdkStack(Stack):
         self.replica_args = replica_args
         self.ensure_replicas(reset=False)
         return self
+
+
+def sdk_fixtures(kind: str):
+    """The fixtures of a suite on one SDK's replicas: `<kind>` (module: the SdkStack) and `<kind>f`
+    (each test: its replicas reset)."""
+    @pytest.fixture(scope="module", name=kind)
+    def held(stack):
+        s = SdkStack(stack, kind)
+        yield from running(s, s.start)
+
+    @pytest.fixture(name=f"{kind}f")
+    def fresh(request):
+        s = request.getfixturevalue(kind)
+        s.reset()
+        return s
+
+    return held, fresh
+
+
+def resumes(out: dict) -> list[dict]:
+    """GETs with Last-Event-ID that got an answer (a request aborted by the client's close has none)."""
+    return [x for x in out["http"] if x["method"] == "GET" and x["last_event_id"] and x.get("status")]
 
 
 def envelope_inner(session: str) -> str:

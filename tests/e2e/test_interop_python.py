@@ -11,25 +11,12 @@ import pytest
 
 import harness as h
 import interop as i
-from stack.topology import running
 
 i.require_sdks(node=False, python=True)
 
 
-@pytest.fixture(scope="module")
-def py(stack):
-    s = i.SdkStack(stack, "py")
-    yield from running(s, s.start)
-
-
-@pytest.fixture
-def pyf(py):
-    py.reset()
-    return py
-
-
-def resumes(out: dict) -> list[dict]:
-    return [x for x in out["http"] if x["method"] == "GET" and x["last_event_id"] and x.get("status")]
+py_stack, py_fresh = i.sdk_fixtures("py")
+resumes = i.resumes
 
 
 def call_replica(out: dict) -> str:
