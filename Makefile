@@ -12,6 +12,8 @@ H2_VERSION        ?= 4.4.1
 VENV      := .venv
 ENVOY     := $(VENV)/bin/envoy
 PYTHON    := $(VENV)/bin/python
+# The scripts make runs import the stack package (tools/stack); pytest finds it through pytest.ini.
+PY        := PYTHONPATH=$(CURDIR)/tools $(PYTHON)
 TOOLS     := .tools
 WASM      := target/wasm32-wasip1/release/mcp_resume_guard.wasm
 NATIVE_DIR := target/native
@@ -132,7 +134,7 @@ rules: prometheus
 	cd $(RULES) && promtool test rules mcp-resume-guard.rules.test.yaml
 
 e2e: venv interop-deps build native
-	$(VENV)/bin/pytest -q tests/e2e
+	$(VENV)/bin/pytest -q tests/e2e tests/static
 
 # The contiguity adapters' own tests (adapters/), against the SDKs installed for tests/interop.
 adapters-test: interop-deps
@@ -155,13 +157,13 @@ test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chao
 # runner is already in .tools (`make wasm-bindgen` installs it with cargo, a few minutes once); the
 # static artefact tests leave out the ones that run `envoy --mode validate`. `make test` runs all.
 OWNERSHIP_NO_REDIS := $(patsubst ownership/tests/%.rs,--test %,$(filter-out ownership/tests/redis_%,$(wildcard ownership/tests/*.rs)))
-STATIC_E2E := tests/e2e/test_security_doc.py tests/e2e/test_deploy_artifacts.py tests/e2e/test_gateway_stats_artifacts.py
-STATIC_E2E_ENVOY := \
-  --deselect tests/e2e/test_deploy_artifacts.py::test_istio_equivalent_envoy_config_validates \
-  --deselect tests/e2e/test_deploy_artifacts.py::test_validate_really_loads_the_plugin \
-  --deselect tests/e2e/test_deploy_artifacts.py::test_compose_envoy_validates \
-  --deselect tests/e2e/test_gateway_stats_artifacts.py::test_envoy_gateway_equivalent_validates_and_passes_check_config \
-  --deselect tests/e2e/test_gateway_stats_artifacts.py::test_istio_stats_bootstrap_is_the_envoy_stats_config
+STATIC_TESTS := tests/static
+STATIC_ENVOY := \
+  --deselect tests/static/test_deploy_artifacts.py::test_istio_equivalent_envoy_config_validates \
+  --deselect tests/static/test_deploy_artifacts.py::test_validate_really_loads_the_plugin \
+  --deselect tests/static/test_deploy_artifacts.py::test_compose_envoy_validates \
+  --deselect tests/static/test_gateway_stats_artifacts.py::test_envoy_gateway_equivalent_validates_and_passes_check_config \
+  --deselect tests/static/test_gateway_stats_artifacts.py::test_istio_stats_bootstrap_is_the_envoy_stats_config
 
 # pytest and what the static tests import, from PyPI; a full `make venv` (with Envoy) also has them.
 check-venv:
@@ -181,7 +183,7 @@ check: rust-targets check-venv
 	    cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib; \
 	else echo "make check: SKIPPED the wasm tests: wasm-bindgen-test-runner $(WBG_VERSION) is not in $(TOOLS)/bin" \
 	  "(\`make wasm-bindgen\` installs it with cargo; \`make wasm-test\` runs them)"; fi
-	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q $(STATIC_E2E) $(STATIC_E2E_ENVOY)
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q $(STATIC_TESTS) $(STATIC_ENVOY)
 	@echo "make check: green (make test runs everything)"
 
 # ---- benchmarks ------------------------------------------------------------
@@ -215,7 +217,7 @@ bench: bench-tools wasm
 	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-headers.wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_NATIVE_CARGO) -p mcp-resume-guard-native
-	$(PYTHON) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
+	$(PY) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
 	  --native-dir $(BENCH_TARGET)/$(BENCH_NATIVE_PROFILE) \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \
 	  --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm --guard-wasm $(WASM) \
@@ -231,7 +233,7 @@ bench-smoke:
 bench-scale: venv redis wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release -p mcp-bench -p mcp-ownership
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
-	$(PYTHON) bench/scale.py --bin-dir $(BENCH_TARGET)/release --ownership $(BENCH_TARGET)/release/mcp-ownership \
+	$(PY) bench/scale.py --bin-dir $(BENCH_TARGET)/release --ownership $(BENCH_TARGET)/release/mcp-ownership \
 	  --guard-wasm $(WASM) --floor-wasm $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm \
 	  --out $(BENCH_TARGET)/bench-scale --report bench/SCALE.md
 
@@ -251,7 +253,7 @@ CHAOS_FAULTS  ?=
 
 chaos: venv interop-deps redis wasm
 	cargo build --release -p mcp-ownership -p naive-replica -p mcp-guard
-	E2E_BIN_DIR=$(CURDIR)/target/release E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-300} $(PYTHON) tests/chaos/chaos.py --seconds $(CHAOS_S) --clients $(CHAOS_CLIENTS) \
+	E2E_BIN_DIR=$(CURDIR)/target/release E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-300} $(PY) tests/chaos/chaos.py --seconds $(CHAOS_S) --clients $(CHAOS_CLIENTS) \
 	  --seed $(CHAOS_SEED) --store $(CHAOS_STORE) --report $(CHAOS_REPORT) \
 	  $(if $(CHAOS_FAULTS),--faults $(CHAOS_FAULTS))
 
@@ -313,7 +315,7 @@ fuzz-merge: fuzz-tools
 
 # ---- demo ------------------------------------------------------------------
 demo: venv build
-	$(PYTHON) scripts/demo.py --upstreams "$(UPSTREAMS)" --config "$(CONFIG)" --store "$(STORE)"
+	$(PY) scripts/demo.py --upstreams "$(UPSTREAMS)" --config "$(CONFIG)" --store "$(STORE)"
 
 clean:
 	cargo clean

@@ -3,13 +3,13 @@
 --native-dir, the guard's native build), alternating configurations round by round, and writes
 BENCHMARKS.md, results.json and plots.
 
-Every process is started here and stopped by pid. Ports: 14000-14999 on 127.0.0.1 only.
+Every process is started here and stopped by pid (the stack package, tools/stack). Ports: 14000-14999
+on 127.0.0.1 only, shifted by E2E_PORT_OFFSET.
 Primary figure: Envoy CPU time (utime+stime from /proc/<pid>/stat) per request or event.
 """
 from __future__ import annotations
 
 import argparse
-import base64
 import copy
 import http.client
 import json
@@ -17,24 +17,22 @@ import os
 import platform
 import re
 import shlex
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-import yaml
+from stack import envoy as stack_envoy
+from stack.envoy import config_holder, envoy_config, guard_filter, hcm
+from stack.procs import CLK_TCK, HOST, PORT_OFFSET, ROOT, Proc, cpu_ticks, rss_kib
+from stack.services import start_redis
 
-ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+P = PORT_OFFSET
 BIN_DIR = Path(".")
 CONFIGS = ["bare", "floor", "guard"]
-PORTS = {"bare": (14010, 14011), "floor": (14020, 14021), "guard": (14030, 14031)}
-JSON_UP, SSE_UP, OWN, OWN_B4, REDIS = 14101, 14102, 14200, 14201, 14379
+PORTS = {"bare": (14010 + P, 14011 + P), "floor": (14020 + P, 14021 + P), "guard": (14030 + P, 14031 + P)}
+JSON_UP, SSE_UP, OWN, OWN_B4, REDIS = 14101 + P, 14102 + P, 14200 + P, 14201 + P, 14379 + P
 COMMANDS: list[str] = []
 
 
@@ -42,113 +40,30 @@ def log(*a):
     print("[bench]", *a, file=sys.stderr, flush=True)
 
 
-# ---- processes ---------------------------------------------------------------------------
-
-class Proc:
-    def __init__(self, name, args, port=None, run_dir=None):
-        self.name, self.args, self.port = name, [str(a) for a in args], port
-        self.log_path = run_dir / f"{name}.log"
-        self.p = None
-
-    def start(self):
-        if self.port:
-            wait_free(self.port)
-        with open(self.log_path, "ab") as lf:
-            self.p = subprocess.Popen(self.args, stdout=lf, stderr=subprocess.STDOUT, cwd=ROOT,
-                                      start_new_session=True)
-        if self.port:
-            wait_port(self.port, self.p)
-        return self
-
-    @property
-    def pid(self):
-        return self.p.pid
-
-    def stop(self):
-        if self.p is None or self.p.poll() is not None:
-            return
-        try:
-            os.kill(self.p.pid, signal.SIGTERM)
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(self.p.pid, signal.SIGKILL)
-            self.p.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-
-
-def wait_port(port, proc=None, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}) before port {port} opened")
-        try:
-            with socket.create_connection((HOST, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"port {port} did not open")
-
-
-def wait_free(port, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection((HOST, port), timeout=0.2):
-                time.sleep(0.1)
-        except OSError:
-            return
-    raise TimeoutError(f"port {port} busy")
-
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        rest = f.read().rsplit(")", 1)[1].split()
-    return int(rest[11]) + int(rest[12])
-
-
 def rss(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return (rss_kib(pid) or 0) * 1024
 
 
 # ---- Envoy configurations -----------------------------------------------------------------
 
-BENCH_KEY = "ja4ge+hsvYqGv+f0Zcw23So/A0PrUrPK5aYHrBCNJ2U="
 EXTRA_WASM: dict[str, Path] = {}
 # The directory holding libmcp_resume_guard_native.so, when the native column is measured.
 NATIVE_DIR: Path | None = None
 
 
 def envoy_cfg(kind, guard_wasm, floor_wasm):
-    with open(ROOT / "envoy" / "envoy.yaml") as f:
-        cfg = yaml.safe_load(f)
+    # envoy.yaml reads its key from MCP_GUARD_KEY_1; the bench signs with the stack's literal test key.
     port, admin = PORTS[kind]
-    cfg["admin"]["address"]["socket_address"]["port_value"] = admin
-    lst = cfg["static_resources"]["listeners"][0]
-    lst["address"]["socket_address"]["port_value"] = port
-    hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
-    filters = hcm["http_filters"]
-    g = next(f for f in filters if f["name"] == "mcp_resume_guard")
-    # envoy.yaml reads its key from MCP_GUARD_KEY_1; the bench signs with a literal one, as
-    # tests/e2e/harness.py does (32 random bytes: the guard refuses text and patterns).
-    conf = g["typed_config"]["config"]["configuration"]
-    pc = json.loads(conf["value"])
-    pc["keys"] = [{"id": 1, "active": True, "secret": BENCH_KEY}]
-    conf["value"] = json.dumps(pc)
+    ports = {"listener_port": port, "admin_port": admin, "replica_ports": [JSON_UP], "ownership_ports": [OWN]}
+    cfg = envoy_config(guard=kind != "bare", base="envoy.yaml",
+                       wasm=EXTRA_WASM.get(kind, guard_wasm), **ports)
+    hcm_ = hcm(cfg)
+    g = guard_filter(cfg)
     if kind == "native":
         # The dynamic-module filter of envoy/envoy-native.yaml with this config's plugin JSON.
-        with open(ROOT / "envoy" / "envoy-native.yaml") as f:
-            ncfg = yaml.safe_load(f)
-        nhcm = ncfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        n = next(f for f in nhcm["http_filters"] if f["name"] == "mcp_resume_guard")
-        n["typed_config"]["filter_config"]["value"] = g["typed_config"]["config"]["configuration"]["value"]
-        hcm["http_filters"] = [n if f is g else f for f in filters]
-    elif kind == "bare":
-        hcm["http_filters"] = [f for f in filters if f is not g]
+        n = guard_filter(envoy_config(base="envoy-native.yaml", **ports))
+        config_holder(n)["value"] = config_holder(g)["value"]
+        hcm_["http_filters"] = [n if f is g else f for f in hcm_["http_filters"]]
     elif kind == "floor" or (kind in EXTRA_WASM and not kind.startswith("guard")):
         c = g["typed_config"]["config"]
         g["name"] = "bench_floor"
@@ -156,16 +71,14 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
         c["vm_config"].update({"vm_id": "bench_floor"})
         c["vm_config"]["code"]["local"]["filename"] = str(EXTRA_WASM.get(kind, floor_wasm))
         c.pop("configuration", None)
-    else:
-        g["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(EXTRA_WASM.get(kind, guard_wasm))
-        if kind.endswith("-nopath"):
-            # Experiments: the guard loaded but acting on no path (its fixed per-request cost).
-            conf = g["typed_config"]["config"]["configuration"]
-            pc = json.loads(conf["value"])
-            pc["mcp_paths"] = ["/not-mcp"]
-            conf["value"] = json.dumps(pc)
+    elif kind.endswith("-nopath"):
+        # Experiments: the guard loaded but acting on no path (its fixed per-request cost).
+        conf = g["typed_config"]["config"]["configuration"]
+        pc = json.loads(conf["value"])
+        pc["mcp_paths"] = ["/not-mcp"]
+        conf["value"] = json.dumps(pc)
     # B2 streams go to the SSE upstream, selected by a request header.
-    vh = hcm["route_config"]["virtual_hosts"][0]
+    vh = hcm_["route_config"]["virtual_hosts"][0]
     default = vh["routes"][0]
     sse_route = copy.deepcopy(default)
     sse_route["match"] = {"prefix": "/", "headers": [{"name": "x-bench",
@@ -173,68 +86,19 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
     sse_route["route"]["cluster"] = "bench_sse"
     vh["routes"] = [sse_route, default]
     clusters = cfg["static_resources"]["clusters"]
-
-    def endpoints(c, p):
-        c["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
-            {"endpoint": {"address": {"socket_address": {"address": HOST, "port_value": p}}}}]
-
-    for c in clusters:
-        endpoints(c, {"mcp_replicas": JSON_UP, "mcp_ownership": OWN}[c["name"]])
     sse = copy.deepcopy(next(c for c in clusters if c["name"] == "mcp_replicas"))
     sse["name"] = sse["load_assignment"]["cluster_name"] = "bench_sse"
-    endpoints(sse, SSE_UP)
+    stack_envoy.set_endpoints(sse, [(HOST, SSE_UP)])
     clusters.append(sse)
     return cfg
 
 
-class Envoy(Proc):
-    def __init__(self, kind, run_dir, envoy_bin, guard_wasm, floor_wasm):
-        self.kind = kind
-        path = run_dir / f"envoy-{kind}.yaml"
-        with open(path, "w") as f:
-            yaml.safe_dump(envoy_cfg(kind, guard_wasm, floor_wasm), f)
-        super().__init__(f"envoy-{kind}", [envoy_bin, "-c", path, "--concurrency", "1", "--log-level", "warn",
-                                           "--use-dynamic-base-id", "--drain-time-s", "0"], run_dir=run_dir)
-        # After Proc.__init__, which would reset it: Proc.start must not wait on the listener.
-        self.envoy_port, self.admin = PORTS[kind]
-
-    @property
-    def port(self):
-        return self.envoy_port
-
-    @port.setter
-    def port(self, _v):
-        pass
-
-    def start(self):
-        wait_free(self.port)
-        wait_free(self.admin)
-        env = {**os.environ, "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(NATIVE_DIR)} if NATIVE_DIR else None
-        with open(self.log_path, "ab") as lf:
-            self.p = subprocess.Popen(self.args, stdout=lf, stderr=subprocess.STDOUT, cwd=ROOT,
-                                      start_new_session=True, env=env)
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            if self.p.poll() is not None:
-                raise RuntimeError(f"envoy {self.kind} exited: see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{self.admin}/ready", timeout=1) as r:
-                    if r.read().strip() == b"LIVE":
-                        wait_port(self.port)
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("envoy not ready")
-
-    def stats(self, prefix="mcp_resume_guard"):
-        with urllib.request.urlopen(f"http://{HOST}:{self.admin}/stats?filter={prefix}", timeout=2) as r:
-            out = {}
-            for line in r.read().decode().splitlines():
-                k, _, v = line.partition(": ")
-                if v.strip().isdigit():
-                    out[k.removeprefix("wasmcustom.").removeprefix("dynamicmodulescustom.")] = int(v)
-            return out
+def Envoy(kind, run_dir, envoy_bin, guard_wasm, floor_wasm):
+    """Envoy with configuration `kind` (bare, floor, guard, native or an extra .wasm), not started."""
+    e = stack_envoy.Envoy(f"envoy-{kind}", envoy_cfg(kind, guard_wasm, floor_wasm), run_dir=run_dir,
+                          envoy_bin=envoy_bin, native_dir=NATIVE_DIR)
+    e.kind = kind
+    return e
 
 
 # ---- load runners -------------------------------------------------------------------------
@@ -273,7 +137,7 @@ def parse_wrk(text):
 
 def run_wrk(envoy, script, secs, conns):
     cmd = ["wrk", "-t1", f"-c{conns}", f"-d{secs}s", "--latency", "-s", str(script),
-           f"http://{HOST}:{envoy.port}/mcp"]
+           f"http://{HOST}:{envoy.listener_port}/mcp"]
     c0 = cpu_ticks(envoy.pid)
     t = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 30)
     c1 = cpu_ticks(envoy.pid)
@@ -333,13 +197,13 @@ def b1(envoys, rounds, secs, run_dir):
         for _ in range(rounds):
             for c in CONFIGS:
                 e = envoys[c]
-                r, lcmd = sse_load(BIN_DIR, ["rate", "--addr", f"{HOST}:{e.port}", "--path", "/mcp", "--rps", 2000,
+                r, lcmd = sse_load(BIN_DIR, ["rate", "--addr", f"{HOST}:{e.listener_port}", "--path", "/mcp", "--rps", 2000,
                                              "--secs", secs, "--conns", 4, "--pid", e.pid, *method,
                                              "--header", "mcp-session-id:bench-session",
                                              "--header", "mcp-protocol-version:2025-06-18"], secs + 60)
                 lat[c].append(r)
         COMMANDS.append(f"B1 {kind} latency: " + rel(lcmd).replace(str(e.pid), "<envoy pid>")
-                        .replace(str(e.port), "<port>"))
+                        .replace(str(e.listener_port), "<port>"))
         res[kind] = summarize(runs, "cpu_us_per_req", extra=("rps", "p50_us", "p99_us"))
         for c in CONFIGS:
             res[kind][c]["fixed_p50_us"] = med([r["p50_us"] for r in lat[c]])
@@ -377,7 +241,7 @@ def b2(envoys, bin_dir, rounds, secs, sizes, mode, conns):
         for _ in range(rounds):
             for c in configs:
                 e = envoys[c]
-                r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}",
+                r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.listener_port}",
                                             "--path", f"/mcp?size={size}&rate={rate}",
                                             "--conns", conns, "--secs", secs, "--pid", e.pid,
                                             "--header", "x-bench:sse",
@@ -389,7 +253,7 @@ def b2(envoys, bin_dir, rounds, secs, sizes, mode, conns):
                 r["mb_per_s"] = r["bytes"] / r["secs"] / 1e6
                 runs[c].append(r)
         COMMANDS.append(f"B2 {mode} {size} B: " + rel(cmd).replace(str(e.pid), "<envoy pid>")
-                        .replace(str(e.port), "<port>"))
+                        .replace(str(e.listener_port), "<port>"))
         res[str(size)] = summarize(runs, "cpu_us_per_event", extra=("events_per_s", "mb_per_s"))
         res[str(size)]["runs"] = runs
         log("B2", mode, size, {c: round(res[str(size)][c]["cpu_us_per_event"], 3) for c in configs},
@@ -402,7 +266,7 @@ def b2_flat(envoys, bin_dir, secs):
     out = {}
     for c in ("floor", "guard"):
         e = envoys[c]
-        r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}", "--path", "/mcp?size=1024&rate=0",
+        r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.listener_port}", "--path", "/mcp?size=1024&rate=0",
                                     "--conns", 1, "--secs", secs, "--pid", e.pid, "--window-ms", 1000,
                                     "--header", "x-bench:sse"], secs + 30)
         w = [x for x in r["windows"] if x["events"]]
@@ -413,7 +277,7 @@ def b2_flat(envoys, bin_dir, secs):
             cum += x["events"]
             lengths.append(cum)
         out[c] = {"cpu_us_per_event": series, "events_at_end": lengths}
-    COMMANDS.append("B2 flat: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.port), "<port>"))
+    COMMANDS.append("B2 flat: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.listener_port), "<port>"))
     g = out["guard"]["cpu_us_per_event"]
     if len(g) >= 3:
         third = max(len(g) // 3, 1)
@@ -427,12 +291,12 @@ def b3(envoys, bin_dir, rounds, secs, config="guard"):
     hv = {"mcp-protocol-version": "2025-06-18", "content-type": "application/json",
           "accept": "application/json, text/event-stream"}
     init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}'
-    st, h1, _ = http_req(e.port, "POST", "/mcp", hv, init)
+    st, h1, _ = http_req(e.listener_port, "POST", "/mcp", hv, init)
     sid_a = h1.get("mcp-session-id")
-    st, h2, _ = http_req(e.port, "POST", "/mcp", hv, init)
+    st, h2, _ = http_req(e.listener_port, "POST", "/mcp", hv, init)
     sid_b = h2.get("mcp-session-id")
     time.sleep(0.2)
-    st, hs, body = http_req(e.port, "GET", "/mcp", {**hv, "mcp-session-id": sid_a})
+    st, hs, body = http_req(e.listener_port, "GET", "/mcp", {**hv, "mcp-session-id": sid_a})
     m = re.search(rb"^id: (\S+)", body, re.M)
     if not (sid_a and sid_b and m):
         raise RuntimeError(f"B3 setup: {sid_a} {sid_b} {body!r}")
@@ -441,7 +305,7 @@ def b3(envoys, bin_dir, rounds, secs, config="guard"):
     end = time.monotonic() + 30
     while True:
         time.sleep(0.3)
-        st, hs, body = http_req(e.port, "GET", "/mcp?prime=0",
+        st, hs, body = http_req(e.listener_port, "GET", "/mcp?prime=0",
                                 {**hv, "mcp-session-id": sid_a, "last-event-id": cursor})
         if st == 200 and "mcp-resume" not in hs:
             break
@@ -455,7 +319,7 @@ def b3(envoys, bin_dir, rounds, secs, config="guard"):
                    "--header", "mcp-protocol-version:2025-06-18"]
             if kind == "resume":
                 hdr += ["--header", f"last-event-id:{cursor}"]
-            r, cmd = sse_load(bin_dir, ["rate", "--addr", f"{HOST}:{e.port}", "--path", "/mcp?prime=0",
+            r, cmd = sse_load(bin_dir, ["rate", "--addr", f"{HOST}:{e.listener_port}", "--path", "/mcp?prime=0",
                                         "--rps", 500, "--secs", secs, "--conns", 1, "--pid", e.pid, *hdr],
                               secs + 60)
             r["cpu_us_per_req"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
@@ -485,15 +349,10 @@ def has_redis(own_bin):
         and "redis://" in h and "not built yet" not in h
 
 
-def start_redis(run_dir):
-    return Proc("redis", ["redis-server", "--port", REDIS, "--bind", HOST, "--save", "", "--appendonly", "no",
-                          "--daemonize", "no", "--loglevel", "warning"], port=REDIS, run_dir=run_dir).start()
-
-
 def b4(bin_dir, run_dir, own_bin, steps, secs, store=None):
     red = None
     if store:
-        red = start_redis(run_dir)
+        red = start_redis(REDIS, run_dir=run_dir, name="redis")
     args = [own_bin, "--listen", f"{HOST}:{OWN_B4}"] + (["--store", store] if store else [])
     try:
         own = Proc("ownership-b4" + ("-redis" if store else ""), args, port=OWN_B4, run_dir=run_dir).start()
@@ -533,7 +392,7 @@ def b5(bin_dir, run_dir, envoy_bin, guard_wasm, floor_wasm, sizes, secs, streams
                 time.sleep(0.5)
                 r0 = rss(e.pid)
                 idle.setdefault(c, []).append(r0)
-                r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.port}",
+                r, cmd = sse_load(bin_dir, ["streams", "--addr", f"{HOST}:{e.listener_port}",
                                             "--path", f"/mcp?size={size}&rate=20", "--conns", streams,
                                             "--secs", secs, "--pid", e.pid, "--header", "x-bench:sse"], secs + 60)
                 per.setdefault(str(size), {})[c] = (r["rss_end"] - r0) / streams
@@ -556,7 +415,7 @@ def b5(bin_dir, run_dir, envoy_bin, guard_wasm, floor_wasm, sizes, secs, streams
                            text=True, timeout=60)
         if t.returncode == 0:
             out["core_state"][str(size)] = json.loads(t.stdout)
-    COMMANDS.append("B5 streams: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.port), "<port>"))
+    COMMANDS.append("B5 streams: " + rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.listener_port), "<port>"))
     log("B5", out)
     return out
 
@@ -975,12 +834,12 @@ def main():
     if a.native_dir:
         global NATIVE_DIR
         NATIVE_DIR = a.native_dir.resolve()
-        PORTS["native"] = (14080, 14081)
+        PORTS["native"] = (14080 + P, 14081 + P)
         CONFIGS.append("native")
     for i, x in enumerate(a.extra):
         name, _, path = x.partition("=")
         EXTRA_WASM[name] = Path(path).resolve()
-        PORTS[name] = (14040 + 10 * i, 14041 + 10 * i)
+        PORTS[name] = (14040 + P + 10 * i, 14041 + P + 10 * i)
         CONFIGS.append(name)
     if a.report_only:
         res = json.loads((a.out / "results.json").read_text())
@@ -1016,7 +875,7 @@ def main():
         envoys = {}
         if a.copy_wasm:
             EXTRA_WASM["copy"] = a.copy_wasm.resolve()
-            PORTS["copy"] = (14090, 14091)
+            PORTS["copy"] = (14090 + P, 14091 + P)
         for c in CONFIGS + (["copy"] if a.copy_wasm else []):
             envoys[c] = Envoy(c, run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve()).start()
             procs.append(envoys[c])
@@ -1038,7 +897,7 @@ def main():
                 # The same benchmark with the ownership service on Redis (same port, fresh sessions).
                 own = next(p for p in procs if p.name == "ownership")
                 own.stop()
-                red = start_redis(run_dir)
+                red = start_redis(REDIS, run_dir=run_dir, name="redis")
                 procs.append(red)
                 own_r = Proc("ownership-redis", [a.ownership, "--listen", f"{HOST}:{OWN}", "--store",
                                                  f"redis://{HOST}:{REDIS}"], port=OWN, run_dir=run_dir).start()

@@ -8,8 +8,9 @@ S2  up to 1M stored sessions on one Redis, filled through the records API: bytes
 S3  many concurrent open SSE streams through one Envoy (the guard, then the floor filter): memory per
     stream (RSS delta / streams) and Envoy CPU per event.
 
-Reuses bench/run.py (processes, Envoy configurations, the load generator) and tests/e2e/cluster.py (the
-local cluster). Every process is started here and stopped by pid; ports 15000-15999 on 127.0.0.1 only.
+Reuses bench/run.py (Envoy configurations, the load generator) and the stack package, tools/stack
+(processes, the local cluster). Every process is started here and stopped by pid; ports 15000-15999 on
+127.0.0.1 only, shifted by E2E_PORT_OFFSET.
 Each measurement holds /tmp/bench.lock (flock) so it never overlaps another heavy job.
 """
 from __future__ import annotations
@@ -25,18 +26,20 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import run as bench  # noqa: E402
+import run as bench  # bench/run.py, beside this script
+from stack.cluster import RedisCluster
+from stack.procs import PORT_OFFSET as P
+from stack.procs import Proc, cpu_ticks
+from stack.services import start_redis
 
 ROOT = bench.ROOT
 HOST = bench.HOST
 CLK_TCK = bench.CLK_TCK
-OWN_S1_SINGLE, OWN_S1_CLUSTER, OWN_S2, OWN_S3 = 15200, 15201, 15202, 15203
-REDIS_S1, REDIS_S2, CLUSTER_BASE = 15379, 15380, 15400
-SSE_UP = 15102
+OWN_S1_SINGLE, OWN_S1_CLUSTER, OWN_S2, OWN_S3 = 15200 + P, 15201 + P, 15202 + P, 15203 + P
+REDIS_S1, REDIS_S2, CLUSTER_BASE = 15379 + P, 15380 + P, 15400 + P
+SSE_UP = 15102 + P
 H2_CONNS = 100
-PORTS = {"floor": (15020, 15021), "guard": (15030, 15031)}
+PORTS = {"floor": (15020 + P, 15021 + P), "guard": (15030 + P, 15031 + P)}
 log = bench.log
 COMMANDS: list[str] = []
 # /proc/loadavg when each measurement took the lock: the lock keeps out benchmarks, not everything else.
@@ -91,7 +94,7 @@ def ownership(run_dir, name, port, store, extra=()):
     # can take longer than the default store timeout, which is sized for one resume, not for bulk loading.
     args = [OWN_BIN, "--listen", f"{HOST}:{port}", "--store", store, "--max-sessions", 4_000_000,
             "--max-store-bytes", 16 << 30, "--store-timeout-ms", 5000, *extra]
-    return bench.Proc(name, args, port=port, run_dir=run_dir).start()
+    return Proc(name, args, port=port, run_dir=run_dir).start()
 
 
 def load(port, frm, to, loaders):
@@ -124,15 +127,11 @@ def decide(port, n, secs, pid):
 # ---- S1 ----------------------------------------------------------------------------------------
 
 def s1(run_dir, sessions, secs, rounds, lock):
-    from cluster import RedisCluster
-
-    red = bench.Proc("redis-s1", ["redis-server", "--port", REDIS_S1, "--bind", HOST, "--save", "",
-                                  "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
-                     port=REDIS_S1, run_dir=run_dir)
     cl = RedisCluster(CLUSTER_BASE, name="scale")
     procs = []
     try:
-        procs.append(red.start())
+        red = start_redis(REDIS_S1, run_dir=run_dir, name="redis-s1")
+        procs.append(red)
         cl.start()
         single = ownership(run_dir, "ownership-s1-single", OWN_S1_SINGLE, f"redis://{HOST}:{REDIS_S1}")
         procs.append(single)
@@ -145,9 +144,9 @@ def s1(run_dir, sessions, secs, rounds, lock):
             for _ in range(rounds):
                 for kind, o in (("single", single), ("cluster", clus)):
                     pids = [red.pid] if kind == "single" else list(cl.rss_pids().values())
-                    t0 = sum(bench.cpu_ticks(p) for p in pids)
+                    t0 = sum(cpu_ticks(p) for p in pids)
                     r, cmd = decide(o.port, sessions, secs, o.pid)
-                    r["redis_cpu_us_per_decision"] = (sum(bench.cpu_ticks(p) for p in pids) - t0) * 1e6 / CLK_TCK \
+                    r["redis_cpu_us_per_decision"] = (sum(cpu_ticks(p) for p in pids) - t0) * 1e6 / CLK_TCK \
                         / max(r["count"], 1)
                     out[kind].append(r)
                     log("S1", kind, round(r["rate"]), r["p50_us"], r["p99_us"], r["outcomes"])
@@ -167,9 +166,7 @@ def s1(run_dir, sessions, secs, rounds, lock):
 # ---- S2 ----------------------------------------------------------------------------------------
 
 def s2(run_dir, steps, secs, lock):
-    red = bench.Proc("redis-s2", ["redis-server", "--port", REDIS_S2, "--bind", HOST, "--save", "",
-                                  "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
-                     port=REDIS_S2, run_dir=run_dir).start()
+    red = start_redis(REDIS_S2, run_dir=run_dir, name="redis-s2")
     procs = [red]
     try:
         own = ownership(run_dir, "ownership-s2", OWN_S2, f"redis://{HOST}:{REDIS_S2}")
@@ -227,9 +224,9 @@ def s3_one(run_dir, envoy_bin, guard_wasm, floor_wasm, kind, proto, n, rate, sec
     try:
         time.sleep(1.0)
         r0 = bench.rss(e.pid)
-        t0 = bench.cpu_ticks(e.pid)
+        t0 = cpu_ticks(e.pid)
         t = time.monotonic()
-        common = ["--addr", f"{HOST}:{e.port}", "--path", f"/mcp?size=256&rate={rate}", "--secs", secs,
+        common = ["--addr", f"{HOST}:{e.listener_port}", "--path", f"/mcp?size=256&rate={rate}", "--secs", secs,
                   "--open-secs", 120, "--pid", e.pid, "--header", "x-bench:sse",
                   "--header", "mcp-protocol-version:2025-06-18"]
         if proto == "h1":
@@ -240,7 +237,7 @@ def s3_one(run_dir, envoy_bin, guard_wasm, floor_wasm, kind, proto, n, rate, sec
             if p.returncode != 0:
                 raise RuntimeError(f"h2_streams: {p.stderr.strip()}")
             r = json.loads(p.stdout)
-        open_ticks = bench.cpu_ticks(e.pid) - t0 - r["ticks"]
+        open_ticks = cpu_ticks(e.pid) - t0 - r["ticks"]
         r["open_s"] = time.monotonic() - t - r["secs"]
         r["rss_idle"] = r0
         r["bytes_per_stream"] = (r["rss_end"] - r0) / max(r["opened"], 1)
@@ -253,7 +250,7 @@ def s3_one(run_dir, envoy_bin, guard_wasm, floor_wasm, kind, proto, n, rate, sec
         r.pop("windows", None)
         log("S3", kind, proto, r["opened"], round(r["bytes_per_stream"]), round(r["cpu_us_per_event"], 3),
             round(r["events_per_s"]), r["errors"][:2])
-        return r, bench.rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.port), "<port>")
+        return r, bench.rel(cmd).replace(str(e.pid), "<envoy pid>").replace(str(e.listener_port), "<port>")
     finally:
         e.stop()
 
@@ -262,8 +259,8 @@ def s3(run_dir, envoy_bin, guard_wasm, floor_wasm, streams, h2_streams, rate, se
     bench.PORTS.update(PORTS)
     bench.SSE_UP, bench.OWN, bench.JSON_UP = SSE_UP, OWN_S3, SSE_UP
     bench.envoy_cfg = envoy_cfg_scale
-    up = bench.Proc("sse-upstream", [BIN_DIR / "sse-upstream", "--listen", f"{HOST}:{SSE_UP}"], port=SSE_UP,
-                    run_dir=run_dir).start()
+    up = Proc("sse-upstream", [BIN_DIR / "sse-upstream", "--listen", f"{HOST}:{SSE_UP}"], port=SSE_UP,
+          run_dir=run_dir).start()
     procs = [up]
     out = {"streams": streams, "h2_streams": h2_streams, "h2_connections": H2_CONNS,
            "rate_per_stream": rate, "secs": secs}

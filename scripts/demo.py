@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
-import os
 import shutil
 import signal
 import socket
@@ -28,12 +26,15 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-import harness as h  # noqa: E402
+import stack.client as mcp
+from stack.cluster import RedisCluster
+from stack.envoy import Envoy, config_holder, guard_filter
+from stack.procs import ADMIN_PORT, BIN, ENVOY_PORT, HOST, OWNERSHIP_PORT, REPLICA_PORTS, ROOT, RUNS, Proc
+from stack.services import start_redis
+from stack.topology import Stack
 
-URL = f"http://{h.HOST}:{h.ENVOY_PORT}{h.PATH}"
-CLI = h.BIN / "mcp-guard"
+URL = f"http://{HOST}:{ENVOY_PORT}{mcp.PATH}"
+CLI = BIN / "mcp-guard"
 STEP_TIMEOUT = 3.0  # seconds any one walk-through read may wait
 
 
@@ -43,7 +44,7 @@ def set_pdeathsig() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
-h.Proc.preexec_fn = staticmethod(set_pdeathsig)
+Proc.preexec_fn = staticmethod(set_pdeathsig)
 
 
 class DemoError(Exception):
@@ -80,7 +81,7 @@ def listening(host: str, port: int) -> bool:
 
 
 def require_free(port: int, what: str) -> None:
-    if listening(h.HOST, port):
+    if listening(HOST, port):
         raise DemoError(f"port {port} ({what}) is already in use: `ss -ltnp 'sport = :{port}'` shows "
                         f"by whom; stop it, or run with E2E_PORT_OFFSET=N to shift every port")
 
@@ -94,36 +95,39 @@ def check_config(path: Path) -> None:
         raise DemoError(f"{path} is not a valid configuration:\n{r.stdout}{r.stderr}".rstrip())
 
 
-def envoy_config(upstreams: list[tuple[str, int]], config: Path | None) -> dict:
-    cfg = h.envoy_config(guard=True, upstreams=upstreams or None)
-    if config is not None:
-        f = h.guard_filter(cfg)
+def run_config(config: Path):
+    """A gateway config change: the guard runs the plugin configuration in `config`."""
+    def configure(cfg: dict, _i: int) -> None:
+        f = guard_filter(cfg)
         assert f is not None
-        f["typed_config"]["config"]["configuration"]["value"] = config.read_text()
-    return cfg
+        config_holder(f)["value"] = config.read_text()
+    return configure
 
 
 # ---- processes ---------------------------------------------------------------------------
 
 class Demo:
     def __init__(self) -> None:
-        self.procs: list[h.Proc] = []
-        self.envoy: h.Envoy | None = None
-        self.envoy_cfg: Path | None = None
+        self.stack: Stack | None = None
+        self.procs: list[Proc] = []  # what the stack does not run: a local store asked for by STORE
         self.state: Path | None = None
 
-    def start(self, p: h.Proc) -> h.Proc:
+    def start(self, p: Proc) -> Proc:
         self.procs.append(p)  # before start: a half-started process is stopped too
         p.start()
         return p
 
+    def running(self) -> list[Proc]:
+        return [*self.procs, *(self.stack.processes().values() if self.stack else [])]
+
     def stop(self) -> None:
-        for p in reversed(self.procs):
+        for p in reversed(self.running()):
             try:
                 p.stop(timeout=5)
             except Exception as e:  # keep stopping the others
                 print(f"could not stop {p.name}: {e}", file=sys.stderr)
         self.procs.clear()
+        self.stack = None
 
     def start_store(self, store: str) -> list[str]:
         """The ownership service's --store flag; starts a local redis-server when asked for one
@@ -136,10 +140,7 @@ class Demo:
                 if not shutil.which("redis-server"):
                     raise DemoError("STORE=redis://127.0.0.1:... needs redis-server: `make redis`")
                 print(f"starting redis-server on 127.0.0.1:{u.port} (stopped with the demo)")
-                p = h.Proc(f"demo-redis-{u.port}", ["redis-server", "--port", u.port, "--bind", "127.0.0.1",
-                                                    "--save", "", "--appendonly", "no",
-                                                    "--loglevel", "warning"], port=u.port)
-                self.start(p)
+                self.procs.append(start_redis(u.port, name=f"demo-redis-{u.port}"))
         elif u.scheme == "redis-cluster" and not any(listening(a, p) for a, p in cluster_nodes(store)):
             self.start_local_cluster(store)
         elif u.scheme not in ("redis", "redis-cluster"):
@@ -164,12 +165,11 @@ class Demo:
             require_free(p, "local Redis Cluster node")
         print(f"starting a local Redis Cluster on 127.0.0.1:{base}..{base + 5}, 3 masters + 3 replicas "
               "(stopped with the demo)")
-        import cluster as rc  # tests/e2e/cluster.py, on the path with the harness
-        c = rc.RedisCluster(base, name="demo")
+        rc = RedisCluster(base, name="demo")
         try:
-            c.start()
+            rc.start()
         finally:
-            self.procs.extend(c.nodes.values())
+            self.procs.extend(rc.nodes.values())
 
     def run(self, args: argparse.Namespace) -> None:
         upstreams = parse_upstreams(args.upstreams)
@@ -178,34 +178,28 @@ class Demo:
             if not config.exists():
                 raise DemoError(f"CONFIG={args.config}: no such file")
             check_config(config)
-        cfg = envoy_config(upstreams, config)
-        for port, what in [(h.ENVOY_PORT, "Envoy listener"), (h.ADMIN_PORT, "Envoy admin"),
-                           (h.OWNERSHIP_PORT, "ownership service")]:
+        for port, what in [(ENVOY_PORT, "Envoy listener"), (ADMIN_PORT, "Envoy admin"),
+                           (OWNERSHIP_PORT, "ownership service")]:
             require_free(port, what)
         if not upstreams:
-            for port in h.REPLICA_PORTS:
+            for port in REPLICA_PORTS:
                 require_free(port, "demo replica")
         store_flag = self.start_store(args.store)
         state = self.state = Path(tempfile.mkdtemp(prefix="mcp-demo-"))
-        if not upstreams:
-            for i, port in enumerate(h.REPLICA_PORTS):
-                self.start(h.Proc(f"replica-r{i + 1}", [h.BIN / "naive-replica", "--listen", f"{h.HOST}:{port}",
-                                                        "--name", f"r{i + 1}", "--state-dir", state, "--ring", 64,
-                                                        "--tick-ms", 500], port=port))
-        self.start(h.Proc(f"ownership-{h.OWNERSHIP_PORT}",
-                          [h.BIN / "mcp-ownership", "--listen", f"{h.HOST}:{h.OWNERSHIP_PORT}", *store_flag],
-                          port=h.OWNERSHIP_PORT))
-        self.envoy = h.Envoy("demo-envoy", cfg)
-        self.envoy_cfg = self.envoy.cfg_path
-        check_config(self.envoy_cfg)  # the whole chain, as it will run
-        self.start(self.envoy)
+        self.stack = Stack(state, replicas="naive", replica_args={"ring": 64, "tick_ms": 500},
+                           ownership_args=store_flag, upstreams=upstreams, name="demo-envoy",
+                           configure=run_config(config) if config is not None else None)
+        self.stack.start()
+        envoy = self.stack.envoy = Envoy("demo-envoy", self.stack.gateway_config(0))
+        check_config(envoy.cfg_path)  # the whole chain, as it will run
+        envoy.start()
         where = ",".join(f"{a}:{p}" for a, p in upstreams) or "demo replicas " + ", ".join(
-            f"{h.HOST}:{p}" for p in h.REPLICA_PORTS)
-        print(f"Envoy on {URL} (admin http://{h.HOST}:{h.ADMIN_PORT}), ownership on "
-              f"{h.HOST}:{h.OWNERSHIP_PORT} (store: {args.store or 'memory'}), upstreams: {where}")
-        for p in self.procs:
+            f"{HOST}:{p}" for p in REPLICA_PORTS)
+        print(f"Envoy on {URL} (admin http://{HOST}:{ADMIN_PORT}), ownership on "
+              f"{HOST}:{OWNERSHIP_PORT} (store: {args.store or 'memory'}), upstreams: {where}")
+        for p in self.running():
             print(f"  {p.name}: pid {p.proc.pid if p.proc else '?'}, log {p.log_path}")
-        walkthrough(self.envoy_cfg)
+        walkthrough(envoy.cfg_path)
         print_stats()
         print(TRY_IT)
         if args.once:
@@ -213,7 +207,7 @@ class Demo:
         print("Running. Ctrl-C stops everything.", flush=True)
         while True:
             time.sleep(1)
-            for p in self.procs:
+            for p in self.running():
                 if not p.alive:
                     raise DemoError(f"{p.name} exited; see {p.log_path}")
 
@@ -233,9 +227,9 @@ def step(title: str):
     return wrap
 
 
-def read_events(s: h.SSEStream, n: int, timeout: float = STEP_TIMEOUT) -> list[h.Event]:
+def read_events(s: mcp.SSEStream, n: int, timeout: float = STEP_TIMEOUT) -> list[mcp.Event]:
     """Up to n events within `timeout` seconds; an idle stream gives fewer, never an exception."""
-    out: list[h.Event] = []
+    out: list[mcp.Event] = []
     deadline = time.monotonic() + timeout
     while len(out) < n:
         left = deadline - time.monotonic()
@@ -259,14 +253,14 @@ def inspect(cfg: Path, cursor: str, session: str) -> str:
 
 
 @step("initialize")
-def do_initialize(c: h.Client) -> str:
+def do_initialize(c: mcp.Client) -> str:
     sid = c.initialize()
     print(f"1. initialize -> Mcp-Session-Id: {sid}")
     return sid
 
 
 @step("GET stream")
-def do_get_stream(c: h.Client, cfg: Path) -> list[h.Event]:
+def do_get_stream(c: mcp.Client, cfg: Path) -> list[mcp.Event]:
     s = c.get_stream()
     try:
         evs = read_events(s, 3)
@@ -284,7 +278,7 @@ def do_get_stream(c: h.Client, cfg: Path) -> list[h.Event]:
 
 
 @step("continuation")
-def do_continue(c: h.Client, evs: list[h.Event]) -> None:
+def do_continue(c: mcp.Client, evs: list[mcp.Event]) -> None:
     if len(evs) < 2:
         print(f"3. continuation: not shown: the upstream's GET stream sent {len(evs)} event(s) with an id "
               f"within {STEP_TIMEOUT:.0f} s (an idle GET stream is normal); nothing to resume")
@@ -300,7 +294,7 @@ def do_continue(c: h.Client, evs: list[h.Event]) -> None:
 
 
 @step("restart")
-def do_restart(c: h.Client) -> None:
+def do_restart(c: mcp.Client) -> None:
     r = c.get_stream(last_event_id="e7")
     try:
         first = read_events(r, 1)
@@ -314,7 +308,7 @@ def do_restart(c: h.Client) -> None:
 
 
 @step("POST cursor")
-def do_post_cursor(c: h.Client) -> None:
+def do_post_cursor(c: mcp.Client) -> None:
     r = c.request("POST", {"jsonrpc": "2.0", "id": c.next_id(), "method": "ping"}, {"last-event-id": "e7"})
     print(f"5. POST ping carrying a cursor -> {r.status}, Mcp-Resume: {r.header('mcp-resume')} "
           f"(the body is forwarded, never dropped)")
@@ -322,7 +316,7 @@ def do_post_cursor(c: h.Client) -> None:
 
 def walkthrough(cfg: Path) -> None:
     print("\n== walk-through ==")
-    c = h.Client(version="2025-06-18", timeout=STEP_TIMEOUT)
+    c = mcp.Client(version="2025-06-18", timeout=STEP_TIMEOUT)
     sid = do_initialize(c)
     if sid is None:
         print("   (without a session the remaining steps show only what the guard does locally)")
@@ -334,10 +328,10 @@ def walkthrough(cfg: Path) -> None:
 
 def print_stats() -> None:
     """The guard's stats as Prometheus sees them (labels from the stats_tags in envoy.yaml)."""
-    print("\n== the guard's stats (http://%s:%d/stats/prometheus) ==" % (h.HOST, h.ADMIN_PORT))
+    print("\n== the guard's stats (http://%s:%d/stats/prometheus) ==" % (HOST, ADMIN_PORT))
     time.sleep(0.2)
     try:
-        with urllib.request.urlopen(f"http://{h.HOST}:{h.ADMIN_PORT}/stats/prometheus", timeout=3) as r:
+        with urllib.request.urlopen(f"http://{HOST}:{ADMIN_PORT}/stats/prometheus", timeout=3) as r:
             text = r.read().decode()
     except OSError as e:
         print(f"   (could not read them: {e})")
@@ -357,8 +351,8 @@ SID=$(curl -si {URL} -H 'content-type: application/json' -H 'accept: application
 curl -sN {URL} -H "mcp-session-id: $SID" -H 'accept: text/event-stream'          # copy an id:, Ctrl-C
 curl -siN {URL} -H "mcp-session-id: $SID" -H 'accept: text/event-stream' -H "last-event-id: <that id>"   # continuation
 curl -siN {URL} -H "mcp-session-id: $SID" -H 'accept: text/event-stream' -H 'last-event-id: e7'          # restart, see Mcp-Resume
-{CLI.relative_to(ROOT)} inspect-cursor --config {(h.RUNS / 'demo-envoy.yaml').relative_to(ROOT)} --session "$SID" '<that id>'
-curl -s http://{h.HOST}:{h.ADMIN_PORT}/stats/prometheus | grep ^mcp_resume_guard                           # the guard's stats
+{CLI.relative_to(ROOT)} inspect-cursor --config {(RUNS / 'demo-envoy.yaml').relative_to(ROOT)} --session "$SID" '<that id>'
+curl -s http://{HOST}:{ADMIN_PORT}/stats/prometheus | grep ^mcp_resume_guard                           # the guard's stats
 """
 
 
@@ -385,13 +379,13 @@ def main() -> int:
     except SystemExit as e:
         code = 0 if e.code in (128 + signal.SIGINT, 128 + signal.SIGTERM) else int(e.code or 0)
     except Exception as e:  # anything unforeseen still stops what was started
-        print(f"make demo: {type(e).__name__}: {e} (logs in {h.RUNS})", file=sys.stderr)
+        print(f"make demo: {type(e).__name__}: {e} (logs in {RUNS})", file=sys.stderr)
         code = 1
     finally:
         # No signal may interrupt the cleanup itself.
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(s, signal.SIG_IGN)
-        if demo.procs:
+        if demo.running():
             demo.stop()
             print("stopped everything the demo started.", flush=True)
         if demo.state is not None:

@@ -27,12 +27,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "e2e"))
-import cluster as rc  # noqa: E402
-import harness as h  # noqa: E402
+import stack.client as h
+from stack.envoy import access_log
+from stack.procs import ADMIN_PORT, BIN, ENVOY_PORT, HOST, OWNERSHIP_PORT, REDIS_PORT, ROOT, RUNS, rss_kib
+from stack.services import ledger
+from stack.topology import Stack
 
-ROOT = h.ROOT
 # Events each replica keeps (the guard is told the same). The naive replica's ring is shared by all
 # its streams, about 150 events/s here (some 20 GET streams ticking every 50 ms on 3 replicas): 4096
 # wrap in under 30 s, within a call's resume retries, and lost events of a call whose client was
@@ -40,10 +40,10 @@ ROOT = h.ROOT
 # without the replica's assertion. 65536 lasts the soak's resume horizon many times over (~26 MB per
 # replica).
 RING = 1 << 16
-ENVOY_PORTS = [h.ENVOY_PORT, h.ENVOY_PORT + 10]
-ADMIN_PORTS = [h.ADMIN_PORT, h.ADMIN_PORT + 10]
-OWNERSHIP_PORTS = [h.OWNERSHIP_PORT, h.OWNERSHIP_PORT + 1]
-CLUSTER_BASE = h.REDIS_PORT + 10
+ENVOY_PORTS = [ENVOY_PORT, ENVOY_PORT + 10]
+ADMIN_PORTS = [ADMIN_PORT, ADMIN_PORT + 10]
+OWNERSHIP_PORTS = [OWNERSHIP_PORT, OWNERSHIP_PORT + 1]
+CLUSTER_BASE = REDIS_PORT + 10
 NODE = os.environ.get("NODE", "node")
 
 
@@ -497,120 +497,57 @@ def run_scenario(cls, tally: Tally, seed: int, deadline: float, stop: threading.
 
 # ---- the system under test -------------------------------------------------------------------------
 
-class ChaosEnvoy(h.Envoy):
-    """An Envoy with --concurrency 2 and an access log that records response code details."""
-
-    def __init__(self, name: str, cfg: dict, admin_port: int, listener_port: int):
-        super().__init__(name, cfg, admin_port=admin_port, listener_port=listener_port)
-        self.args[self.args.index("--concurrency") + 1] = "2"
+def access_logged(cfg: dict, i: int) -> None:
+    """Gateway i logs every answer's code, its details and the guard's header (check_access_logs)."""
+    access_log(cfg, RUNS / f"chaos-envoy{i}-access.log",
+               "%RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %RESP(MCP-RESUME)%\n")
 
 
-def envoy_cfg(i: int, store_token: str | None) -> dict:
-    overrides = {"retention": RING}
-    if store_token:
-        overrides["ownership"] = {"cluster": "mcp_ownership", "timeout_ms": 250, "token": store_token}
-    cfg = h.envoy_config(guard=True, plugin_overrides=overrides, listener_port=ENVOY_PORTS[i],
-                         admin_port=ADMIN_PORTS[i], ownership_ports=OWNERSHIP_PORTS)
-    hcm = h._hcm(cfg)
-    hcm["access_log"] = [{
-        "name": "envoy.access_loggers.file",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-            "path": str(h.RUNS / f"chaos-envoy{i}-access.log"),
-            "log_format": {"text_format_source": {
-                "inline_string": "%RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %RESP(MCP-RESUME)%\n"}},
-        },
-    }]
-    return cfg
+class System(Stack):
+    """2 Envoys (--concurrency 2) x 2 ownership instances on the store x 3 naive replicas, and the faults."""
 
-
-def rss_kib(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-class System:
     def __init__(self, store: str, state_dir: Path, tally: Tally):
-        self.store_kind = store
-        self.state_dir = state_dir
+        super().__init__(state_dir, replicas="naive", replica_args={"ring": RING, "tick_ms": 50},
+                         ownership_ports=OWNERSHIP_PORTS, store=store, cluster_base=CLUSTER_BASE, gateways=2,
+                         envoy_ports=ENVOY_PORTS, admin_ports=ADMIN_PORTS, name="chaos", concurrency=2,
+                         configure=access_logged, plugin_defaults={"retention": RING})
         self.t = tally
-        self.cluster: rc.RedisCluster | None = None
         # When the Redis fault the cluster has not yet come back from restarted it; None: the cluster
         # is ok. No further Redis fault is injected until it is (a master killed while its replica is
         # unsynced loses data no failover could save, which is not the fault being soaked).
         self.unsettled_since: float | None = None
-        self.redis: h.Proc | None = None
-        self.replicas: dict[int, h.Proc] = {}
-        self.ownership: dict[int, h.Proc] = {}
-        self.envoys: list[ChaosEnvoy] = []
         # name -> [(monotonic time, KiB)], sampled every second by `sample_forever`.
         self.rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
         self.token = None
         self.admin_token = None
-        self.token_args: list[str] = []
-
-    def store_url(self) -> str:
-        if self.cluster is not None:
-            return self.cluster.url
-        return f"redis://{h.HOST}:{h.REDIS_PORT}"
 
     def setup_tokens(self) -> None:
         """Authenticate the control plane when the service supports it (`--token-file`)."""
-        helptext = subprocess.run([str(h.BIN / "mcp-ownership"), "--help"], capture_output=True,
+        helptext = subprocess.run([str(BIN / "mcp-ownership"), "--help"], capture_output=True,
                                   text=True).stdout
         if "--token-file" not in helptext:
             return
         self.token = uuid.uuid4().hex + uuid.uuid4().hex
         self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
-        tf = h.RUNS / "chaos-token"
-        af = h.RUNS / "chaos-admin-token"
+        tf = RUNS / "chaos-token"
+        af = RUNS / "chaos-admin-token"
         tf.write_text(self.token + "\n")
         af.write_text(self.admin_token + "\n")
-        self.token_args = ["--token-file", str(tf)]
+        self.ownership_args = ["--token-file", str(tf)]
         if "--admin-token-file" in helptext:
-            self.token_args += ["--admin-token-file", str(af)]
+            self.ownership_args += ["--admin-token-file", str(af)]
 
-    def start_ownership(self, port: int) -> None:
-        self.ownership[port] = h.start_ownership(port, ["--store", self.store_url(), *self.token_args])
+    def guard_overrides(self) -> dict:
+        if not self.token:
+            return {}
+        return {"ownership": {"cluster": "mcp_ownership", "timeout_ms": 250, "token": self.token}}
 
-    def start_replica(self, port: int) -> None:
-        name = f"r{h.REPLICA_PORTS.index(port) + 1}"
-        self.replicas[port] = h.start_replica(port, name, self.state_dir, ring=RING, tick_ms=50)
-
-    def start(self) -> None:
-        h.RUNS.mkdir(parents=True, exist_ok=True)
+    def start(self) -> "System":
+        RUNS.mkdir(parents=True, exist_ok=True)
         self.setup_tokens()
-        if self.store_kind == "redis-cluster":
-            self.cluster = rc.RedisCluster(CLUSTER_BASE, name="chaos").start()
-        else:
-            self.redis = h.start_redis()
-        for p in h.REPLICA_PORTS:
-            self.start_replica(p)
-        for p in OWNERSHIP_PORTS:
-            self.start_ownership(p)
-        for i in range(2):
-            self.envoys.append(ChaosEnvoy(f"chaos-envoy{i}", envoy_cfg(i, self.token), ADMIN_PORTS[i],
-                                          ENVOY_PORTS[i]).start())
-
-    def processes(self) -> dict[str, h.Proc]:
-        out: dict[str, h.Proc] = {}
-        for p, r in self.replicas.items():
-            out[f"replica:{p}"] = r
-        for p, o in self.ownership.items():
-            out[f"ownership:{p}"] = o
-        for i, e in enumerate(self.envoys):
-            out[f"envoy:{i}"] = e
-        if self.cluster is not None:
-            for p, n in self.cluster.nodes.items():
-                out[f"redis:{p}"] = n
-        if self.redis is not None:
-            out["redis"] = self.redis
-        return out
+        super().start()
+        self.use(guard=True, **self.guard_overrides())
+        return self
 
     def sample_rss(self) -> None:
         try:
@@ -633,16 +570,7 @@ class System:
         for p, _ in getattr(self, "ts", []):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-        for e in self.envoys:
-            e.stop()
-        for o in self.ownership.values():
-            o.stop()
-        for r in self.replicas.values():
-            r.stop()
-        if self.cluster is not None:
-            self.cluster.stop()
-        if self.redis is not None:
-            self.redis.stop()
+        super().stop()
 
     # -- faults --
 
@@ -654,9 +582,9 @@ class System:
             headers["authorization"] = f"Bearer {self.admin_token}"
         deadline = time.monotonic() + retry_s
         while True:
-            req = urllib.request.Request(f"http://{h.HOST}:{rng.choice(OWNERSHIP_PORTS)}/v1/owners/gone",
+            req = urllib.request.Request(f"http://{HOST}:{rng.choice(OWNERSHIP_PORTS)}/v1/owners/gone",
                                          method="POST", headers=headers,
-                                         data=json.dumps({"owner": f"{h.HOST}:{port}"}).encode())
+                                         data=json.dumps({"owner": f"{HOST}:{port}"}).encode())
             try:
                 urllib.request.urlopen(req, timeout=3).read()
                 return True
@@ -710,20 +638,20 @@ class System:
         if kind == "replica_kill":
             # A crash: no preStop. The restart at the same address marks it gone before serving (the
             # startup step README asks of replicas), since this process knows none of the old streams.
-            p = rng.choice(h.REPLICA_PORTS)
+            p = rng.choice(self.replica_ports)
             self.replicas[p].kill()
             time.sleep(rng.uniform(0.5, 2.0))
             self.restart_replica(p, rng)
         elif kind == "owner_gone":
             # The preStop path: mark the address gone, then the pod terminates and a new one starts there.
-            p = rng.choice(h.REPLICA_PORTS)
+            p = rng.choice(self.replica_ports)
             if not self.mark_gone(p, rng, 0):
                 self.t.inc("prestop_mark_failed")
             self.replicas[p].stop()
             self.restart_replica(p, rng)
         elif kind == "ownership_kill":
             p = rng.choice(OWNERSHIP_PORTS)
-            self.ownership[p].kill()
+            self.owners[p].kill()
             time.sleep(rng.uniform(0.5, 2.0))
             self.start_ownership(p)
         elif kind == "redis_master_kill":
@@ -737,7 +665,7 @@ class System:
             elif self.redis is not None:
                 self.redis.kill()
                 time.sleep(rng.uniform(0.5, 2.0))
-                self.redis = h.start_redis()
+                self.start_store()
         elif kind == "redis_cluster_restart":
             if self.cluster is not None:
                 since = time.monotonic()
@@ -745,12 +673,10 @@ class System:
                 self.settle(30, since)
             elif self.redis is not None:
                 self.redis.stop()
-                self.redis = h.start_redis()
+                self.start_store()
         elif kind == "envoy_restart":
             i = rng.randrange(2)
-            self.envoys[i].stop()
-            self.envoys[i] = ChaosEnvoy(f"chaos-envoy{i}", envoy_cfg(i, self.token), ADMIN_PORTS[i],
-                                        ENVOY_PORTS[i]).start()
+            self.start_gateway(i, True, {**self.plugin_defaults, **self.guard_overrides()})
 
 
 REDIS_FAULTS = ("redis_master_kill", "redis_cluster_restart")
@@ -764,8 +690,8 @@ WEIGHTS = [3, 2, 2, 2, 1, 2]
 def start_ts_clients(n: int, seconds: float, seed: int) -> list[tuple[subprocess.Popen, Path]]:
     out = []
     for i in range(n):
-        log = h.RUNS / f"chaos-ts-{i}.json"
-        urls = ",".join(f"http://{h.HOST}:{p}{h.PATH}" for p in ENVOY_PORTS)
+        log = RUNS / f"chaos-ts-{i}.json"
+        urls = ",".join(f"http://{HOST}:{p}{h.PATH}" for p in ENVOY_PORTS)
         p = subprocess.Popen([NODE, str(ROOT / "tests" / "interop" / "ts_chaos_client.mjs"), "--urls", urls, "--seconds", str(seconds),
                               "--seed", str(seed * 1000 + i)],
                              stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT / "tests" / "interop",
@@ -799,7 +725,7 @@ def collect_ts(procs: list[tuple[subprocess.Popen, Path]], tally: Tally) -> None
 # ---- checks after the run ----------------------------------------------------------------------------
 
 def check_ledger(state_dir: Path, tally: Tally) -> None:
-    counts = collections.Counter(e["entry"] for e in h.ledger(state_dir) if str(e.get("entry", "")).startswith("chaos-"))
+    counts = collections.Counter(e["entry"] for e in ledger(state_dir) if str(e.get("entry", "")).startswith("chaos-"))
     for entry, n in counts.items():
         if n > 1:
             tally.violation("side_effect_twice", f"{entry} in the ledger {n} times")
@@ -811,7 +737,7 @@ def check_ledger(state_dir: Path, tally: Tally) -> None:
 
 def check_access_logs(tally: Tally) -> None:
     for i in range(2):
-        path = h.RUNS / f"chaos-envoy{i}-access.log"
+        path = RUNS / f"chaos-envoy{i}-access.log"
         if not path.exists():
             continue
         for line in path.read_text(errors="replace").splitlines():
@@ -898,7 +824,7 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
         f" machine: {os.cpu_count()} cores, {platform.machine()}, {platform.platform()}",
         f"Topology: 2 Envoys (--concurrency 2) with the guard, 2 ownership instances, store {args.store}, "
         f"3 naive replicas; {args.clients} scenario clients + {args.ts_clients} TypeScript SDK clients. "
-        f"Binaries: `{os.path.relpath(h.BIN, h.ROOT)}`.",
+        f"Binaries: `{os.path.relpath(BIN, ROOT)}`.",
         "",
         "| what | count |",
         "| --- | --- |",
@@ -963,12 +889,12 @@ def main() -> int:
         args.ts_clients = max(2, args.clients // 10)
     rng = random.Random(args.seed)
     tally = Tally()
-    state_dir = h.RUNS / "chaos-state"
+    state_dir = RUNS / "chaos-state"
     import shutil
     shutil.rmtree(state_dir, ignore_errors=True)
     (state_dir / "sessions").mkdir(parents=True)
     for i in range(2):
-        (h.RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
+        (RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
     system = System(args.store, state_dir, tally)
     stop = threading.Event()
 

@@ -1,24 +1,23 @@
 """Real MCP SDK replicas and clients (tests/interop) behind the guard in real Envoy.
 
-Replicas built from the TypeScript SDK (node) or the Python SDK (the project's .venv) take the harness
-ports, so E2E_PORT_OFFSET shifts them like everything else. Clients run as subprocesses with bounded
-timeouts and print one JSON object.
+Replicas built from the TypeScript SDK (node) or the Python SDK (the project's .venv) are started by
+the stack package on the harness ports, so E2E_PORT_OFFSET shifts them like everything else. Clients
+run as subprocesses with bounded timeouts and print one JSON object.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
 import urllib.request
-from pathlib import Path
+
+import pytest
 
 import harness as h
+from stack.services import INTEROP, NODE, PYTHON
+from stack.topology import Stack, running
 
-INTEROP = h.ROOT / "tests" / "interop"
-NODE = shutil.which("node") or "node"
-PYTHON = str(h.ROOT / ".venv" / "bin" / "python")
 AFFINITY_CONFIG = "envoy-ts-affinity.yaml"
 
 
@@ -40,16 +39,6 @@ def require_sdks(node: bool = True, python: bool = True) -> None:
     ) if need and not ready()]
     if missing:
         raise RuntimeError("the official MCP SDKs are not installed: " + "; ".join(missing))
-
-
-def start_ts_replica(port: int, name: str, retry_ms: int = 200) -> h.Proc:
-    return h.Proc(f"ts-{name}", [NODE, INTEROP / "ts_server.mjs", "--port", port, "--name", name,
-                                 "--retry-ms", retry_ms], port=port).start()
-
-
-def start_py_replica(port: int, name: str, retry_ms: int = 200, idle_s: float = 600.0) -> h.Proc:
-    return h.Proc(f"py-{name}", [PYTHON, INTEROP / "py_server.py", "--port", port, "--name", name,
-                                 "--retry-ms", retry_ms, "--idle-s", idle_s], port=port).start()
 
 
 def affinity_envoy(name: str, guard: bool = True, plugin_overrides: dict | None = None,
@@ -122,54 +111,48 @@ def is_guard_cursor(token: str | None) -> bool:
     return bool(token) and re.fullmatch(r"[A-Za-z0-9_-]{20,}", token) is not None and not SDK_ID.search(token)
 
 
-class SdkStack:
+class SdkStack(Stack):
     """Three SDK replicas (kind "ts" or "py") on the harness replica ports, behind the affinity Envoy.
 
     Borrows the ports from the naive-replica `stack` fixture: its Envoy and replicas are stopped
-    first (its `fresh` fixture starts them again on demand) and the ownership service is shared.
+    first (its `fresh` fixture starts them again on demand) and its ownership service is shared.
     """
 
-    def __init__(self, stack, kind: str):
+    def __init__(self, stack: Stack, kind: str):
+        super().__init__(stack.state_dir, replicas=kind, ownership_ports=[], base=AFFINITY_CONFIG,
+                         name=f"envoy-{kind}")
         self.stack = stack
-        self.kind = kind
-        self.replicas: list[h.Proc] = []
-        self.envoy: h.Envoy | None = None
-        self._key = None
 
     def start(self, **replica_args) -> "SdkStack":
-        if self.stack.envoy is not None:
-            self.stack.envoy.stop()
-        for p in self.stack.replicas.values():
-            p.stop()
+        self.stack.vacate()
         self.stack.ensure_ownership()
-        start = start_ts_replica if self.kind == "ts" else start_py_replica
-        prefix = "r" if self.kind == "ts" else "py"
-        for p in self.replicas:
+        for p in self.replicas.values():
             p.stop()
-        self.replicas = [start(port, f"{prefix}{n + 1}", **replica_args) for n, port in enumerate(h.REPLICA_PORTS)]
+        self.replica_args = replica_args
+        self.ensure_replicas(reset=False)
         return self
 
-    def use(self, guard: bool = True, **overrides) -> h.Envoy:
-        key = json.dumps([guard, overrides], sort_keys=True)
-        if self.envoy is not None and self.envoy.alive and key == self._key:
-            return self.envoy
-        if self.envoy is not None:
-            self.envoy.stop()
-        self.envoy = affinity_envoy(f"envoy-{self.kind}-{'guard' if guard else 'noguard'}", guard=guard,
-                                    plugin_overrides=overrides if guard else None)
-        self._key = key
-        return self.envoy
 
-    def port_of(self, name: str) -> int:
-        return h.REPLICA_PORTS[int(name.lstrip("rpy")) - 1]
+def sdk_fixtures(kind: str):
+    """The fixtures of a suite on one SDK's replicas: `<kind>` (module: the SdkStack) and `<kind>f`
+    (each test: its replicas reset)."""
+    @pytest.fixture(scope="module", name=kind)
+    def held(stack):
+        s = SdkStack(stack, kind)
+        yield from running(s, s.start)
 
-    def reset(self) -> None:
-        reset_replicas(h.REPLICA_PORTS)
+    @pytest.fixture(name=f"{kind}f")
+    def fresh(request):
+        s = request.getfixturevalue(kind)
+        s.reset()
+        return s
 
-    def stop(self) -> None:
-        for p in [self.envoy, *self.replicas]:
-            if p is not None:
-                p.stop()
+    return held, fresh
+
+
+def resumes(out: dict) -> list[dict]:
+    """GETs with Last-Event-ID that got an answer (a request aborted by the client's close has none)."""
+    return [x for x in out["http"] if x["method"] == "GET" and x["last_event_id"] and x.get("status")]
 
 
 def envelope_inner(session: str) -> str:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import harness as h
-from cluster import RedisCluster
+from stack.cluster import RedisCluster
 
 CLUSTER_BASE = h.REDIS_PORT + 50
 

@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import harness as h
+from stack.topology import running
 import interop as i
 
 i.require_sdks()
@@ -83,11 +84,7 @@ class Hook:
 
 @pytest.fixture(scope="module")
 def hook():
-    hk = Hook()
-    try:
-        yield hk
-    finally:
-        hk.stop()
+    yield from running(Hook())
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 
 import harness as h
 import interop as i
+from stack.services import py_server, ts_server
 
 REPLAY_METHOD = "notifications/mcp-resume-guard/replay"
 STORE_LIMIT = 100
@@ -56,10 +57,7 @@ class OneReplica:
                 self.envoy, self.envoy_key = None, None
             if self.replica is not None:
                 self.replica.stop()
-            if self.stack.envoy is not None:
-                self.stack.envoy.stop()
-            for p in self.stack.replicas.values():
-                p.stop()
+            self.stack.vacate()
             self.stack.ensure_ownership()
             self.replica = self.start_replica(kind, adapter)
             self.key = key
@@ -74,13 +72,9 @@ class OneReplica:
     def start_replica(self, kind: str, adapter: bool) -> h.Proc:
         """The SDK server on `self.port`, its store trimming at STORE_LIMIT, wrapped by the adapter or not."""
         extra = ["--store-limit", STORE_LIMIT] + (["--contiguity"] if adapter else [])
-        name = f"{kind}-contiguity{'-adapter' if adapter else ''}"
         if kind == "ts":
-            args = [i.NODE, i.INTEROP / "ts_server.mjs", "--port", self.port, "--name", "r1",
-                    "--keepalive-ms", 300, *extra]
-        else:
-            args = [i.PYTHON, i.INTEROP / "py_server.py", "--port", self.port, "--name", "py1", *extra]
-        return h.Proc(name, args, port=self.port).start()
+            return ts_server(self.port, "r1", "--keepalive-ms", 300, *extra).start()
+        return py_server(self.port, "py1", *extra).start()
 
     def stop(self) -> None:
         for p in (self.envoy, self.replica):

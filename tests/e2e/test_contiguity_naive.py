@@ -20,10 +20,7 @@ TICK_MS = 20
 @pytest.fixture(scope="module")
 def naive_away(stack, tmp_path_factory):
     """One naive replica that keeps producing while away, on the first replica port (borrowed from `stack`)."""
-    if stack.envoy is not None:
-        stack.envoy.stop()
-    for p in stack.replicas.values():
-        p.stop()
+    stack.vacate()
     stack.ensure_ownership()
     state = tmp_path_factory.mktemp("naive-away")
     port = h.REPLICA_PORTS[0]

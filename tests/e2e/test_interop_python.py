@@ -15,23 +15,8 @@ import interop as i
 i.require_sdks(node=False, python=True)
 
 
-@pytest.fixture(scope="module")
-def py(stack):
-    s = i.SdkStack(stack, "py").start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture
-def pyf(py):
-    py.reset()
-    return py
-
-
-def resumes(out: dict) -> list[dict]:
-    return [x for x in out["http"] if x["method"] == "GET" and x["last_event_id"] and x.get("status")]
+py_stack, py_fresh = i.sdk_fixtures("py")
+resumes = i.resumes
 
 
 def call_replica(out: dict) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 import uuid
@@ -23,6 +22,7 @@ import uuid
 import pytest
 
 import harness as h
+from stack.topology import Stack, running
 
 OFF = h.PORT_OFFSET
 PORTS = [9141 + OFF, 9142 + OFF, 9143 + OFF]
@@ -33,44 +33,16 @@ GUARD_HEADER = "mcp-resume"
 RMCP_ID = re.compile(r"^\d+(/\d+)?$")  # rmcp's own event ids: <index>/<http_request_id>
 
 
-class RmcpStack:
+class RmcpStack(Stack):
     def __init__(self, state_dir):
-        self.state_dir = state_dir
-        self.replicas: dict[int, h.Proc] = {}
-        self.ownership: h.Proc | None = None
-        self.envoy: h.Envoy | None = None
-        self.guard: str | None = None
+        super().__init__(state_dir, replicas="rmcp", replica_ports=PORTS, ownership_ports=[OWNERSHIP_PORT],
+                         envoy_ports=[ENVOY_PORT], admin_ports=[ADMIN_PORT], name="envoy-rmcp")
 
-    def name(self, port: int) -> str:
-        return f"r{PORTS.index(port) + 1}"
-
-    def port(self, name: str) -> int:
-        return PORTS[int(name.lstrip("r")) - 1]
+    port = Stack.port_of
 
     def ensure(self) -> None:
-        for p in PORTS:
-            if p not in self.replicas or not self.replicas[p].alive:
-                self.replicas[p] = h.start_rmcp_replica(p, self.name(p), self.state_dir)
-        if self.ownership is None or not self.ownership.alive:
-            self.ownership = h.start_ownership(OWNERSHIP_PORT)
-
-    def use(self, guard: bool, **overrides) -> h.Envoy:
-        key = json.dumps([guard, overrides], sort_keys=True)
-        if self.envoy is not None and self.envoy.alive and self.guard == key:
-            return self.envoy
-        if self.envoy is not None:
-            self.envoy.stop()
-        cfg = h.envoy_config(guard=guard, plugin_overrides=overrides if guard else None, replica_ports=PORTS,
-                             listener_port=ENVOY_PORT, admin_port=ADMIN_PORT, ownership_ports=[OWNERSHIP_PORT])
-        self.envoy = h.Envoy("envoy-rmcp-guard" if guard else "envoy-rmcp-noguard", cfg,
-                             admin_port=ADMIN_PORT, listener_port=ENVOY_PORT).start()
-        self.guard = key
-        return self.envoy
-
-    def stop(self) -> None:
-        for p in [self.envoy, self.ownership, *self.replicas.values()]:
-            if p is not None:
-                p.stop()
+        self.ensure_replicas(reset=False)
+        self.ensure_ownership()
 
     def ledger(self, label: str) -> list[dict]:
         return [e for e in h.ledger(self.state_dir) if e["label"] == label]
@@ -80,12 +52,7 @@ class RmcpStack:
 def rmcp_stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("rmcp-state")
     s = RmcpStack(state)
-    try:
-        s.ensure()
-        yield s
-    finally:
-        s.stop()
-        shutil.rmtree(state, ignore_errors=True)
+    yield from running(s, s.ensure, remove=state)
 
 
 @pytest.fixture

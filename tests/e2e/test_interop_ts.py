@@ -8,32 +8,14 @@ then the guard, then the strict owner pin. The real Client + StreamableHTTPClien
 import time
 import uuid
 
-import pytest
-
 import harness as h
 import interop as i
 
 i.require_sdks(node=True, python=False)
 
 
-@pytest.fixture(scope="module")
-def ts(stack):
-    s = i.SdkStack(stack, "ts").start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture
-def tsf(ts):
-    ts.reset()
-    return ts
-
-
-def resumes(out: dict) -> list[dict]:
-    """GETs with Last-Event-ID that got an answer (a request aborted by the client's close has none)."""
-    return [x for x in out["http"] if x["method"] == "GET" and x["last_event_id"] and x.get("status")]
+ts_stack, ts_fresh = i.sdk_fixtures("ts")
+resumes = i.resumes
 
 
 def call_replica(out: dict, client: str = "a") -> str:

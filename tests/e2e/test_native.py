@@ -73,7 +73,7 @@ def test_native_config_differs_from_the_wasm_one_only_in_the_guard_filter():
     wasm, native = h.base_envoy_config("envoy.yaml"), h.base_envoy_config(NATIVE)
     assert h.plugin_config(wasm) == h.plugin_config(native)
     for cfg in (wasm, native):
-        hcm = h._hcm(cfg)
+        hcm = h.hcm(cfg)
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "mcp_resume_guard"]
     assert wasm == native
 

@@ -163,7 +163,9 @@ class DemoRun:
     def __init__(self, tmp_path: Path, *args: str):
         need(CLI)
         self.out_path = tmp_path / "demo.out"
-        env = dict(os.environ, E2E_PORT_OFFSET=str(DEMO_OFFSET), PYTHONUNBUFFERED="1")
+        # The demo imports the stack package from tools/, as `make demo` runs it.
+        env = dict(os.environ, E2E_PORT_OFFSET=str(DEMO_OFFSET), PYTHONUNBUFFERED="1",
+                   PYTHONPATH=str(h.ROOT / "tools"))
         self.out = open(self.out_path, "w")
         self.proc = subprocess.Popen([sys.executable, str(DEMO), *args], cwd=h.ROOT, env=env,
                                      stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -14,8 +14,9 @@ import time
 import pytest
 
 import harness as h
+from stack.topology import running
 import test_redis_shared as shared_mod
-from cluster import RedisCluster
+from stack.cluster import RedisCluster
 from test_redis_shared import E1, E2, O1, O2, CALLOUT_TIMEOUT_MS, client, shared_envoy_config, wait_healthy
 from test_seed_scenarios import GUARD_HEADER, open_and_read
 
@@ -55,11 +56,7 @@ class ClusterShared(shared_mod.Shared):
 
 @pytest.fixture(scope="module")
 def cluster_stack(stack):
-    s = ClusterShared(stack)
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from running(ClusterShared(stack))
 
 
 @pytest.fixture

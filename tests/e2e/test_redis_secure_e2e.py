@@ -21,6 +21,7 @@ import uuid
 import pytest
 
 import harness as h
+from stack.topology import running
 from conftest import RING
 from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
 
@@ -133,11 +134,7 @@ def secure_stack(stack, tmp_path_factory):
     (d / "redis-password").write_text(PASSWORD + "\n")
     (d / "guard-tokens").write_text(f"# the guards\n{GUARD_TOKEN}\n")
     (d / "admin-tokens").write_text(ADMIN_TOKEN + "\n")
-    s = Secure(stack, d)
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from running(Secure(stack, d))
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 import harness as h
+from stack.topology import running
 from conftest import RING
 from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
 
@@ -102,11 +103,7 @@ def wait_healthy(ports, timeout: float = 10.0) -> None:
 
 @pytest.fixture(scope="module")
 def shared_stack(stack):
-    s = Shared(stack)
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from running(Shared(stack))
 
 
 @pytest.fixture

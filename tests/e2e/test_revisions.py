@@ -10,6 +10,7 @@
 import pytest
 
 import harness as h
+from stack.topology import running
 import interop as i
 
 i.require_sdks(node=True, python=True)
@@ -37,11 +38,7 @@ class Sdks:
 
 @pytest.fixture(scope="module")
 def sdks(stack):
-    s = Sdks(stack)
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from running(Sdks(stack))
 
 
 def resumes(out: dict) -> list[dict]:

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from collections import deque
-from pathlib import Path
 
 import anyio
 import uvicorn
@@ -107,7 +105,7 @@ class TrimmingEventStore(OrderedEventStore):
 def event_store() -> EventStore:
     store: EventStore = TrimmingEventStore(args.store_limit) if args.store_limit > 0 else OrderedEventStore()
     if args.contiguity:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters" / "python" / "src"))
+        # adapters/python/src is on PYTHONPATH (the stack package starts this server so).
         from mcp_resume_guard_contiguity import ContiguityEventStore
 
         store = ContiguityEventStore(store)

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import time
 
-import harness as h
+from .procs import HOST, RUNS, Proc
 
 
 class RedisCluster:
@@ -21,19 +21,19 @@ class RedisCluster:
         self.name = name
         self.extra_args = extra_args or []
         self.ports = list(range(base, base + masters * (1 + replicas_per_master)))
-        self.dir = h.RUNS / f"redis-{name}-{base}"
-        self.nodes: dict[int, h.Proc] = {}
+        self.dir = RUNS / f"redis-{name}-{base}"
+        self.nodes: dict[int, Proc] = {}
 
     @property
     def url(self) -> str:
         """The ownership service's `--store` value: every node as a seed."""
-        return "redis-cluster://" + ",".join(f"{h.HOST}:{p}" for p in self.ports)
+        return "redis-cluster://" + ",".join(f"{HOST}:{p}" for p in self.ports)
 
-    def _node(self, port: int) -> h.Proc:
+    def _node(self, port: int) -> Proc:
         d = self.dir / str(port)
         d.mkdir(parents=True, exist_ok=True)
-        return h.Proc(f"redis-{self.name}-{port}", [
-            "redis-server", "--port", port, "--bind", h.HOST, "--cluster-enabled", "yes",
+        return Proc(f"redis-{self.name}-{port}", [
+            "redis-server", "--port", port, "--bind", HOST, "--cluster-enabled", "yes",
             "--cluster-config-file", d / "nodes.conf", "--cluster-node-timeout", "1000",
             # A replica may take over however long its master has been gone (tests kill masters at will).
             "--cluster-replica-validity-factor", "0",
@@ -45,7 +45,7 @@ class RedisCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
         for p in self.ports:
             self.nodes[p] = self._node(p).start()
-        args = ["redis-cli", "--cluster", "create", *[f"{h.HOST}:{p}" for p in self.ports],
+        args = ["redis-cli", "--cluster", "create", *[f"{HOST}:{p}" for p in self.ports],
                 "--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"]
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
@@ -55,7 +55,7 @@ class RedisCluster:
         return self
 
     def cli(self, port: int, *args: str, timeout: float = 5.0) -> str:
-        r = subprocess.run(["redis-cli", "-h", h.HOST, "-p", str(port), *args], capture_output=True, text=True,
+        r = subprocess.run(["redis-cli", "-h", HOST, "-p", str(port), *args], capture_output=True, text=True,
                            timeout=timeout)
         return r.stdout
 

@@ -1,6 +1,6 @@
 """Measure the guard's fail-closed latency when the shared store (Redis) is down.
 
-    E2E_PORT_OFFSET=1000 .venv/bin/python tests/e2e/measure_redis_failclosed.py [--n 200]
+    E2E_PORT_OFFSET=1000 PYTHONPATH=tools .venv/bin/python bench/measure_redis_failclosed.py [--n 200]
 
 Starts 3 naive replicas, redis-server, one `mcp-ownership --store redis://…` and one Envoy
 with the guard (callout timeout 250 ms), all on 127.0.0.1 (ports shifted by E2E_PORT_OFFSET),
@@ -21,13 +21,14 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness as h  # noqa: E402
+from stack.client import Client
+from stack.envoy import Envoy, envoy_config
+from stack.procs import HOST, REDIS_PORT, REPLICA_PORTS, Proc
+from stack.services import start_ownership, start_redis, start_replica
 
 GUARD_HEADER = "mcp-resume"
 
@@ -35,7 +36,7 @@ GUARD_HEADER = "mcp-resume"
 def time_resumes(session: str, cursor: str, n: int, want_header: str | None) -> list[float]:
     out = []
     for _ in range(n):
-        c = h.Client()
+        c = Client()
         c.session = session
         t0 = time.perf_counter()
         r = c.get_stream(last_event_id=cursor)
@@ -58,17 +59,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200)
     args = ap.parse_args()
-    procs: list[h.Proc] = []
+    procs: list[Proc] = []
     redis = None
     with tempfile.TemporaryDirectory() as state:
         try:
-            for i, p in enumerate(h.REPLICA_PORTS):
-                procs.append(h.start_replica(p, f"r{i + 1}", Path(state), ring=16))
-            redis = h.start_redis()
-            procs.append(h.start_ownership(extra=["--store", f"redis://{h.HOST}:{h.REDIS_PORT}"]))
-            cfg = h.envoy_config(guard=True, plugin_overrides={"retention": 16})
-            procs.append(h.Envoy("envoy-measure", cfg).start())
-            c = h.Client()
+            for i, p in enumerate(REPLICA_PORTS):
+                procs.append(start_replica(p, f"r{i + 1}", Path(state), ring=16))
+            redis = start_redis()
+            procs.append(start_ownership(extra=["--store", f"redis://{HOST}:{REDIS_PORT}"]))
+            cfg = envoy_config(guard=True, plugin_overrides={"retention": 16})
+            procs.append(Envoy("envoy-measure", cfg).start())
+            c = Client()
             c.initialize()
             s = c.get_stream()
             evs = s.read(3)

@@ -38,10 +38,10 @@ import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from stack.envoy import ENVOY_BIN, WASM
+from stack.procs import ROOT
+
 DEPLOY = ROOT / "deploy"
-ENVOY_BIN = ROOT / ".venv" / "bin" / "envoy"
-WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "mcp_resume_guard.wasm"
 SCHEMA = json.loads((ROOT / "schema" / "config.schema.json").read_text())
 LOCAL_ENVOY = ROOT / "envoy" / "envoy.yaml"
 PRODUCTION_ENVOY = ROOT / "envoy" / "envoy-production.yaml"

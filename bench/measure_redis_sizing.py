@@ -1,6 +1,6 @@
 """Measure what the shared store costs in Redis: bytes per session, per incarnation, per event.
 
-    E2E_PORT_OFFSET=1000 .venv/bin/python tests/e2e/measure_redis_sizing.py [--sessions 1000]
+    E2E_PORT_OFFSET=1000 PYTHONPATH=tools .venv/bin/python bench/measure_redis_sizing.py [--sessions 1000]
 
 Starts redis-server and `mcp-ownership --store redis://…` on 127.0.0.1 (ports shifted by
 E2E_PORT_OFFSET), writes records through the service's own HTTP API (the code path the guard
@@ -18,16 +18,15 @@ from __future__ import annotations
 import argparse
 import random
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness as h  # noqa: E402
+from stack.client import http_json
+from stack.procs import HOST, OWNERSHIP_PORT, REDIS_PORT
+from stack.services import start_ownership, start_redis
 
 
 def cli(*args: str) -> str:
-    out = subprocess.run(["redis-cli", "-h", h.HOST, "-p", str(h.REDIS_PORT), *args],
+    out = subprocess.run(["redis-cli", "-h", HOST, "-p", str(REDIS_PORT), *args],
                          check=True, capture_output=True, text=True, timeout=10)
     return out.stdout.strip()
 
@@ -40,7 +39,7 @@ def used_memory() -> int:
 
 
 def post(records: list[dict]) -> None:
-    status, body = h.http_json("POST", h.OWNERSHIP_PORT, "/v1/records", {"records": records}, timeout=10)
+    status, body = http_json("POST", OWNERSHIP_PORT, "/v1/records", {"records": records}, timeout=10)
     if status != 200:
         raise SystemExit(f"records refused: {status} {body}")
 
@@ -111,10 +110,10 @@ def main() -> None:
     args = ap.parse_args()
     redis = own = None
     try:
-        redis = h.start_redis()
-        own = h.start_ownership(extra=["--store", f"redis://{h.HOST}:{h.REDIS_PORT}"])
+        redis = start_redis()
+        own = start_ownership(extra=["--store", f"redis://{HOST}:{REDIS_PORT}"])
         print(f"redis-server {cli('INFO', 'server').split('redis_version:')[1].split()[0]}, "
-              f"keys measured with: redis-cli -p {h.REDIS_PORT} MEMORY USAGE <key> SAMPLES 0")
+              f"keys measured with: redis-cli -p {REDIS_PORT} MEMORY USAGE <key> SAMPLES 0")
         measure("small", args.sessions)
         measure("sdk", args.sessions)
         measure("full", max(1, args.sessions // 20))

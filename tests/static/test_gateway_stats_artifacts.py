@@ -17,12 +17,13 @@ import jsonschema
 import pytest
 import yaml
 
-import harness as h
+from stack.envoy import ENVOY_BIN, TEST_KEY, envoy_config
+from stack.procs import BIN, ROOT
 
-EG = h.ROOT / "deploy" / "envoy-gateway" / "mcp-resume-guard.yaml"
-ISTIO_STATS = h.ROOT / "deploy" / "istio" / "stats-bootstrap.yaml"
-SCHEMA = json.loads((h.ROOT / "schema" / "config.schema.json").read_text())
-CLI = h.BIN / "mcp-guard"
+EG = ROOT / "deploy" / "envoy-gateway" / "mcp-resume-guard.yaml"
+ISTIO_STATS = ROOT / "deploy" / "istio" / "stats-bootstrap.yaml"
+SCHEMA = json.loads((ROOT / "schema" / "config.schema.json").read_text())
+CLI = BIN / "mcp-guard"
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 FILTER_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 # How Envoy Gateway names the Wasm filter of EnvoyExtensionPolicy mcp/mcp-resume-guard, wasm[0].
@@ -227,7 +228,7 @@ def eg_equivalent() -> dict:
     enabled per route, then the router; the routes of the HTTPRoute), then patched by the
     EnvoyPatchPolicy: everything the hardening needs comes from the patches."""
     o = objects()
-    cfg = h.envoy_config(guard=True)
+    cfg = envoy_config(guard=True)
     listener = cfg["static_resources"]["listeners"][0]
     hcm = listener.pop("filter_chains")[0]
     listener["default_filter_chain"] = hcm
@@ -290,8 +291,8 @@ def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
     path = tmp_path / "eg-equivalent.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # The guard's variables, as the EnvoyProxy's container env sets them from the Secret.
-    env = {**os.environ, "MCP_GUARD_KEY_1": h.TEST_KEY, "MCP_GUARD_OWNERSHIP_TOKEN": "dG9rZW4"}
-    r = subprocess.run([str(h.ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
+    env = {**os.environ, "MCP_GUARD_KEY_1": TEST_KEY, "MCP_GUARD_OWNERSHIP_TOKEN": "dG9rZW4"}
+    r = subprocess.run([str(ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     r = check_config(path)
@@ -333,14 +334,14 @@ def test_istio_stats_bootstrap_is_the_envoy_stats_config(tmp_path):
     cm = yaml.safe_load(ISTIO_STATS.read_text())
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "istio-system"
     boot = json.loads(cm["data"]["custom_bootstrap.json"])
-    local = yaml.safe_load((h.ROOT / "envoy" / "envoy.yaml").read_text())
+    local = yaml.safe_load((ROOT / "envoy" / "envoy.yaml").read_text())
     assert boot == {"stats_config": local["stats_config"]}
     # Merged into a bootstrap, Envoy accepts it.
-    cfg = h.envoy_config(guard=True)
+    cfg = envoy_config(guard=True)
     cfg.pop("stats_config")
     cfg.update(boot)
     path = tmp_path / "istio-stats.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    r = subprocess.run([str(h.ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
+    r = subprocess.run([str(ENVOY_BIN), "--mode", "validate", "-c", str(path), "--log-level", "warn"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
