@@ -341,15 +341,8 @@ impl Filter {
             return abi::BODY_CONTINUE;
         };
         if ex.wants_request_body() {
-            CHUNK.with(|c| {
-                let mut own = Vec::new();
-                let mut shared = c.try_borrow_mut();
-                let buf = match shared.as_deref_mut() {
-                    Ok(b) => b,
-                    Err(_) => &mut own,
-                };
-                let read = read_body(envoy, abi::RECEIVED_REQUEST_BODY, buf);
-                ex.on_request_body(read.then_some(&buf[..]), eos);
+            with_chunk(envoy, abi::RECEIVED_REQUEST_BODY, |chunk| {
+                ex.on_request_body(chunk, eos);
             });
         }
         abi::BODY_CONTINUE
@@ -385,19 +378,9 @@ impl Filter {
         }
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
-        CHUNK.with(|c| {
-            let mut own = Vec::new();
-            let mut shared = c.try_borrow_mut();
-            let buf = match shared.as_deref_mut() {
-                Ok(b) => b,
-                Err(_) => &mut own,
-            };
-            // A chunk that cannot be read is the exchange's to fail closed on.
-            let read = read_body(envoy, abi::RECEIVED_RESPONSE_BODY, buf);
-            ex.on_response_body(&mut w, &mut h, read.then_some(&buf[..]), eos);
-            if buf.capacity() > CHUNK_KEEP_BYTES {
-                *buf = Vec::new();
-            }
+        // A chunk that cannot be read is the exchange's to fail closed on.
+        with_chunk(envoy, abi::RECEIVED_RESPONSE_BODY, |chunk| {
+            ex.on_response_body(&mut w, &mut h, chunk, eos);
         });
         if h.out.reset {
             abi::BODY_STOP_NO_BUFFER
@@ -463,6 +446,24 @@ fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Option<Vec<(String, Vec
                 .collect(),
         )
     }
+}
+
+/// Runs `f` on this hook's chunk of body `t` (`None` when Envoy could not give it), read into
+/// the worker's buffer (or a fresh one if that is in use).
+fn with_chunk(envoy: HttpFilterEnvoyPtr, t: u32, f: impl FnOnce(Option<&[u8]>)) {
+    CHUNK.with(|c| {
+        let mut own = Vec::new();
+        let mut shared = c.try_borrow_mut();
+        let buf = match shared.as_deref_mut() {
+            Ok(b) => b,
+            Err(_) => &mut own,
+        };
+        let read = read_body(envoy, t, buf);
+        f(read.then_some(&buf[..]));
+        if buf.capacity() > CHUNK_KEEP_BYTES {
+            *buf = Vec::new();
+        }
+    });
 }
 
 /// The data just received (this hook's chunk) of body `t`, copied into `out`.
