@@ -37,7 +37,7 @@ fn make(prefix: &str) -> RedisStore {
 /// Apply as the guard does: resend until acknowledged (the first call also connects, which
 /// on a busy machine may not fit in one operation's bound).
 async fn send(s: &RedisStore, records: &[mcp_resume_core::ownership::Record]) {
-    for _ in 0..20 {
+    for _ in 0..100 {
         if s.apply(records, T0).await.is_ok() {
             return;
         }
@@ -101,6 +101,7 @@ async fn verdict_once_answering(
 async fn primary_killed_fails_closed_then_recovers() {
     let _one = SERIAL.lock().await;
     let c = cluster();
+    c.ensure_all_up(Duration::from_secs(60));
     let s = make("kill:");
     let key = session_n(7);
     let right = stream_of_three(&s, &key).await;
@@ -135,7 +136,10 @@ async fn primary_killed_fails_closed_then_recovers() {
     );
     assert!(errors > 0, "the dead primary was never noticed");
     assert!(slowest < Duration::from_millis(400), "{slowest:?}");
-    assert!(c.masters().contains(&replica), "{replica} not promoted");
+    assert!(
+        c.wait_promoted(replica, Duration::from_secs(30)),
+        "{replica} not promoted"
+    );
     // The promoted primary has no replica yet: records are refused (fast), since a second
     // failover could lose them. The primary may have applied them all the same (WAIT does
     // not undo), so resumes may see them; the guard sends them again until they are
@@ -183,6 +187,7 @@ async fn primary_killed_fails_closed_then_recovers() {
 async fn an_outage_renews_the_cluster_connection() {
     let _one = SERIAL.lock().await;
     let c = cluster();
+    c.ensure_all_up(Duration::from_secs(60));
     let s = make("renew:");
     let key = session_n(11);
     let right = stream_of_three(&s, &key).await;
@@ -224,6 +229,7 @@ async fn an_outage_renews_the_cluster_connection() {
 async fn a_connection_that_answers_nothing_is_made_anew() {
     let _one = SERIAL.lock().await;
     let c = cluster();
+    c.ensure_all_up(Duration::from_secs(60));
     let s = make("stall:");
     let key = session_n(12);
     let right = stream_of_three(&s, &key).await;
@@ -255,6 +261,7 @@ async fn a_connection_that_answers_nothing_is_made_anew() {
 async fn slot_migration_keeps_verdicts_right() {
     let _one = SERIAL.lock().await;
     let c = cluster();
+    c.ensure_all_up(Duration::from_secs(60));
     c.wait_ok(Duration::from_secs(60));
     let s = std::sync::Arc::new(make("move:"));
     let key = session_n(11);

@@ -254,6 +254,38 @@ impl Cluster {
         self.spawn(port);
     }
 
+    /// Every node up and the cluster settled: a fault test that failed half-way (its node
+    /// never restarted) must not fail the next one too.
+    pub fn ensure_all_up(&self, timeout: Duration) {
+        for &p in &self.ports {
+            if TcpStream::connect(("127.0.0.1", p)).is_err() {
+                self.restart(p);
+            }
+        }
+        self.wait_ok(timeout);
+    }
+
+    /// Waits until every live node sees `port` as a primary (gossip lags a failover on a busy
+    /// machine); false when it did not within `timeout`.
+    pub fn wait_promoted(&self, port: u16, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self
+                .ports
+                .iter()
+                .copied()
+                .filter(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+                .all(|p| self.masters_seen_by(p).contains(&port));
+            if seen {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn url(&self, scheme: &str) -> String {
         let hosts: Vec<String> = self
             .ports
