@@ -350,6 +350,7 @@ def test_virtualservice_no_retries_sse_timeout():
     assert dr["spec"]["host"] in dests
 
 
+@pytest.mark.envoy
 def test_istio_equivalent_envoy_config_validates(tmp_path):
     cfg = istio_equivalent_config()
     names = [f["typed_config"]["@type"] for f in filters(cfg)]
@@ -398,6 +399,7 @@ def test_envoy_configs_pin_only_on_the_mcp_routes(path):
     assert g["failure_policy"] == "FAIL_RELOAD" and "fail_open" not in g
 
 
+@pytest.mark.envoy
 def test_validate_really_loads_the_plugin(tmp_path):
     """Control: a config the filter refuses makes validation fail, so the passes above mean it."""
     cfg = istio_equivalent_config()
@@ -435,6 +437,7 @@ def test_compose_envoy_is_the_production_config_adapted():
             assert ep["endpoint"]["address"]["socket_address"]["address"] in services
 
 
+@pytest.mark.envoy
 def test_compose_envoy_validates(tmp_path):
     cfg = yaml.safe_load(COMPOSE_ENVOY.read_text())
     # The bind-mounted path exists only in the container: point it at the built file.
@@ -537,6 +540,7 @@ def test_compose_secrets_are_docker_secrets():
     assert "secrets/" in (COMPOSE.parent / ".gitignore").read_text().split()
 
 
+@pytest.mark.envoy
 def test_validate_fails_without_the_secret(tmp_path):
     """Control: validate runs the guard's on_configure with the environment it is given; the
     compose config without its key variable does not load, and says which variable."""
@@ -789,6 +793,7 @@ def test_replica_cluster_sized_for_long_lived_sse(path):
             assert 300 <= int(r["route"]["idle_timeout"].rstrip("s")) <= 86_400
 
 
+@pytest.mark.envoy
 def test_production_rate_limit_refuses_only_session_opening(tmp_path):
     """envoy-production.yaml under Envoy: past the burst, POSTs to /mcp without Mcp-Session-Id
     get 429; with a session id, or a GET, never (no replica listens: those get 503)."""

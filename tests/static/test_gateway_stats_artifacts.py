@@ -276,6 +276,7 @@ def eg_equivalent_routes() -> list[dict]:
     return tc["route_config"]["virtual_hosts"][0]["routes"]
 
 
+@pytest.mark.envoy
 def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
     cfg = eg_equivalent()
     tc = cfg["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]["typed_config"]
@@ -330,6 +331,7 @@ def test_patch_test_guards_the_insert_position(chain):
         apply_patch(listener, test_op)
 
 
+@pytest.mark.envoy
 def test_istio_stats_bootstrap_is_the_envoy_stats_config(tmp_path):
     cm = yaml.safe_load(ISTIO_STATS.read_text())
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "istio-system"
