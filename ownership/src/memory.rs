@@ -358,6 +358,23 @@ impl Inner {
         out
     }
 
+    /// A fact about one incarnation (lost, failing): touched now, then `f`, within the caps.
+    fn mark(
+        &mut self,
+        session: &str,
+        incarnation: &str,
+        now_ms: u64,
+        limits: &Limits,
+        f: impl FnOnce(&mut Incarnation),
+    ) {
+        let tick = self.next_tick();
+        let s = self.session_for_record(session, SessionState::Active, now_ms);
+        let inc = s.incarnations.entry(incarnation.to_owned()).or_default();
+        inc.last_tick = tick;
+        f(inc);
+        evict(s, limits.max_incarnations_per_session, incarnation);
+    }
+
     fn apply_record(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), String> {
         match r {
             Record::SessionOpen { session, version } => {
@@ -490,24 +507,16 @@ impl Inner {
                 session,
                 incarnation,
             } => {
-                let tick = self.next_tick();
-                let s = self.session_for_record(session, SessionState::Active, now_ms);
-                let inc = s.incarnations.entry(incarnation.clone()).or_default();
-                inc.last_tick = tick;
-                inc.lost = true;
-                evict(s, limits.max_incarnations_per_session, incarnation);
+                self.mark(session, incarnation, now_ms, limits, |inc| inc.lost = true);
             }
             Record::OwnerFailed {
                 session,
                 incarnation,
             } => {
-                let tick = self.next_tick();
-                let s = self.session_for_record(session, SessionState::Active, now_ms);
-                let inc = s.incarnations.entry(incarnation.clone()).or_default();
-                inc.last_tick = tick;
                 // The first failure counts: repeats never push the window back.
-                inc.failed_since.get_or_insert(now_ms);
-                evict(s, limits.max_incarnations_per_session, incarnation);
+                self.mark(session, incarnation, now_ms, limits, |inc| {
+                    inc.failed_since.get_or_insert(now_ms);
+                });
             }
             Record::OwnerGone { owner } => {
                 let e = self.owner_epochs.entry(owner.clone()).or_insert(0);
