@@ -17,9 +17,10 @@ use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSIO
 use crate::host::{CalloutFailure, Host, Stat};
 use crate::jsonrpc::{RequestIdScanner, Scan};
 use crate::ownership::{
-    check_version, Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, RESUME_PATH,
+    check_version, BranchAnswer, BranchQuery, Reason, Record, ResumeQuery, ResumeVerdict,
+    SessionEnd, StreamKind, BRANCH_PATH, RESUME_PATH,
 };
-use crate::records::RecordQueue;
+use crate::records::{Overtaken, RecordQueue, StreamKey};
 use crate::stream::{control_event, Flow, StreamState};
 use base64::Engine as _;
 
@@ -31,8 +32,10 @@ pub const INVALID_VERSION: &str = "invalid";
 const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 /// The JSON-RPC error code of a refused resume (in the 409 body and the settling answer).
 pub const REFUSED_CODE: i64 = -32010;
-/// A claim given back (see [`Exchange::release_claim`]): no newer continuation holds the stream.
-const NO_CLAIM: u64 = 0;
+/// Branches the store refused events of, waiting for their stream's next chunk (per worker).
+/// Each is taken by its stream's next chunk or end; the bound only matters if the store names
+/// branches this worker no longer carries.
+const MAX_OVERTAKEN: usize = 1024;
 /// `response.code_details` of strict stateful_session when the owner is not in the cluster:
 /// the one failure that shows the owner is gone, not just busy.
 pub const OWNER_NOT_IN_CLUSTER: &str = "no_healthy_upstream";
@@ -57,9 +60,9 @@ pub struct Worker {
     scratch: Vec<u8>,
     /// Events rewritten since the last tick, added to the stat once per tick.
     rewritten: u64,
-    /// Continuations claimed on this worker so far: a fresh stream asks the host about forks
-    /// only when this moved.
-    claims: u64,
+    /// Branches the store refused events of (the store arbitrates forks for every gateway;
+    /// this is the worker's copy of its answers, read by the branches' next chunk).
+    overtaken: Vec<Overtaken>,
 }
 
 impl Worker {
@@ -70,7 +73,7 @@ impl Worker {
             config,
             scratch: Vec::new(),
             rewritten: 0,
-            claims: 0,
+            overtaken: Vec::new(),
         }
     }
 
@@ -96,7 +99,21 @@ impl Worker {
         status: Option<u32>,
         body: Option<&[u8]>,
     ) {
-        self.records.on_response(host, token, status, body);
+        let cut = self.records.on_response(host, token, status, body);
+        if !cut.is_empty() {
+            self.overtaken.extend(cut);
+            let extra = self.overtaken.len().saturating_sub(MAX_OVERTAKEN);
+            self.overtaken.drain(..extra);
+        }
+    }
+
+    /// Takes the store's word that this branch must end, if it gave one.
+    fn take_overtaken(&mut self, incarnation: &str, branch: u64) -> Option<Reason> {
+        let i = self
+            .overtaken
+            .iter()
+            .position(|o| o.branch == branch && o.incarnation == incarnation)?;
+        Some(self.overtaken.swap_remove(i).reason)
     }
 
     /// Records waiting to be sent.
@@ -181,6 +198,11 @@ enum Phase {
         owner: String,
         expected: Vec<String>,
     },
+    /// The continuation's replica ended it; the end is held while the store says whether
+    /// another branch of the incarnation is open (then this one ends with `forked`).
+    Ending {
+        token: u32,
+    },
     /// A local reply was sent; nothing more to do.
     Replied,
 }
@@ -211,12 +233,11 @@ pub struct Exchange {
     cut_sent: bool,
     /// Store keys of this stream's session and incarnation, computed once per stream.
     record_keys: Option<(String, String)>,
-    /// This continuation's claim on its incarnation (see [`Host::claim_stream`]).
-    claim: Option<u64>,
-    /// The claim it replaced, given back if this continuation is refused before it relays.
-    prev_claim: Option<u64>,
-    /// The worker's claim count when a fresh stream last looked.
-    claims_seen: u64,
+    /// The branch of the incarnation this response carries (0: its first response, or a
+    /// continuation the store did not register), tagged on its `Events`.
+    branch: u64,
+    /// The store registered this continuation's branch: its end must be reported.
+    branch_open: bool,
 }
 
 impl Default for Exchange {
@@ -246,9 +267,8 @@ impl Exchange {
             control_pending: None,
             cut_sent: false,
             record_keys: None,
-            claim: None,
-            prev_claim: None,
-            claims_seen: 0,
+            branch: 0,
+            branch_open: false,
         }
     }
 
@@ -374,6 +394,12 @@ impl Exchange {
         status: Option<u32>,
         body: Option<&[u8]>,
     ) {
+        if let Phase::Ending { token: want } = self.phase {
+            if want == token {
+                self.on_branch_answer(host, status, body);
+            }
+            return;
+        }
         let Phase::Asking { token: want, .. } = &self.phase else {
             return;
         };
@@ -518,7 +544,9 @@ impl Exchange {
     }
 
     /// One response body chunk (only when [`Exchange::wants_body`]); the rewritten chunk goes
-    /// out through [`Host::replace_body_chunk`].
+    /// out through [`Host::replace_body_chunk`]. At the end of a continuation's response the
+    /// answer may be [`Action::Pause`]: the adapter holds the end until the exchange calls
+    /// [`Host::finish_held_response`].
     pub fn on_response_body<H: Host>(
         &mut self,
         w: &mut Worker,
@@ -547,13 +575,10 @@ impl Exchange {
                 host.count(Stat::HostErrors, 1);
                 self.cut(w, &mut out, Reason::HostError);
             }
-            Some(_) if self.forked(w, host) => {
-                // A newer continuation of this incarnation owns it now (newest wins): this one
-                // ends, explicitly, and records nothing more (the owner's log is fine).
-                host.count(Stat::Forked, 1);
-                self.cut(w, &mut out, Reason::Forked);
-            }
-            Some(chunk) => self.relay(w, host, chunk, eos, &mut out),
+            Some(chunk) => match self.overtaken(w) {
+                Some(reason) => self.end_overtaken(w, host, &mut out, reason),
+                None => self.relay(w, host, chunk, eos, &mut out),
+            },
         }
         host.replace_body_chunk(&out);
         // Keep the worker's buffer, unless one huge chunk made it large.
@@ -562,7 +587,145 @@ impl Exchange {
         }
         w.scratch = out;
         self.flush_relayed(w, host);
+        if eos && self.branch_open && self.stream.is_some() && !self.cut_sent {
+            return self.ask_branch_end(w, host);
+        }
         Action::Continue
+    }
+
+    /// The request's stream is over (complete, reset or abandoned): its branch no longer holds
+    /// the stream. Adapters call this once, when the proxy is done with the request.
+    pub fn on_stream_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        if let Some((_, inc)) = &self.record_keys {
+            // A word the stream can no longer use must not linger.
+            if !w.overtaken.is_empty() {
+                let _ = w.take_overtaken(inc, self.branch);
+            }
+        }
+        self.report_branch_end(w, host);
+    }
+
+    /// The store's word, if any, that this branch was overtaken (looked up, not taken).
+    fn overtaken(&self, w: &Worker) -> Option<Reason> {
+        if w.overtaken.is_empty() {
+            return None;
+        }
+        let (_, inc) = self.record_keys.as_ref()?;
+        w.overtaken
+            .iter()
+            .find(|o| o.branch == self.branch && o.incarnation == *inc)
+            .map(|o| o.reason)
+    }
+
+    /// The store refused this branch's events: a newer branch relays the stream (`forked`), or
+    /// its replica diverged from the recorded log (`replay_mismatch`, the store marked the
+    /// stream lost). Ends it explicitly, recording nothing more.
+    fn end_overtaken<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        out: &mut Vec<u8>,
+        reason: Reason,
+    ) {
+        if let Some((_, inc)) = &self.record_keys {
+            let _ = w.take_overtaken(inc, self.branch);
+        }
+        match reason {
+            Reason::Forked => host.count(Stat::Forked, 1),
+            _ => host.count(Stat::ReplayMismatch, 1),
+        }
+        self.cut(w, out, reason);
+    }
+
+    /// A registered branch whose replica ended it asks the store, once, whether another branch
+    /// of the incarnation is open (a replica that hands the stream to a newer reader ends the
+    /// older one cleanly: without this its client would see a silent end).
+    fn ask_branch_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> Action {
+        let Some(query) = self.branch_query() else {
+            return Action::Continue;
+        };
+        let Ok(body) = serde_json::to_vec(&query) else {
+            return Action::Continue;
+        };
+        let o = &w.config.ownership;
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", BRANCH_PATH),
+            (":authority", o.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        if let Some(a) = &w.auth {
+            headers.push(("authorization", a.as_str()));
+        }
+        match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
+            Some(token) => {
+                self.phase = Phase::Ending { token };
+                Action::Pause
+            }
+            // The end goes on; `on_stream_end` still reports it as a record.
+            None => Action::Continue,
+        }
+    }
+
+    /// The store's answer about an ended branch (`status` `None`: no answer). Without a usable
+    /// answer the end goes on as the replica sent it, and is reported as a record.
+    fn on_branch_answer<H: Host>(
+        &mut self,
+        host: &mut H,
+        status: Option<u32>,
+        body: Option<&[u8]>,
+    ) {
+        self.phase = Phase::Replied;
+        let answer: Option<BranchAnswer> = match status {
+            Some(200) => body.and_then(|b| serde_json::from_slice(b).ok()),
+            _ => None,
+        };
+        let Some(answer) = answer else {
+            host.finish_held_response(&[]);
+            return;
+        };
+        // The store marked the branch ended.
+        self.branch_open = false;
+        if !answer.forked {
+            host.finish_held_response(&[]);
+            return;
+        }
+        host.count(Stat::Forked, 1);
+        if self
+            .stream
+            .as_ref()
+            .is_some_and(StreamState::output_mid_block)
+        {
+            // A control event cannot follow half an event: the reset says it instead.
+            host.reset_response();
+            return;
+        }
+        // Not settled: the newer branch carries the call on.
+        host.finish_held_response(control_event(Reason::Forked).as_bytes());
+    }
+
+    fn branch_query(&self) -> Option<BranchQuery> {
+        let (session, incarnation) = self.record_keys.clone()?;
+        Some(BranchQuery {
+            session,
+            incarnation,
+            branch: self.branch,
+        })
+    }
+
+    /// A registered branch that ended without asking is reported as a record.
+    fn report_branch_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        if !std::mem::take(&mut self.branch_open) {
+            return;
+        }
+        if let Some(q) = self.branch_query() {
+            let r = Record::BranchEnd {
+                session: q.session,
+                incarnation: q.incarnation,
+                branch: q.branch,
+            };
+            Self::push_record(w, host, r);
+        }
     }
 
     fn relay<H: Host>(
@@ -622,26 +785,6 @@ impl Exchange {
         self.control_pending = None;
     }
 
-    /// Has a newer continuation of this stream's incarnation taken it over? A continuation asks
-    /// the host on every chunk; a fresh stream (older than any continuation of it) only after
-    /// a continuation was claimed on this worker.
-    fn forked<H: Host>(&mut self, w: &Worker, host: &mut H) -> bool {
-        let Some(stream) = self.stream.as_ref() else {
-            return false;
-        };
-        let inc = stream.incarnation();
-        match self.claim {
-            Some(mine) => host
-                .stream_claim(inc)
-                .is_some_and(|c| c != mine && c != NO_CLAIM),
-            None if self.claims_seen == w.claims => false,
-            None => {
-                self.claims_seen = w.claims;
-                host.stream_claim(inc).is_some_and(|c| c != NO_CLAIM)
-            }
-        }
-    }
-
     /// Refuse a cursor: strip it and forward (restart), or answer locally (settle a request
     /// stream's pending call, or reject).
     fn refuse<H: Host>(
@@ -693,24 +836,13 @@ impl Exchange {
         request_id: Option<&str>,
     ) {
         host.count(Stat::Refused(reason), 1);
-        self.release_claim(host);
+        // Refused before it relayed anything: its branch ends now, so the branch it would have
+        // overtaken goes on (a stray resume must not end a healthy stream).
+        self.report_branch_end(w, host);
         if kind == StreamKind::Request && w.config.policy.request_stream == Policy::Settle {
             self.settle(host, reason, request_id);
         } else {
             self.reject(w, host, reason);
-        }
-    }
-
-    /// A continuation refused before it relayed anything gives its stream back, so the branch
-    /// it would have replaced goes on: a stray resume must not end a healthy stream.
-    fn release_claim<H: Host>(&mut self, host: &mut H) {
-        let (Some(mine), Phase::Continuing { cursor, .. }) = (self.claim.take(), &self.phase)
-        else {
-            return;
-        };
-        let inc = cursor.incarnation;
-        if host.stream_claim(inc) == Some(mine) {
-            host.claim_stream(inc, self.prev_claim.take().unwrap_or(NO_CLAIM));
         }
     }
 
@@ -844,6 +976,7 @@ impl Exchange {
                 owner,
                 expected,
                 resume_id,
+                branch,
                 ..
             }) => {
                 // A long replica id is not in the cursor; the store keeps the newest ones.
@@ -857,15 +990,14 @@ impl Exchange {
                 host.set_request_header("last-event-id", &replica_id);
                 host.set_request_header(&w.config.owner_header, &pin);
                 host.count(Stat::Continued, 1);
-                // Newest wins: this continuation takes the incarnation over from any older
-                // stream of it, which ends with the `forked` control event at its next chunk.
-                // Claimed now, before the request reaches the replica: a replica that hands
-                // the stream over ends the older one as soon as it sees this request.
-                let claim = host.random_u64() | 1;
-                self.prev_claim = host.stream_claim(cursor.incarnation);
-                host.claim_stream(cursor.incarnation, claim);
-                w.claims = w.claims.wrapping_add(1);
-                self.claim = Some(claim);
+                // The store registered this branch: it arbitrates it against the others of
+                // the incarnation, whatever gateway they cross (see `Events.branch`).
+                if let (Some(b), Some(sid)) = (branch, self.req.session_id.as_deref()) {
+                    self.branch = b;
+                    self.branch_open = true;
+                    self.record_keys =
+                        Some((session_key(sid), incarnation_hex(cursor.incarnation)));
+                }
                 self.phase = Phase::Continuing {
                     cursor,
                     owner,
@@ -932,7 +1064,6 @@ impl Exchange {
         let (binding, skey) = session_binding_and_key(self.session_id().unwrap_or_default());
         let cfg = &w.config;
         let max_hold = cfg.max_event_hold_bytes;
-        self.claims_seen = w.claims;
         let stream = match &self.phase {
             Phase::Continuing {
                 cursor, expected, ..
@@ -988,8 +1119,12 @@ impl Exchange {
         if let Some((first_seq, ids)) = stream.relayed() {
             w.rewritten += ids.len() as u64;
             if let Some((session, incarnation)) = &self.record_keys {
-                w.records
-                    .push_events(host, session, incarnation, first_seq, ids.iter());
+                let key = StreamKey {
+                    session,
+                    incarnation,
+                    branch: self.branch,
+                };
+                w.records.push_events(host, &key, first_seq, ids.iter());
             }
         }
         stream.clear_relayed();

@@ -1,7 +1,7 @@
 //! What the exchange needs from the proxy it runs in, and the stats it reports.
 //!
 //! The exchange ([`crate::exchange`]) and the record queue ([`crate::records`]) never call a
-//! proxy directly: they ask a [`Host`] (clock, randomness, upstream address, stream claims) and
+//! proxy directly: they ask a [`Host`] (clock, randomness, upstream address, callouts) and
 //! tell it what to do (set a header, replace a body chunk, dispatch a callout, count a stat).
 //! An adapter implements it for one proxy ABI: proxy-wasm (`src/`) and the native Envoy
 //! dynamic module (`native/`). [`MockHost`] implements it over plain data and records
@@ -193,7 +193,7 @@ pub fn metric_name(name: &str) -> String {
 }
 
 /// A random value when the host's randomness failed: spread from the clock. Only incarnation
-/// ids, claims and backoff jitter use randomness; none of them is a secret.
+/// ids and backoff jitter use randomness; none of them is a secret.
 pub fn clock_random(now_ms: u64) -> u64 {
     now_ms.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15
 }
@@ -206,7 +206,7 @@ pub const CALLOUT_MS: &str = "callout_ms";
 pub trait Host {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
-    /// A fresh random value (incarnation ids, claims, backoff jitter).
+    /// A fresh random value (incarnation ids, backoff jitter).
     fn random_u64(&mut self) -> u64;
     /// `ip:port` of the upstream that served this request, once known.
     fn upstream_address(&self) -> Option<String>;
@@ -239,11 +239,9 @@ pub trait Host {
         timeout_ms: u64,
     ) -> Option<u32>;
 
-    /// Marks `claim` as the newest continuation of `incarnation`, for every worker of this proxy
-    /// that the host can reach (best effort: a host may forget old claims).
-    fn claim_stream(&mut self, incarnation: u64, claim: u64);
-    /// The newest claim on `incarnation` the host still knows.
-    fn stream_claim(&self, incarnation: u64) -> Option<u64>;
+    /// Appends `tail` to the response body held since `on_response_body` answered
+    /// [`crate::exchange::Action::Pause`] (at its end), and lets the response finish.
+    fn finish_held_response(&mut self, tail: &[u8]);
 
     fn count(&mut self, stat: Stat, n: u64);
     fn observe_callout_ms(&mut self, ms: u64);
@@ -264,6 +262,8 @@ pub enum Effect {
     },
     ResumeRequest,
     BodyChunk(Vec<u8>),
+    /// [`Host::finish_held_response`] with its tail.
+    FinishHeld(Vec<u8>),
     ResetResponse,
     Dispatch {
         token: u32,
@@ -275,8 +275,8 @@ pub enum Effect {
     Log(LogLevel, String),
 }
 
-/// A host over plain data: a settable clock, deterministic randomness, an upstream address and
-/// shared stream claims; it records every effect and counts every stat. Used by the core's
+/// A host over plain data: a settable clock, deterministic randomness and an upstream address;
+/// it records every effect and counts every stat. Used by the core's
 /// tests, and by anything else that drives the exchange without a proxy (fuzzing).
 #[derive(Debug, Default, Clone)]
 pub struct MockHost {
@@ -287,7 +287,6 @@ pub struct MockHost {
     /// `true` makes every `dispatch` fail.
     pub refuse_dispatch: bool,
     pub next_token: u32,
-    pub claims: HashMap<u64, u64>,
     pub effects: Vec<Effect>,
     pub stats: HashMap<Stat, u64>,
     pub callout_ms: Vec<u64>,
@@ -326,7 +325,7 @@ impl MockHost {
     pub fn body(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for e in &self.effects {
-            if let Effect::BodyChunk(b) = e {
+            if let Effect::BodyChunk(b) | Effect::FinishHeld(b) = e {
                 out.extend_from_slice(b);
             }
         }
@@ -409,11 +408,8 @@ impl Host for MockHost {
         });
         Some(token)
     }
-    fn claim_stream(&mut self, incarnation: u64, claim: u64) {
-        self.claims.insert(incarnation, claim);
-    }
-    fn stream_claim(&self, incarnation: u64) -> Option<u64> {
-        self.claims.get(&incarnation).copied()
+    fn finish_held_response(&mut self, tail: &[u8]) {
+        self.effects.push(Effect::FinishHeld(tail.to_vec()));
     }
     fn count(&mut self, stat: Stat, n: u64) {
         *self.stats.entry(stat).or_insert(0) += n;

@@ -196,6 +196,12 @@ pub enum ResumeVerdict {
         /// the cursor and the store still keeps it (the last [`LONG_IDS_KEPT`] long ids).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resume_id: Option<String>,
+        /// This continuation's branch of the incarnation: a number the store hands out in
+        /// increasing order (1, 2, …; the stream's first response is branch 0). The guard
+        /// tags the branch's `Events` with it and reports the branch's end. Absent when the
+        /// store could not register the branch (then it is not arbitrated).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        branch: Option<u64>,
     },
     NewStream {
         reason: Reason,
@@ -262,6 +268,19 @@ pub enum Record {
         /// [`MAX_LONG_ID_BYTES`]), oldest first, so a cursor at one of them can still resume.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         long: Vec<LongId>,
+        /// The branch that relayed them ([`ResumeVerdict::Continue`]`.branch`; 0, the
+        /// default, is the stream's first response). The store refuses the events of a branch
+        /// that another, newer branch overtook ([`REJECTED_FORKED`]) or that disagree with
+        /// events already recorded at the same seqs ([`REJECTED_MISMATCH`]).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        branch: u64,
+    },
+    /// A continuation's branch ended without asking [`BRANCH_PATH`] (reset, client gone, cut):
+    /// it no longer holds the stream.
+    BranchEnd {
+        session: String,
+        incarnation: String,
+        branch: u64,
     },
     /// A continuation to this incarnation's owner failed (owner down or not in the cluster):
     /// its log is lost, so later cursors for it are `owner_unavailable` at once.
@@ -282,6 +301,43 @@ pub enum Record {
     OwnerGone {
         owner: String,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// `rejected[].error` of `Events` from a branch that a newer branch of the same incarnation
+/// overtook (it relayed after this one started): the guard cuts the branch with `forked`.
+pub const REJECTED_FORKED: &str = "forked";
+/// `rejected[].error` of `Events` whose seqs are recorded with other events: the branch's
+/// replica diverged from the log; the guard cuts it with `replay_mismatch`.
+pub const REJECTED_MISMATCH: &str = "replay_mismatch";
+
+/// `POST /v1/branch`: a continuation's branch ended cleanly (its replica closed it). The store
+/// marks it ended and says whether another branch of the incarnation is open, so a branch that
+/// the replica closed for a newer reader ends with `forked`, never silently.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchQuery {
+    pub session: String,
+    pub incarnation: String,
+    pub branch: u64,
+}
+
+impl BranchQuery {
+    pub fn validate(&self) -> Result<(), FieldError> {
+        check_session("session", &self.session)?;
+        check_incarnation("incarnation", &self.incarnation)
+    }
+}
+
+/// The answer to a [`BranchQuery`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchAnswer {
+    /// Another branch of the incarnation is open: this one was overtaken.
+    pub forked: bool,
 }
 
 /// `POST /v1/records`.
@@ -568,6 +624,7 @@ impl Record {
                 first_seq,
                 ids,
                 long,
+                ..
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)?;
@@ -619,6 +676,11 @@ impl Record {
             | Record::OwnerFailed {
                 session,
                 incarnation,
+            }
+            | Record::BranchEnd {
+                session,
+                incarnation,
+                ..
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)
@@ -637,6 +699,7 @@ pub struct ErrorBody {
 
 pub const RESUME_PATH: &str = "/v1/resume";
 pub const RECORDS_PATH: &str = "/v1/records";
+pub const BRANCH_PATH: &str = "/v1/branch";
 
 #[cfg(test)]
 mod tests {
@@ -650,6 +713,7 @@ mod tests {
             first_seq: 1,
             ids,
             long: vec![],
+            branch: 0,
         };
         let ok = vec![
             recorded_event("e1", 7),

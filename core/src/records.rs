@@ -16,8 +16,9 @@ use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
     check_incarnation, check_seq, check_session, digest_hex, recorded_id, FieldError, LongId,
-    Record, RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
-    MAX_RECORDED_EVENT_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH,
+    Reason, Record, RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
+    MAX_RECORDED_EVENT_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH, REJECTED_FORKED,
+    REJECTED_MISMATCH,
 };
 use std::collections::VecDeque;
 
@@ -74,8 +75,25 @@ fn serialized_len(r: &Record) -> usize {
 }
 
 /// What an `Events` record adds to its session and incarnation strings and its ids:
-/// `{"type":"events","session":,"incarnation":,"first_seq":,"ids":[]}` and 20 digits.
-const EVENTS_FRAME: usize = 65 + 20;
+/// `{"type":"events","session":,"incarnation":,"first_seq":,"ids":[]}`, 20 digits, and
+/// `,"branch":` with 20 more.
+const EVENTS_FRAME: usize = 65 + 20 + 10 + 20;
+
+/// Which stream's branch an `Events` record belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamKey<'a> {
+    pub session: &'a str,
+    pub incarnation: &'a str,
+    pub branch: u64,
+}
+
+/// A branch the store refused events of: the stream it carries must end with `reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overtaken {
+    pub incarnation: String,
+    pub branch: u64,
+    pub reason: Reason,
+}
 
 /// An `Events` record as queued: its recorded ids already in JSON, comma-separated, so relaying
 /// an event appends to one buffer instead of allocating a `String` (and building, validating
@@ -84,6 +102,8 @@ const EVENTS_FRAME: usize = 65 + 20;
 struct EventsBuf {
     session: String,
     incarnation: String,
+    /// The relaying branch ([`Record::Events`]`.branch`).
+    branch: u64,
     first_seq: u64,
     count: u64,
     ids: Vec<u8>,
@@ -92,13 +112,14 @@ struct EventsBuf {
 
 impl EventsBuf {
     /// Checks what the whole record shares once, when it opens.
-    fn open(session: &str, incarnation: &str, first_seq: u64) -> Result<Self, FieldError> {
-        check_session("session", session)?;
-        check_incarnation("incarnation", incarnation)?;
+    fn open(stream: &StreamKey<'_>, first_seq: u64) -> Result<Self, FieldError> {
+        check_session("session", stream.session)?;
+        check_incarnation("incarnation", stream.incarnation)?;
         check_seq("first_seq", first_seq)?;
         Ok(EventsBuf {
-            session: session.to_owned(),
-            incarnation: incarnation.to_owned(),
+            session: stream.session.to_owned(),
+            incarnation: stream.incarnation.to_owned(),
+            branch: stream.branch,
             first_seq,
             count: 0,
             ids: Vec::new(),
@@ -111,10 +132,11 @@ impl EventsBuf {
         EVENTS_FRAME + json_len(&self.session) + json_len(&self.incarnation)
     }
 
-    /// Does seq `seq` of this session and incarnation continue this record?
-    fn continues(&self, session: &str, incarnation: &str, seq: u64) -> bool {
-        self.incarnation == incarnation
-            && self.session == session
+    /// Does seq `seq` of this stream (session, incarnation and branch) continue this record?
+    fn continues(&self, stream: &StreamKey<'_>, seq: u64) -> bool {
+        self.incarnation == stream.incarnation
+            && self.branch == stream.branch
+            && self.session == stream.session
             && self.first_seq.checked_add(self.count) == Some(seq)
     }
 
@@ -167,6 +189,10 @@ impl EventsBuf {
         write_json(out, &self.incarnation)?;
         out.extend_from_slice(br#","first_seq":"#);
         write_json(out, &self.first_seq)?;
+        if self.branch != 0 {
+            out.extend_from_slice(br#","branch":"#);
+            write_json(out, &self.branch)?;
+        }
         out.extend_from_slice(br#","ids":["#);
         out.extend_from_slice(&self.ids);
         out.push(b']');
@@ -279,9 +305,15 @@ impl RecordQueue {
                 first_seq,
                 ids,
                 long,
+                branch,
             } => {
+                let stream = StreamKey {
+                    session: &session,
+                    incarnation: &incarnation,
+                    branch,
+                };
                 let mut long = long.into_iter().peekable();
-                let mut open = self.find_open(&session, &incarnation, first_seq);
+                let mut open = self.find_open(&stream, first_seq);
                 for (i, id) in ids.iter().enumerate() {
                     let seq = first_seq.saturating_add(i as u64);
                     let full = long.next_if(|l| l.seq == seq);
@@ -291,7 +323,7 @@ impl RecordQueue {
                         digest: None,
                         full,
                     };
-                    let step = self.append(&mut open, &session, &incarnation, seq, &ev);
+                    let step = self.append(&mut open, &stream, seq, &ev);
                     if let Err(e) = step {
                         invalid(host, &e);
                         break;
@@ -318,12 +350,11 @@ impl RecordQueue {
     pub fn push_events<H: Host, S: AsRef<str>>(
         &mut self,
         host: &mut H,
-        session: &str,
-        incarnation: &str,
+        stream: &StreamKey<'_>,
         first_seq: u64,
         ids: impl IntoIterator<Item = (S, u64)>,
     ) {
-        let mut open = self.find_open(session, incarnation, first_seq);
+        let mut open = self.find_open(stream, first_seq);
         for (i, (id, digest)) in ids.into_iter().enumerate() {
             let seq = first_seq.saturating_add(i as u64);
             let id = id.as_ref();
@@ -335,7 +366,7 @@ impl RecordQueue {
                 digest: Some(digest),
                 full,
             };
-            let step = self.append(&mut open, session, incarnation, seq, &ev);
+            let step = self.append(&mut open, stream, seq, &ev);
             if let Err(e) = step {
                 invalid(host, &e);
                 break;
@@ -347,11 +378,11 @@ impl RecordQueue {
     /// The queued record that seq `seq` of this incarnation continues, if any. Streams
     /// interleave, so look back a little; only records of the same incarnation are ordered
     /// with respect to each other.
-    fn find_open(&self, session: &str, incarnation: &str, seq: u64) -> Option<usize> {
+    fn find_open(&self, stream: &StreamKey<'_>, seq: u64) -> Option<usize> {
         let n = self.pending.len();
         (n.saturating_sub(MERGE_LOOKBACK)..n).rev().find(|&k| {
             matches!(self.pending.get(k), Some(Queued { item: Item::Events(e), .. })
-                if e.continues(session, incarnation, seq))
+                if e.continues(stream, seq))
         })
     }
 
@@ -360,8 +391,7 @@ impl RecordQueue {
     fn append(
         &mut self,
         open: &mut Option<usize>,
-        session: &str,
-        incarnation: &str,
+        stream: &StreamKey<'_>,
         seq: u64,
         ev: &Entry<'_>,
     ) -> Result<(), FieldError> {
@@ -375,7 +405,7 @@ impl RecordQueue {
             .and_then(|k| self.pending.get(k))
             .is_some_and(|q| q.bytes + add <= RECORD_MAX_BYTES);
         if !room {
-            let e = EventsBuf::open(session, incarnation, seq)?;
+            let e = EventsBuf::open(stream, seq)?;
             let bytes = e.frame_len();
             self.queued_bytes += bytes;
             self.pending.push_back(Queued {
@@ -460,19 +490,21 @@ impl RecordQueue {
     }
 
     /// The answer to a records post: `status` is `None` when no response headers arrived.
+    /// Returns the branches whose events the store refused as overtaken or diverged.
     pub fn on_response<H: Host>(
         &mut self,
         host: &mut H,
         token: u32,
         status: Option<u32>,
         body: Option<&[u8]>,
-    ) {
+    ) -> Vec<Overtaken> {
+        let mut overtaken = Vec::new();
         let Some((want, batch)) = self.in_flight.take() else {
-            return;
+            return overtaken;
         };
         if want != token {
             self.in_flight = Some((want, batch));
-            return;
+            return overtaken;
         }
         let n = batch.len();
         match status {
@@ -495,6 +527,24 @@ impl RecordQueue {
                     .unwrap_or_default();
                 rejected.sort_unstable();
                 rejected.dedup();
+                for r in ack.iter().flat_map(|a| a.rejected.iter()) {
+                    let reason = match r.error.as_str() {
+                        REJECTED_FORKED => Reason::Forked,
+                        REJECTED_MISMATCH => Reason::ReplayMismatch,
+                        _ => continue,
+                    };
+                    if let Some(Queued {
+                        item: Item::Events(e),
+                        ..
+                    }) = batch.get(r.index)
+                    {
+                        overtaken.push(Overtaken {
+                            incarnation: e.incarnation.clone(),
+                            branch: e.branch,
+                            reason,
+                        });
+                    }
+                }
                 let sent = ack
                     .as_ref()
                     .map_or(n, |a| a.applied.min(n - rejected.len()));
@@ -525,6 +575,7 @@ impl RecordQueue {
                 );
             }
         }
+        overtaken
     }
 
     /// Puts a batch that failed in transport back at the head and schedules its retry.

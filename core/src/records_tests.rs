@@ -16,6 +16,11 @@ fn rec0(id: &str) -> String {
 const SECRET: &str = "17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0=";
 const S: &str = "0123456789abcdef0123456789abcdef";
 const I: &str = "0123456789abcdef";
+const KEY: StreamKey<'static> = StreamKey {
+    session: S,
+    incarnation: I,
+    branch: 0,
+};
 
 fn queue(extra: &str) -> RecordQueue {
     let json = format!(
@@ -81,7 +86,7 @@ fn ids_of_any_length_are_recorded_in_bounded_form() {
         big.clone(),
         huge.clone(),
     ];
-    q.push_events(&mut host, S, I, 1, evs(ids));
+    q.push_events(&mut host, &KEY, 1, evs(ids));
     assert_eq!(host.stat(Stat::RecordsInvalid), 0);
     let (_, records, _) = flush(&mut q, &mut host).unwrap();
     let mut all_ids = Vec::new();
@@ -113,7 +118,7 @@ fn batches_and_the_queue_are_capped_by_bytes() {
     // 3000 events of 120-byte ids with escapes, in chunks of 10 (merged per incarnation).
     let id = "x\"\\\t".repeat(30);
     for c in 0..300u64 {
-        q.push_events(&mut host, S, I, 1 + c * 10, evs(vec![id.clone(); 10]));
+        q.push_events(&mut host, &KEY, 1 + c * 10, evs(vec![id.clone(); 10]));
     }
     let bound = q.queued_bytes();
     let mut actual = 0;
@@ -139,7 +144,7 @@ fn batches_and_the_queue_are_capped_by_bytes() {
     let mut q = queue(r#","max_queue":10000000"#);
     let big = "y".repeat(120);
     for c in 0..8_000u64 {
-        q.push_events(&mut host, S, I, 1 + c * 10, evs(vec![big.clone(); 10]));
+        q.push_events(&mut host, &KEY, 1 + c * 10, evs(vec![big.clone(); 10]));
     }
     assert!(q.queued_bytes() <= QUEUE_MAX_BYTES);
     assert!(host.stat(Stat::RecordsDropped) > 0);
@@ -151,7 +156,7 @@ fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
     let mut q = queue("");
     let mut host = MockHost::new();
     q.push(&mut host, open("127.0.0.1:9101"));
-    q.push_events(&mut host, S, I, 1, evs(["e1"]));
+    q.push_events(&mut host, &KEY, 1, evs(["e1"]));
     q.push(
         &mut host,
         Record::OwnerGone {
@@ -260,9 +265,9 @@ fn queued_events_are_written_exactly_as_the_record_serializes() {
     let mut host = MockHost::new();
     let long = "l\"".repeat(100);
     let ids = [("e\n1", 1), ("é2", 2), (long.as_str(), 3), ("~x", u64::MAX)];
-    q.push_events(&mut host, S, I, 7, ids);
+    q.push_events(&mut host, &KEY, 7, ids);
     // Joins the open record: contiguous seqs of the same incarnation.
-    q.push_events(&mut host, S, I, 11, [("e5", 0xabc)]);
+    q.push_events(&mut host, &KEY, 11, [("e5", 0xabc)]);
     assert_eq!(q.len(), 1);
     host.take();
     q.flush(&mut host);
@@ -279,6 +284,7 @@ fn queued_events_are_written_exactly_as_the_record_serializes() {
             "e5\n0000000000000abc".into(),
         ],
         long: vec![LongId { seq: 9, id: long }],
+        branch: 0,
     };
     let want = format!(
         "{{\"records\":[{}]}}",
