@@ -198,11 +198,6 @@ enum Phase {
         owner: String,
         expected: Vec<String>,
     },
-    /// The continuation's replica ended it; the end is held while the store says whether
-    /// another branch of the incarnation is open (then this one ends with `forked`).
-    Ending {
-        token: u32,
-    },
     /// A local reply was sent; nothing more to do.
     Replied,
 }
@@ -238,6 +233,9 @@ pub struct Exchange {
     branch: u64,
     /// The store registered this continuation's branch: its end must be reported.
     branch_open: bool,
+    /// The replica ended this branch; the end is held while the store says (answering this
+    /// token) whether another branch of the incarnation is open: then this one was overtaken.
+    ending: Option<u32>,
 }
 
 impl Default for Exchange {
@@ -269,6 +267,7 @@ impl Exchange {
             record_keys: None,
             branch: 0,
             branch_open: false,
+            ending: None,
         }
     }
 
@@ -394,9 +393,10 @@ impl Exchange {
         status: Option<u32>,
         body: Option<&[u8]>,
     ) {
-        if let Phase::Ending { token: want } = self.phase {
+        if let Some(want) = self.ending {
             if want == token {
-                self.on_branch_answer(host, status, body);
+                self.ending = None;
+                self.on_branch_answer(w, host, status, body);
             }
             return;
         }
@@ -566,6 +566,7 @@ impl Exchange {
         }
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
+        let mut ask_end = None;
         if let Some(reason) = self.control_pending.take() {
             out.extend_from_slice(control_event(reason).as_bytes());
         }
@@ -577,6 +578,17 @@ impl Exchange {
             }
             Some(chunk) => match self.overtaken(w) {
                 Some(reason) => self.end_overtaken(w, host, &mut out, reason),
+                // A registered branch's end waits for the store's word before the stream is
+                // finished: an empty replay ended for a newer reader is `forked`, not a mismatch.
+                None if eos && self.branch_open && self.stream.is_some() => {
+                    self.relay(w, host, chunk, false, &mut out);
+                    if !self.cut_sent {
+                        ask_end = self.ask_branch_end(w, host);
+                        if ask_end.is_none() {
+                            self.finish_stream(w, host, &mut out);
+                        }
+                    }
+                }
                 None => self.relay(w, host, chunk, eos, &mut out),
             },
         }
@@ -587,10 +599,13 @@ impl Exchange {
         }
         w.scratch = out;
         self.flush_relayed(w, host);
-        if eos && self.branch_open && self.stream.is_some() && !self.cut_sent {
-            return self.ask_branch_end(w, host);
+        match ask_end {
+            Some(token) => {
+                self.ending = Some(token);
+                Action::Pause
+            }
+            None => Action::Continue,
         }
-        Action::Continue
     }
 
     /// The request's stream is over (complete, reset or abandoned): its branch no longer holds
@@ -640,13 +655,9 @@ impl Exchange {
     /// A registered branch whose replica ended it asks the store, once, whether another branch
     /// of the incarnation is open (a replica that hands the stream to a newer reader ends the
     /// older one cleanly: without this its client would see a silent end).
-    fn ask_branch_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> Action {
-        let Some(query) = self.branch_query() else {
-            return Action::Continue;
-        };
-        let Ok(body) = serde_json::to_vec(&query) else {
-            return Action::Continue;
-        };
+    fn ask_branch_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> Option<u32> {
+        let query = self.branch_query()?;
+        let body = serde_json::to_vec(&query).ok()?;
         let o = &w.config.ownership;
         let mut headers = vec![
             (":method", "POST"),
@@ -657,39 +668,38 @@ impl Exchange {
         if let Some(a) = &w.auth {
             headers.push(("authorization", a.as_str()));
         }
-        match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
-            Some(token) => {
-                self.phase = Phase::Ending { token };
-                Action::Pause
-            }
-            // The end goes on; `on_stream_end` still reports it as a record.
-            None => Action::Continue,
-        }
+        // `None`: the end goes on; `on_stream_end` still reports it as a record.
+        host.dispatch(&o.cluster, &headers, &body, o.timeout_ms)
     }
 
     /// The store's answer about an ended branch (`status` `None`: no answer). Without a usable
     /// answer the end goes on as the replica sent it, and is reported as a record.
     fn on_branch_answer<H: Host>(
         &mut self,
+        w: &mut Worker,
         host: &mut H,
         status: Option<u32>,
         body: Option<&[u8]>,
     ) {
-        self.phase = Phase::Replied;
         let answer: Option<BranchAnswer> = match status {
             Some(200) => body.and_then(|b| serde_json::from_slice(b).ok()),
             _ => None,
         };
-        let Some(answer) = answer else {
-            host.finish_held_response(&[]);
-            return;
-        };
-        // The store marked the branch ended.
-        self.branch_open = false;
-        if !answer.forked {
-            host.finish_held_response(&[]);
+        if answer.is_some() {
+            // The store marked the branch ended.
+            self.branch_open = false;
+        }
+        if !answer.is_some_and(|a| a.forked) {
+            // The replica's own end: the stream is finished as it would have been at once.
+            let mut out = std::mem::take(&mut w.scratch);
+            out.clear();
+            self.finish_stream(w, host, &mut out);
+            host.finish_held_response(&out);
+            w.scratch = out;
+            self.flush_relayed(w, host);
             return;
         }
+        self.phase = Phase::Replied;
         host.count(Stat::Forked, 1);
         if self
             .stream
@@ -736,17 +746,38 @@ impl Exchange {
         eos: bool,
         out: &mut Vec<u8>,
     ) {
-        let mut flow = Flow::Open;
-        let mut cut_reason = None;
-        if let Some(stream) = self.stream.as_mut() {
-            flow = stream.push(&w.config.keyring, chunk, out);
-            if eos {
-                flow = stream.finish(out);
+        let flow = match self.stream.as_mut() {
+            Some(stream) => {
+                let flow = stream.push(&w.config.keyring, chunk, out);
+                match eos {
+                    true => stream.finish(out),
+                    false => flow,
+                }
             }
-            cut_reason = stream.cut_reason();
-        } else {
-            out.extend_from_slice(chunk);
+            None => {
+                out.extend_from_slice(chunk);
+                Flow::Open
+            }
+        };
+        self.after_relay(w, host, flow, out);
+    }
+
+    /// The response ended: the stream's held bytes and its end checks go out.
+    fn finish_stream<H: Host>(&mut self, w: &mut Worker, host: &mut H, out: &mut Vec<u8>) {
+        if let Some(stream) = self.stream.as_mut() {
+            let flow = stream.finish(out);
+            self.after_relay(w, host, flow, out);
         }
+    }
+
+    fn after_relay<H: Host>(
+        &mut self,
+        w: &mut Worker,
+        host: &mut H,
+        flow: Flow,
+        out: &mut Vec<u8>,
+    ) {
+        let cut_reason = self.stream.as_ref().and_then(StreamState::cut_reason);
         if flow == Flow::CutReplayMismatch {
             self.cut_sent = true;
             self.settle_tail(w, out, cut_reason.unwrap_or(Reason::ReplayMismatch));
