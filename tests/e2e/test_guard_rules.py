@@ -2,28 +2,25 @@
 callout failures of every kind, replay verification, session end, no-cursor fast path."""
 import socket
 import socketserver
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import harness as h
+from stack.procs import LocalServer
 from conftest import RING
 from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
 
 
-class FakeOwnership(socketserver.ThreadingTCPServer):
+class FakeOwnership(LocalServer):
     """Stands in for the ownership service and fails in one chosen way."""
-
-    allow_reuse_address = True
-    daemon_threads = True
 
     def __init__(self, mode: str):
         self.mode = mode
         self.hits = 0
         self.held: list[socket.socket] = []
-        super().__init__((h.HOST, h.OWNERSHIP_PORT), self.Handler)
+        super().__init__(h.OWNERSHIP_PORT)
 
     class Handler(socketserver.BaseRequestHandler):
         def handle(self):
@@ -58,13 +55,8 @@ class FakeOwnership(socketserver.ThreadingTCPServer):
             self.request.sendall(b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: application/json\r\n"
                                  b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
 
-    def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
     def __exit__(self, *exc):
-        self.shutdown()
-        self.server_close()
+        super().__exit__(*exc)
         for s in self.held:
             s.close()
 
@@ -81,10 +73,7 @@ def test_every_callout_failure_fails_closed(fresh, mode):
     c = h.Client()
     c.initialize()
     _, evs = open_and_read(c, 2)
-    t = c.call_tool("ledger_append", {"entry": f"cf-{mode}", "steps": 1, "step_ms": 1})
-    tool_cursor = t.next_event().id
-    t.read_all()
-    t.close()
+    tool_cursor = c.finished_call_cursor(f"cf-{mode}", steps=1, step_ms=1)
     time.sleep(0.1)
     fresh.ownership.stop()
     for p in h.REPLICA_PORTS:

@@ -169,10 +169,7 @@ def recorded_session() -> tuple[h.Client, list[h.Event], str, str]:
     c = client()
     c.initialize()
     s, evs = open_and_read(c, 6)
-    t = c.call_tool("ledger_append", {"entry": f"tls-{uuid.uuid4().hex[:8]}", "steps": 2, "step_ms": 5})
-    tool_cursor = t.next_event().id
-    t.read_all()
-    t.close()
+    tool_cursor = c.finished_call_cursor(f"tls-{uuid.uuid4().hex[:8]}")
     time.sleep(0.3)
     return c, evs, tool_cursor, s.header("x-replica")
 

@@ -285,10 +285,7 @@ def prepare_cursors(n: int) -> list[tuple[str, str, str, str]]:
         c = client(E1)
         c.initialize()
         s, evs = open_and_read(c, 3)
-        t = c.call_tool("ledger_append", {"entry": f"redis-{uuid.uuid4().hex[:8]}", "steps": 2, "step_ms": 5})
-        tool_cursor = t.next_event().id
-        t.read_all()
-        t.close()
+        tool_cursor = c.finished_call_cursor(f"redis-{uuid.uuid4().hex[:8]}")
         out.append((c.session, evs[-1].id, tool_cursor, s.header("x-replica")))
     time.sleep(0.3)
     return out
