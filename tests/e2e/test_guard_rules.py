@@ -10,7 +10,8 @@ import pytest
 import harness as h
 from stack.procs import LocalServer
 from conftest import RING
-from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
+from test_seed_scenarios import (GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read,
+                                 session_with_stream)
 
 
 class FakeOwnership(LocalServer):
@@ -139,10 +140,7 @@ def test_replay_that_skips_an_event_is_cut(fresh):
 
 
 def test_delete_terminates_and_404_expires(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    _, evs = open_and_read(c, 2)
+    c, _, evs = session_with_stream(fresh, 2, guard=True)
     d = c.request("DELETE")
     assert d.status == 200
     time.sleep(0.1)
@@ -163,10 +161,7 @@ def test_delete_terminates_and_404_expires(fresh):
 
 
 def test_bad_protocol_version_gets_the_servers_own_400(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    _, evs = open_and_read(c, 2)
+    c, _, evs = session_with_stream(fresh, 2, guard=True)
     c.version = "banana"
     r = c.get_stream(last_event_id=evs[-1].id)
     body = r.resp.read()
@@ -177,10 +172,7 @@ def test_bad_protocol_version_gets_the_servers_own_400(fresh):
 
 
 def test_owner_address_never_leaks(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 3)
+    c, s, evs = session_with_stream(fresh, 3, guard=True)
     r = c.get_stream(last_event_id=evs[0].id)
     r.close()
     for resp in (s, r):
