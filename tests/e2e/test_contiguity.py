@@ -17,6 +17,7 @@ import pytest
 import harness as h
 import interop as i
 from stack.services import py_server, ts_server
+from stack.topology import running
 
 REPLAY_METHOD = "notifications/mcp-resume-guard/replay"
 STORE_LIMIT = 100
@@ -84,12 +85,8 @@ class OneReplica:
 
 @pytest.fixture(scope="module")
 def one(stack):
-    o = OneReplica(stack)
-    try:
-        yield o
-    finally:
-        o.stop()
-        print_table()
+    yield from running(OneReplica(stack))
+    print_table()
 
 
 def print_table() -> None:

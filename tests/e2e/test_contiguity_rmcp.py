@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 import harness as h
+from stack.topology import running
 from test_contiguity import OneReplica, check_outcome, scenario
 
 STORE_LIMIT = 100
@@ -42,16 +43,12 @@ class OneRmcpReplica(OneReplica):
 
 @pytest.fixture(scope="module")
 def one(stack):
-    o = OneRmcpReplica(stack)
-    try:
-        yield o
-    finally:
-        o.stop()
-        if RESULTS:
-            print("\n| adapter | guard | absence | outcome |\n| --- | --- | --- | --- |")
-            for r in RESULTS:
-                print(f"| {'yes' if r['adapter'] else 'no'} | {r['mode'] or 'none'} | {r['absence']} | "
-                      f"{r['outcome']} |")
+    yield from running(OneRmcpReplica(stack))
+    if RESULTS:
+        print("\n| adapter | guard | absence | outcome |\n| --- | --- | --- | --- |")
+        for r in RESULTS:
+            print(f"| {'yes' if r['adapter'] else 'no'} | {r['mode'] or 'none'} | {r['absence']} | "
+                  f"{r['outcome']} |")
 
 
 CASES = [(adapter, mode, absence)
