@@ -165,7 +165,7 @@ impl Branches {
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
         }
-        self.kept.iter().any(|(h, b)| *h >= 1 && *h != g && b.open)
+        self.kept.iter().any(|(h, b)| *h >= 1 && b.open)
     }
 }
 

@@ -87,7 +87,7 @@ local function end_branch(inc, t, g)
     put_branch(inc, g, b)
   end
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open then return true end
+    if h >= 1 and e.open then return true end
   end
   return false
 end

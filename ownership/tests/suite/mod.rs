@@ -1763,6 +1763,42 @@ pub async fn divergent_events_refused<S: Store>(make: impl Fn(Limits) -> S) {
     );
 }
 
+/// An incarnation's branch table goes with it: evicted, or freed with its session, and made
+/// again, it numbers from 1.
+pub async fn branch_table_goes_with_its_incarnation<S: Store>(make: impl Fn(Limits) -> S) {
+    let ttl = 10_000;
+    let s = make(Limits {
+        max_incarnations_per_session: 1,
+        session_idle_ttl_ms: ttl,
+        ..Limits::default()
+    });
+    let a = [req_stream(A), events(S1, A, 1, 3)];
+    apply(&s, &[open(S1)]).await;
+    apply(&s, &a).await;
+    assert_eq!(continue_branch(&s, A, 3).await, Some(1));
+    assert_eq!(continue_branch(&s, A, 3).await, Some(2));
+    apply(&s, &[req_stream(B), events(S1, B, 1, 1)]).await;
+    apply(&s, &a).await;
+    assert_eq!(continue_branch(&s, A, 3).await, Some(1), "after eviction");
+    assert_eq!(refusals(&s, &[relayed(A, 0, 4, 4)]).await, [None]);
+    // The session idle past its TTL: a write starts afresh.
+    let later = T0 + ttl + 1;
+    apply_at(&s, &[open(S1)], later).await;
+    apply_at(&s, &a, later).await;
+    let q = query(S1, A, StreamKind::Request, 3);
+    let v = resolve_branched(&s, &q, no_wait(), later).await.verdict;
+    assert!(
+        matches!(
+            v,
+            ResumeVerdict::Continue {
+                branch: Some(1),
+                ..
+            }
+        ),
+        "after the session was freed: {v:?}"
+    );
+}
+
 /// Without a branch table (no continuation registered) events of any branch are applied as
 /// they come, and a branch's end writes nothing.
 pub async fn no_branch_table_no_arbitration<S: Store>(make: impl Fn(Limits) -> S) {
@@ -1834,6 +1870,7 @@ macro_rules! store_suite {
             oldest_branches_dropped,
             divergent_events_refused,
             no_branch_table_no_arbitration,
+            branch_table_goes_with_its_incarnation,
         );
     };
     ($make:expr; $($case:ident),+ $(,)?) => {
