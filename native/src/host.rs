@@ -211,6 +211,10 @@ impl FilterHost<'_> {
 impl FilterHost<'_> {
     /// A string attribute of this stream, copied; `None` when absent or empty.
     fn attribute(&self, id: u32) -> Option<String> {
+        if self.out.ended {
+            // No stream to ask (the ended host has no filter pointer).
+            return None;
+        }
         let mut b = EnvoyBuffer::NULL;
         // SAFETY: the live filter; the result is copied before the hook ends.
         unsafe {
