@@ -568,6 +568,8 @@ fn a_branch_the_store_overtook_ends_forked_at_its_next_chunk() {
         })
         .collect();
     assert_eq!(branches, [1, 2], "each branch's events carry its number");
+    // The store's word on a branch is not a bad record: not counted as one.
+    assert_eq!(host.stat(Stat::RecordsRejected), 0);
     // The older one's next chunk: the explicit end, nothing of the chunk relayed.
     host.take();
     bd(&mut a, &mut w, &mut host, b"id: e10\ndata: 10\n\n", false);

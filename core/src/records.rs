@@ -515,53 +515,48 @@ impl RecordQueue {
                 self.retry_at_ms = 0;
                 // A 200 without `rejected` (or one the guard cannot read) applied everything.
                 let ack: Option<RecordAck> = body.and_then(|b| serde_json::from_slice(b).ok());
-                let mut rejected: Vec<usize> = ack
-                    .as_ref()
-                    .map(|a| {
-                        a.rejected
-                            .iter()
-                            .map(|r| r.index)
-                            .filter(|i| *i < n)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                rejected.sort_unstable();
-                rejected.dedup();
+                let mut rejected: Vec<usize> = Vec::new();
+                let mut first_error = None;
                 for r in ack.iter().flat_map(|a| a.rejected.iter()) {
-                    let reason = match r.error.as_str() {
-                        REJECTED_FORKED => Reason::Forked,
-                        REJECTED_MISMATCH => Reason::ReplayMismatch,
-                        _ => continue,
+                    let Some(q) = batch.get(r.index) else {
+                        continue;
                     };
-                    if let Some(Queued {
-                        item: Item::Events(e),
-                        ..
-                    }) = batch.get(r.index)
-                    {
-                        overtaken.push(Overtaken {
+                    let reason = match r.error.as_str() {
+                        REJECTED_FORKED => Some(Reason::Forked),
+                        REJECTED_MISMATCH => Some(Reason::ReplayMismatch),
+                        _ => None,
+                    };
+                    match (reason, &q.item) {
+                        // The store's word on a branch, not a bad record: its stream ends.
+                        (Some(reason), Item::Events(e)) => overtaken.push(Overtaken {
                             incarnation: e.incarnation.clone(),
                             branch: e.branch,
                             reason,
-                        });
+                        }),
+                        _ => {
+                            rejected.push(r.index);
+                            first_error.get_or_insert(r);
+                        }
                     }
                 }
+                rejected.sort_unstable();
+                rejected.dedup();
+                let not_applied = rejected.len() + overtaken.len();
                 let sent = ack
                     .as_ref()
-                    .map_or(n, |a| a.applied.min(n - rejected.len()));
+                    .map_or(n, |a| a.applied.min(n.saturating_sub(not_applied)));
                 host.count(Stat::RecordsSent, sent as u64);
-                if !rejected.is_empty() {
+                if let Some(r) = first_error {
                     host.count(Stat::RecordsRejected, rejected.len() as u64);
-                    if let Some(r) = ack.as_ref().and_then(|a| a.rejected.first()) {
-                        host.log(
-                            LogLevel::Warn,
-                            &format!(
-                                "mcp-resume-guard: {} record(s) rejected, e.g. {}: {}",
-                                rejected.len(),
-                                r.error,
-                                r.detail
-                            ),
-                        );
-                    }
+                    host.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "mcp-resume-guard: {} record(s) rejected, e.g. {}: {}",
+                            rejected.len(),
+                            r.error,
+                            r.detail
+                        ),
+                    );
                 }
             }
             Some(s) => {
