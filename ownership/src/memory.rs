@@ -98,6 +98,8 @@ struct Branches {
 
 struct Branch {
     open: bool,
+    /// Overtaken: the guard cuts it, and its later events are refused too.
+    cut: bool,
     /// Store order (the tick) of its first accepted events; branch 0 relayed from the start (0).
     first: Option<u64>,
     /// Store order of its latest accepted events.
@@ -109,6 +111,7 @@ impl Branches {
     fn new() -> Self {
         let zero = Branch {
             open: true,
+            cut: false,
             first: Some(0),
             latest: None,
         };
@@ -124,6 +127,7 @@ impl Branches {
         self.top += 1;
         let b = Branch {
             open: true,
+            cut: false,
             first: None,
             latest: None,
         };
@@ -140,6 +144,7 @@ impl Branches {
     fn overtaken(&self, g: u64) -> bool {
         match self.kept.get(&g) {
             None => g < self.top,
+            Some(Branch { cut: true, .. }) => true,
             Some(Branch {
                 open: true,
                 first: Some(first),
@@ -805,7 +810,13 @@ fn arbitrate(
     first: u64,
     ids: &[String],
 ) -> Result<(), Refused> {
-    if inc.branches.as_ref().is_some_and(|b| b.overtaken(branch)) {
+    if let Some(b) = inc.branches.as_mut().filter(|b| b.overtaken(branch)) {
+        // The guard cuts it now: it holds the stream no more (another branch's end must not
+        // count it as open), and its later events are refused too.
+        if let Some(cut) = b.kept.get_mut(&branch) {
+            cut.open = false;
+            cut.cut = true;
+        }
         return Err((
             REJECTED_FORKED,
             format!("branch {branch} of incarnation {incarnation} was overtaken by a newer one"),

@@ -822,7 +822,8 @@ def fork_once(proto: str) -> None:
     for r, got in branches:
         data = [e.data for e in got if e.event == "message"]
         assert told(r, got) or data[:3] == want, f"a silent resume: status {r.status}, {len(got)} events: {data[:3]}"
-    assert not all(told(r, got) for r, got in branches), "a valid cursor: at least one resume must continue"
+    assert not all(told(r, got) for r, got in branches), ("a valid cursor: at least one resume must continue: "
+                                                          + repr([(r.status, r.header("mcp-resume"), [(e.event, e.data[:50]) for e in got]) for r, got in branches]))
     live = [{e.data for e in got if e.event == "message"} - set(want) for _, got in branches]
     time.sleep(0.3)
     for i, (r, got) in enumerate(branches):

@@ -56,7 +56,7 @@ local function branches(inc)
       t.top = tonumber(v)
     elseif k ~= 't' then
       local o, f, l = string.match(v, '^(%d) (%-?%d+) (%-?%d+)$')
-      if o then t.kept[tonumber(k)] = {open = o == '1', first = tonumber(f), latest = tonumber(l)} end
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l)} end
     end
   end
   if not t.top then return nil end
@@ -64,7 +64,7 @@ local function branches(inc)
 end
 local function put_branch(inc, g, b)
   local o = '0'
-  if b.open then o = '1' end
+  if b.open then o = '1' elseif b.cut then o = '2' end
   redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest))
 end
 -- Are branch g's events refused: another open, newer branch relayed after g started, or g is
@@ -73,6 +73,7 @@ end
 local function overtaken(t, g)
   local b = t.kept[g]
   if not b then return g < t.top end
+  if b.cut then return true end
   if not b.open or b.first < 0 then return false end
   for h, e in pairs(t.kept) do
     if h > g and e.open and e.latest > b.first then return true end
@@ -253,7 +254,16 @@ elseif typ == 'ev' then
     old_head = tonumber(f[1] or '0')
     -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
     if f[2] == '1' then table_ = branches(inc) end
-    if table_ and overtaken(table_, branch) then return result .. ' forked' end
+    if table_ and overtaken(table_, branch) then
+      -- The guard cuts it now: it holds the stream no more (another branch's end must not count
+      -- it as open), and its later events are refused too.
+      local b = table_.kept[branch]
+      if b and not b.cut then
+        b.open, b.cut = false, true
+        put_branch(inc, branch, b)
+      end
+      return result .. ' forked'
+    end
     -- Seqs at or below the head recorded with another event: the replica diverged from the
     -- log, and the incarnation is lost. Appends past the head read nothing.
     local last = math.min(first + n - 1, old_head)

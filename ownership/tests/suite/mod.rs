@@ -1527,6 +1527,9 @@ pub async fn older_branch_overtaken_while_both_relay<S: Store>(make: impl Fn(Lim
         .await,
         [None, FORKED, FORKED]
     );
+    // The overtaken branch is cut by its guard: the newer one's end does not count it as open
+    // (else both would end told, and neither keep the stream).
+    assert!(!s.end_branch(S1, A, b2, T0).await.unwrap());
     assert_eq!(
         verdict(&s, S1, A, StreamKind::Request, 5).await,
         cont(OWNER_X, ids(6, 7), 7)
@@ -1563,8 +1566,8 @@ pub async fn older_branch_after_newer_went_quiet<S: Store>(make: impl Fn(Limits)
 }
 
 /// Ended branches do not compete: after a takeover (the newer relays, ends, then the older
-/// relays) the older is followed; an older branch overtaken by one that then ends is followed
-/// again; an ended branch's late events are applied as data.
+/// relays) the older is followed; a branch once overtaken stays cut; an ended branch's late
+/// events are applied as data.
 pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
@@ -1584,17 +1587,24 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
         [None, FORKED]
     );
     apply(&s, &[branch_end(S1, A, b3)]).await;
-    assert_eq!(refusals(&s, &[relayed(A, b1, 9, 9)]).await, [None]);
-    let b4 = continue_branch(&s, A, 9).await.unwrap();
     assert_eq!(
-        refusals(&s, &[relayed(A, b4, 10, 10), relayed(A, b1, 10, 10)]).await,
-        [None, FORKED]
+        refusals(&s, &[relayed(A, b1, 9, 9)]).await,
+        [FORKED],
+        "a cut branch stays cut, even once its overtaker ended (its guard ended it)"
     );
-    apply(&s, &[branch_end(S1, A, b1)]).await;
+    let b4 = continue_branch(&s, A, 8).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, b4, 9, 9)]).await, [None]);
+    assert!(!s.end_branch(S1, A, b4, T0).await.unwrap(), "b1 was cut");
+    let b5 = continue_branch(&s, A, 9).await.unwrap();
     assert_eq!(
-        refusals(&s, &[relayed(A, b1, 11, 11), relayed(A, b4, 11, 12)]).await,
+        refusals(&s, &[relayed(A, b5, 10, 10), relayed(A, b4, 10, 11)]).await,
         [None, None],
-        "late events of an ended branch are data, and overtake nobody"
+        "late events of an ended branch are data"
+    );
+    assert_eq!(
+        refusals(&s, &[relayed(A, b5, 12, 12)]).await,
+        [None],
+        "and overtake nobody"
     );
     assert_eq!(
         verdict(&s, S1, A, StreamKind::Request, 9).await,
@@ -1663,7 +1673,11 @@ pub async fn branch_end_record<S: Store>(make: impl Fn(Limits) -> S) {
         .unwrap();
     assert!(done.refused.is_empty(), "{done:?}");
     assert!(!s.end_branch(S1, A, b1, T0).await.unwrap(), "b2 is ended");
-    assert_eq!(refusals(&s, &[relayed(A, b1, 6, 6)]).await, [None]);
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 6, 6)]).await,
+        [FORKED],
+        "b1 was cut: ended, and refused for good"
+    );
     let before = s.stats(T0).await.unwrap();
     let done = s
         .apply(
