@@ -93,6 +93,8 @@ struct Incarnation {
 struct Branches {
     /// The highest number handed out.
     top: u64,
+    /// The branch whose events were recorded last.
+    writer: Option<u64>,
     kept: BTreeMap<u64, Branch>,
 }
 
@@ -117,6 +119,7 @@ impl Branches {
         };
         Branches {
             top: 0,
+            writer: None,
             kept: BTreeMap::from([(0, zero)]),
         }
     }
@@ -159,6 +162,7 @@ impl Branches {
 
     /// Branch `g`'s events were accepted at store order `tick` (an ended branch keeps its order).
     fn relayed(&mut self, g: u64, tick: u64) {
+        self.writer = Some(g);
         if let Some(b) = self.kept.get_mut(&g).filter(|b| b.open) {
             b.first.get_or_insert(tick);
             b.latest = Some(tick);
@@ -810,17 +814,20 @@ fn arbitrate(
     first: u64,
     ids: &[String],
 ) -> Result<(), Refused> {
-    if let Some(b) = inc.branches.as_mut().filter(|b| b.overtaken(branch)) {
+    let overtaken = |b: &mut Branches| {
         // The guard cuts it now: it holds the stream no more (another branch's end must not
         // count it as open), and its later events are refused too.
         if let Some(cut) = b.kept.get_mut(&branch) {
             cut.open = false;
             cut.cut = true;
         }
-        return Err((
+        Err((
             REJECTED_FORKED,
             format!("branch {branch} of incarnation {incarnation} was overtaken by a newer one"),
-        ));
+        ))
+    };
+    if let Some(b) = inc.branches.as_mut().filter(|b| b.overtaken(branch)) {
+        return overtaken(b);
     }
     let below_head = inc
         .head
@@ -836,6 +843,18 @@ fn arbitrate(
             diverges(r, id).then_some(seq)
         });
     if let Some(seq) = recorded {
+        // Two continuations, both open, recorded two ways: the replica feeds two branches two
+        // ways (a fork, not a lost log); the newer one is followed, the older one cut. Against
+        // the first response's records (in flight when the continuation was decided) or an
+        // ended branch's, it is a divergence.
+        if let Some(b) = inc.branches.as_mut().filter(|_| branch >= 1) {
+            let rival = b
+                .writer
+                .filter(|h| *h >= 1 && *h != branch && b.kept.get(h).is_some_and(|x| x.open));
+            if let Some(h) = rival {
+                return if branch > h { Ok(()) } else { overtaken(b) };
+            }
+        }
         inc.lost = true;
         return Err((
             REJECTED_MISMATCH,

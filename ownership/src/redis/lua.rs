@@ -11,7 +11,7 @@
 //! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `b` 1 once the incarnation has a branch table |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), and branch number → `"<open 1/0> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and the newest `BRANCHES_KEPT` numbers from 1; expires and is deleted with the incarnation |
+//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and the newest `BRANCHES_KEPT` numbers from 1; expires and is deleted with the incarnation |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
 //! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
 //! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
@@ -54,6 +54,8 @@ local function branches(inc)
     local k, v = raw[j], raw[j + 1]
     if k == 'n' then
       t.top = tonumber(v)
+    elseif k == 'w' then
+      t.writer = tonumber(v)
     elseif k ~= 't' then
       local o, f, l = string.match(v, '^(%d) (%-?%d+) (%-?%d+)$')
       if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l)} end
@@ -254,9 +256,9 @@ elseif typ == 'ev' then
     old_head = tonumber(f[1] or '0')
     -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
     if f[2] == '1' then table_ = branches(inc) end
-    if table_ and overtaken(table_, branch) then
-      -- The guard cuts it now: it holds the stream no more (another branch's end must not count
-      -- it as open), and its later events are refused too.
+    -- The guard cuts an overtaken branch now: it holds the stream no more (another branch's
+    -- end must not count it as open), and its later events are refused too.
+    local function cut()
       local b = table_.kept[branch]
       if b and not b.cut then
         b.open, b.cut = false, true
@@ -264,19 +266,31 @@ elseif typ == 'ev' then
       end
       return result .. ' forked'
     end
+    if table_ and overtaken(table_, branch) then return cut() end
     -- Seqs at or below the head recorded with another event: the replica diverged from the
     -- log, and the incarnation is lost. Appends past the head read nothing.
     local last = math.min(first + n - 1, old_head)
+    local diverged = false
     for lo = first, last, 1000 do
       local fields = {}
       for s = lo, math.min(lo + 999, last) do fields[#fields + 1] = fmt(s) end
       local got = redis.call('HMGET', wk, unpack(fields))
       for i = 1, #fields do
-        if got[i] and diverges(got[i], ARGV[ids_at + lo - first + i]) then
-          redis.call('HSET', ik, 'l', '1')
-          return result .. ' replay_mismatch'
-        end
+        if got[i] and diverges(got[i], ARGV[ids_at + lo - first + i]) then diverged = true break end
       end
+      if diverged then break end
+    end
+    if diverged then
+      -- Two continuations, both open, recorded two ways: the replica feeds two branches two
+      -- ways (a fork, not a lost log); the newer one is followed, the older one cut. Against
+      -- the first response's records or an ended branch's, it is a divergence.
+      local h = table_ and branch >= 1 and table_.writer
+      local rival = h and h >= 1 and h ~= branch and table_.kept[h] and table_.kept[h].open
+      if not rival then
+        redis.call('HSET', ik, 'l', '1')
+        return result .. ' replay_mismatch'
+      end
+      if branch < h then return cut() end
     end
   end
   if n_long > 0 then
@@ -324,6 +338,7 @@ elseif typ == 'ev' then
       end
     end
     redis.call('PEXPIRE', wk, keep_ms)
+    if table_ then redis.call('HSET', bkey(inc), 'w', fmt(branch)) end
     -- The branch's relay order (an ended branch keeps its own).
     local b = table_ and table_.kept[branch]
     if b and b.open then

@@ -1777,6 +1777,72 @@ pub async fn divergent_events_refused<S: Store>(make: impl Fn(Limits) -> S) {
     );
 }
 
+/// Two open continuations recorded two ways (a replica that feeds each connection its own
+/// events): a fork, not a lost log. The newer branch is followed, the older one cut; the stream
+/// still resumes. Against the first response's records, the same divergence is a loss.
+pub async fn diverging_open_continuations_are_a_fork<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let (b1, b2) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    // The older writes first, then the newer's other events at the same seqs: followed.
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed_as(A, b1, 4, &["x4".into(), "x5".into()]),
+                relayed_as(A, b2, 4, &["y4".into(), "y5".into()])
+            ]
+        )
+        .await,
+        [None, None]
+    );
+    // The older one again, against the newer's records: cut, not lost.
+    assert_eq!(
+        refusals(&s, &[relayed_as(A, b1, 5, &["x5".into(), "x6".into()])]).await,
+        [FORKED]
+    );
+    assert!(!s.end_branch(S1, A, b2, T0).await.unwrap(), "b1 was cut");
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 4).await,
+        cont(OWNER_X, vec!["y5".into()], 5)
+    );
+    // The newer wrote first, the older diverges: the older is cut at once.
+    apply(&s, &[req_stream(B), events(S1, B, 1, 3)]).await;
+    let (c1, c2) = (
+        continue_branch(&s, B, 3).await.unwrap(),
+        continue_branch(&s, B, 3).await.unwrap(),
+    );
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed_as(B, c2, 4, &["y4".into()]),
+                relayed_as(B, c1, 4, &["x4".into()])
+            ]
+        )
+        .await,
+        [None, FORKED]
+    );
+    // A continuation against the first response's records (still in flight when it was
+    // decided): a divergence, the stream is lost.
+    apply(&s, &[req_stream(C), events(S1, C, 1, 3)]).await;
+    let d1 = continue_branch(&s, C, 3).await.unwrap();
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed_as(C, 0, 4, &["z4".into()]),
+                relayed_as(C, d1, 4, &["w4".into()])
+            ]
+        )
+        .await,
+        [None, MISMATCH]
+    );
+}
+
 /// An incarnation's branch table goes with it: evicted, or freed with its session, and made
 /// again, it numbers from 1.
 pub async fn branch_table_goes_with_its_incarnation<S: Store>(make: impl Fn(Limits) -> S) {
@@ -1883,6 +1949,7 @@ macro_rules! store_suite {
             branch_end_record,
             oldest_branches_dropped,
             divergent_events_refused,
+            diverging_open_continuations_are_a_fork,
             no_branch_table_no_arbitration,
             branch_table_goes_with_its_incarnation,
         );
