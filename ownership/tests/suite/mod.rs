@@ -12,6 +12,9 @@
 
 use std::time::Duration;
 
+pub mod gateways;
+pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
+
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
 use mcp_ownership::store::{Limits, Store, STORE_FULL};
@@ -186,7 +189,7 @@ pub async fn resolve_branched<S: Store>(
         .expect("resolve")
 }
 
-fn no_wait() -> ResumeOptions {
+pub fn no_wait() -> ResumeOptions {
     ResumeOptions {
         record_wait: Duration::ZERO,
         max_expected: 256,
@@ -1950,6 +1953,7 @@ macro_rules! store_suite {
             oldest_branches_dropped,
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
+            gateways_with_skewed_clocks_pick_the_newest_get_stream,
             no_branch_table_no_arbitration,
             branch_table_goes_with_its_incarnation,
         );
