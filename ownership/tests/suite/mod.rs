@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 pub mod gateways;
+#[allow(unused_imports)] // used by the store_suite! cases, not by every test binary
 pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
 
 use mcp_ownership::metrics::Metrics;
