@@ -250,7 +250,7 @@ def test_pending_call_meets_a_refused_resume(stack, sdks, hook, sdk, kind, path)
         # timeout; the transport reports the id as unknown.
         if kind == "forked":
             # The competitor is refused by the SDK server (its own 409, `replay_missing` for the
-            # competitor): it gives its claim back, the application's continuation goes on and its
+            # competitor): its branch ends at once, the application's continuation goes on and its
             # result is remapped to the call. Or the timing lets the competitor win: a timeout.
             assert row["outcome"] in ("result", "timeout"), row
         else:
@@ -262,7 +262,8 @@ def test_pending_call_meets_a_refused_resume(stack, sdks, hook, sdk, kind, path)
         assert row["session_survived"] == (kind != "session_inactive"), row
         return
     if kind == "forked":
-        # Newest wins: a competing continuation takes the stream over and the application's is cut
+        # A competing continuation takes the stream over (the store follows the replica) and the
+        # application's is cut
         # (`forked`, a control event, then a reset). What follows is the SDK's own reconnect: TS resumes
         # with its newest cursor and gets the result; Python 2.3 resumes with the cursor it had before
         # the cut (streamable_http.py `_handle_reconnection`: `last_event_id`, not the newer one) and

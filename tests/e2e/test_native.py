@@ -79,8 +79,8 @@ def test_native_config_differs_from_the_wasm_one_only_in_the_guard_filter():
 
 
 def test_newer_continuation_ends_the_older_stream_with_forked(fresh):
-    """Two live streams of one incarnation: the newer continuation wins, the older one is told
-    `forked` and ends (the claim is shared by the build's host: shared data or the module's map)."""
+    """Two live streams of one incarnation, both fed by the replica: the store refuses the older
+    branch's events once the newer relays, and the older one is told `forked` and ends."""
     fresh.use(guard=True)
     c = h.Client()
     c.initialize()
