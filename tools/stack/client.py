@@ -94,6 +94,8 @@ class SSEStream(EventReader):
         self.events: list[Event] = []
         self.ended = False
         self.reset = False  # the stream broke (truncated or reset), rather than ending cleanly
+        # Set it to a bytearray to keep every body line read from then on (what the client saw).
+        self.transcript: bytearray | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -114,6 +116,8 @@ class SSEStream(EventReader):
             # http.client's state tells them apart: after the last chunk no chunk is pending (None).
             if (self.resp.chunked and self.resp.chunk_left is not None) or self.resp.length:
                 self.reset = True
+        if self.transcript is not None:
+            self.transcript += line
         return line
 
     def read_all(self) -> list[Event]:
