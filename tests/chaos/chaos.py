@@ -189,10 +189,10 @@ class Streamer(Scenario):
                 forks = 2 if self.rng.random() < 0.1 else 1
                 if forks == 2:
                     self.t.inc("forks")
-                # A fork's two resumes go through one Envoy: fork claims are per Envoy (README,
-                # "Forks: newest wins"); across gateways an overlap shows up at the next resume.
-                port = self.envoy()
-                opened = [self.resume(cursor, port) for _ in range(forks)]
+                # A fork's two resumes go one through each Envoy, in either order: the store arbitrates
+                # the branches of a stream whatever gateway each crossed (docs/forks.md).
+                ports = self.rng.sample(ENVOY_PORTS, 2) if forks == 2 else [self.envoy()]
+                opened = [self.resume(cursor, port) for port in ports]
                 results = [self.take_resume(s, reason, cursor, last_payload, forks == 2)
                            for s, reason in opened]
                 if forks == 2 and any(results) and any(r == [] for r in results):
