@@ -7,7 +7,9 @@ use base64::Engine as _;
 use clap::{Args, Parser, Subcommand};
 use mcp_resume_core::config::Config;
 use mcp_resume_core::cursor::{incarnation_hex, session_key};
-use mcp_resume_core::ownership::{ResumeQuery, ResumeVerdict, RESUME_PATH};
+use mcp_resume_core::ownership::{
+    BranchQuery, ResumeQuery, ResumeVerdict, BRANCH_PATH, RESUME_PATH,
+};
 use serde_json::{json, Value};
 
 mod check;
@@ -350,6 +352,26 @@ fn verdict(a: VerdictArgs) -> Res {
     } else {
         None
     };
+    // A `continue` opened a branch of the stream in the store; this probe never relays, so it
+    // ends the branch at once (a branch left open would make the next clean end read `forked`).
+    if let Some(ResumeVerdict::Continue {
+        branch: Some(b), ..
+    }) = &parsed
+    {
+        let end = BranchQuery {
+            session: query.session.clone(),
+            incarnation: query.incarnation.clone(),
+            branch: *b,
+        };
+        let end = serde_json::to_value(&end).map_err(|e| e.to_string())?;
+        let (status, text) = post(&a.service, BRANCH_PATH, token.as_deref(), &end)?;
+        if status != 200 {
+            eprintln!(
+                "warning: could not end the probe's branch {b}: HTTP {status}: {}",
+                text.trim()
+            );
+        }
+    }
     let Some(verdict) = parsed else {
         // The guard fails closed on exactly this: ownership_unavailable.
         println!(
@@ -369,6 +391,7 @@ fn verdict(a: VerdictArgs) -> Res {
             expected,
             head,
             resume_id,
+            ..
         } => println!(
             "continue: owner {owner}, head seq {head}, {} recorded event(s) to replay after seq {}{}",
             expected.len(),

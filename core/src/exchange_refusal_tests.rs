@@ -376,17 +376,28 @@ fn a_cut_request_stream_settles_its_call_but_a_forked_one_does_not() {
     assert_eq!(msgs.len(), 1, "{body}");
     assert_eq!(msgs[0]["id"], 7);
     assert_eq!(msgs[0]["error"]["data"]["reason"], "replay_mismatch");
-    // A newer continuation takes the stream over: the old branch ends with `forked` only.
-    let mut w = worker();
-    let mut host = MockHost::new();
-    let (mut old, _) = continue_request(&mut w, &mut host, &[]);
-    rs(&mut old, &mut w, &mut host, &sse_ok());
-    let (_newer, _) = continue_request(&mut w, &mut host, &[]);
-    host.take();
-    bd(&mut old, &mut w, &mut host, b"id: e4\ndata: x\n\n", false);
-    let body = body_str(&host);
-    assert!(body.contains("forked"), "{body}");
-    assert!(messages(&body).is_empty(), "{body}");
+    // A newer branch takes the stream over: the old branch ends with `forked` only, at its
+    // next chunk (the store refused its events) or at its end (the replica closed it).
+    for at_end in [false, true] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
+        let (mut old, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 3, 1));
+        rs(&mut old, &mut w, &mut host, &sse_ok());
+        bd(&mut old, &mut w, &mut host, b"id: e4\ndata: x\n\n", false);
+        host.take();
+        if at_end {
+            bd(&mut old, &mut w, &mut host, b"", true);
+            answer_end(&mut old, &mut w, &mut host, Some(r#"{"forked":true}"#));
+        } else {
+            drain_rejecting(&mut w, &mut host, events_of(1));
+            host.take();
+            bd(&mut old, &mut w, &mut host, b"id: e5\ndata: x\n\n", false);
+        }
+        let body = body_str(&host);
+        assert!(body.contains("forked"), "{body}");
+        assert!(messages(&body).is_empty(), "{body}");
+    }
 }
 
 #[cfg_attr(not(target_arch = "wasm32"), test)]

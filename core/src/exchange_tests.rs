@@ -2,7 +2,7 @@
 use super::*;
 use crate::cursor::Cursor;
 use crate::host::{Effect, MockHost};
-use crate::ownership::{RecordBatch, ResumeQuery};
+use crate::ownership::{BranchQuery, RecordBatch, ResumeQuery};
 
 const SECRET: &str = "17Vjr1MOFuUicxThufiY1oswS2eQj+6Y1DdNdURfwT0=";
 const OWNER: &str = "127.0.0.1:9101";
@@ -465,22 +465,88 @@ fn body_str(host: &MockHost) -> String {
     String::from_utf8_lossy(&host.body()).into_owned()
 }
 
-/// Two continuations of one cursor at once, through one worker and one host (shared claims).
+/// A `continue` verdict of branch `branch` (0: the store registered none).
+fn branch_verdict(expected: &[&str], head: u64, branch: u64) -> String {
+    let expected = serde_json::to_string(expected).unwrap();
+    let b = match branch {
+        0 => String::new(),
+        n => format!(r#","branch":{n}"#),
+    };
+    format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":{expected},"head":{head}{b}}}"#)
+}
+
+/// Ticks until the queue is empty; `reject` names the records the store refuses (by error).
+fn drain_rejecting(
+    w: &mut Worker,
+    host: &mut MockHost,
+    reject: impl Fn(&Record) -> Option<&'static str>,
+) -> Vec<Record> {
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        host.take();
+        w.on_tick(host);
+        let Some((token, body)) = host.last_dispatch() else {
+            break;
+        };
+        let batch: RecordBatch = serde_json::from_slice(body).unwrap();
+        let rejected: Vec<_> = batch
+            .records
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                reject(r).map(|e| serde_json::json!({"index": i, "error": e, "detail": "test"}))
+            })
+            .collect();
+        let ack = serde_json::json!({"applied": batch.records.len() - rejected.len(), "rejected": rejected});
+        out.extend(batch.records);
+        w.on_records_response(host, token, Some(200), Some(ack.to_string().as_bytes()));
+    }
+    out
+}
+
+fn events_of(branch: u64) -> impl Fn(&Record) -> Option<&'static str> {
+    move |r| matches!(r, Record::Events { branch: b, .. } if *b == branch).then_some("forked")
+}
+
+/// The held end's question to the store, answered.
+fn answer_end(
+    ex: &mut Exchange,
+    w: &mut Worker,
+    host: &mut MockHost,
+    answer: Option<&str>,
+) -> BranchQuery {
+    let (token, body) = host.last_dispatch().expect("no branch callout");
+    let q: BranchQuery = serde_json::from_slice(body).unwrap();
+    host.take();
+    match answer {
+        Some(a) => ex.on_callout_response(w, host, token, Some(200), Some(a.as_bytes())),
+        None => ex.on_callout_response(w, host, token, None, None),
+    }
+    q
+}
+
+fn held_tail(effects: &[Effect]) -> Option<String> {
+    effects.iter().find_map(|e| match e {
+        Effect::FinishHeld(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    })
+}
+
+/// Two continuations of one cursor fed at once: the store refuses the older branch's events,
+/// and that branch ends explicitly at its next chunk while the newer goes on.
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn two_resumes_of_one_cursor_end_contiguous_or_forked() {
+fn a_branch_the_store_overtook_ends_forked_at_its_next_chunk() {
     let mut w = worker();
     let mut host = MockHost::new();
     let c = cursor(&w, 42, 7, "e7");
-    let verdict =
-        format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e8"],"head":8}}"#);
-    let (mut a, _) = resume(&mut w, &mut host, &c, &verdict);
+    let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&["e8"], 8, 1));
     rs(&mut a, &mut w, &mut host, &sse_ok());
     bd(&mut a, &mut w, &mut host, b"id: e8\ndata: 8\n\n", false);
-    assert_eq!(ids_in(&host.body()).len(), 1);
     // The client reconnects (its first connection half-open) with the same cursor.
-    let (mut b, _) = resume(&mut w, &mut host, &c, &verdict);
+    let (mut b, _) = resume(&mut w, &mut host, &c, &branch_verdict(&["e8"], 8, 2));
     rs(&mut b, &mut w, &mut host, &sse_ok());
+    host.take();
     bd(
         &mut b,
         &mut w,
@@ -493,14 +559,24 @@ fn two_resumes_of_one_cursor_end_contiguous_or_forked() {
         2,
         "the newest is never locked out"
     );
-    host.take();
+    let sent = drain_rejecting(&mut w, &mut host, events_of(1));
+    let branches: Vec<u64> = sent
+        .iter()
+        .filter_map(|r| match r {
+            Record::Events { branch, .. } => Some(*branch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(branches, [1, 2], "each branch's events carry its number");
     // The older one's next chunk: the explicit end, nothing of the chunk relayed.
+    host.take();
     bd(&mut a, &mut w, &mut host, b"id: e10\ndata: 10\n\n", false);
     assert_eq!(body_str(&host), control_event(Reason::Forked));
     host.take();
     bd(&mut a, &mut w, &mut host, b"id: e11\ndata: 11\n\n", false);
     assert!(host.effects.contains(&Effect::ResetResponse));
-    // The newer goes on; the older recorded no stream loss.
+    a.on_stream_end(&mut w, &mut host);
+    // The newer goes on; the older recorded no stream loss, and its end.
     host.take();
     bd(&mut b, &mut w, &mut host, b"id: e10\ndata: 10\n\n", false);
     assert_eq!(ids_in(&host.body()).len(), 1);
@@ -508,57 +584,175 @@ fn two_resumes_of_one_cursor_end_contiguous_or_forked() {
     assert!(!records
         .iter()
         .any(|r| matches!(r, Record::StreamLost { .. })));
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::BranchEnd { branch: 1, .. })));
     assert_eq!(host.stat(Stat::Forked), 1);
     assert_eq!(host.stat(Stat::ReplayMismatch), 0);
+    assert!(w.overtaken.is_empty(), "the word was taken");
 }
 
+/// A branch the replica ends holds its end and asks the store: an empty replay ended for a
+/// newer reader is `forked`; without another open branch the same end is a replay mismatch.
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn an_older_continuation_that_ends_empty_is_forked_not_a_mismatch() {
     let mut w = worker();
     let mut host = MockHost::new();
     let c = cursor(&w, 42, 7, "e7");
-    let verdict =
-        format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e8"],"head":8}}"#);
-    let (mut a, _) = resume(&mut w, &mut host, &c, &verdict);
+    let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&["e8"], 8, 1));
     rs(&mut a, &mut w, &mut host, &sse_ok());
-    let (mut b, _) = resume(&mut w, &mut host, &c, &verdict);
-    rs(&mut b, &mut w, &mut host, &sse_ok());
     host.take();
-    // The replica hands the stream to the newest connection and ends the old one, empty.
-    bd(&mut a, &mut w, &mut host, b"", true);
-    assert_eq!(body_str(&host), control_event(Reason::Forked));
+    assert_eq!(bd(&mut a, &mut w, &mut host, b"", true), Action::Pause);
+    let q = answer_end(&mut a, &mut w, &mut host, Some(r#"{"forked":true}"#));
+    assert_eq!((q.incarnation.as_str(), q.branch), ("000000000000002a", 1));
+    assert_eq!(
+        held_tail(&host.effects).as_deref(),
+        Some(control_event(Reason::Forked).as_str())
+    );
+    a.on_stream_end(&mut w, &mut host);
     let records = drain_records(&mut w, &mut host);
-    assert!(!records
-        .iter()
-        .any(|r| matches!(r, Record::StreamLost { .. })));
-    // Without a newer continuation the same end is a replay mismatch, as before.
-    let c43 = cursor(&w, 43, 7, "e7");
-    let (mut d, _) = resume(&mut w, &mut host, &c43, &verdict);
+    assert!(
+        records.is_empty(),
+        "no loss, and the store already knows the end: {records:?}"
+    );
+    // Without a newer branch the same end is a replay mismatch, as before.
+    let (mut d, _) = resume(&mut w, &mut host, &c, &branch_verdict(&["e8"], 8, 3));
     rs(&mut d, &mut w, &mut host, &sse_ok());
     host.take();
-    bd(&mut d, &mut w, &mut host, b"", true);
-    assert_eq!(body_str(&host), control_event(Reason::ReplayMismatch));
+    assert_eq!(bd(&mut d, &mut w, &mut host, b"", true), Action::Pause);
+    answer_end(&mut d, &mut w, &mut host, Some(r#"{"forked":false}"#));
+    assert_eq!(
+        held_tail(&host.effects).as_deref(),
+        Some(control_event(Reason::ReplayMismatch).as_str())
+    );
+    let records = drain_records(&mut w, &mut host);
+    assert!(
+        records
+            .iter()
+            .any(|r| matches!(r, Record::StreamLost { .. })),
+        "{records:?}"
+    );
+    assert_eq!(host.stat(Stat::Forked), 1);
 }
 
-/// The replica ends the older stream when the newer request reaches it, which may be before
-/// the newer answer's headers pass the guard: the claim is made with the verdict.
+/// At the head an empty end alone is a quiet, correct end; with another branch open it is the
+/// replica closing this one for a newer reader.
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn an_older_continuation_ended_before_the_newer_answers_is_forked() {
+fn a_clean_end_at_the_head_asks_once_and_is_forked_only_when_another_branch_is_open() {
+    for (answer, want) in [
+        (r#"{"forked":true}"#, control_event(Reason::Forked)),
+        (r#"{"forked":false}"#, String::new()),
+    ] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let c = cursor(&w, 42, 7, "e7");
+        let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 1));
+        rs(&mut a, &mut w, &mut host, &sse_ok());
+        host.take();
+        assert_eq!(
+            bd(&mut a, &mut w, &mut host, b"id: e8\ndata: 8\n\n", true),
+            Action::Pause
+        );
+        assert_eq!(
+            ids_in(&host.body()).len(),
+            1,
+            "the last chunk goes out before the end is held"
+        );
+        let n = host
+            .effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Dispatch { .. }))
+            .count();
+        assert_eq!(n, 1, "asked once");
+        answer_end(&mut a, &mut w, &mut host, Some(answer));
+        assert_eq!(held_tail(&host.effects).as_deref(), Some(want.as_str()));
+    }
+}
+
+/// No usable answer, or no callout at all: the end goes out as the replica sent it, and the
+/// branch's end reaches the store as a record.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
+    for how in ["no answer", "garbage", "no dispatch"] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let c = cursor(&w, 42, 7, "e7");
+        let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 4));
+        rs(&mut a, &mut w, &mut host, &sse_ok());
+        host.take();
+        host.refuse_dispatch = how == "no dispatch";
+        let act = bd(&mut a, &mut w, &mut host, b"", true);
+        host.refuse_dispatch = false;
+        match how {
+            "no dispatch" => assert_eq!(act, Action::Continue),
+            "no answer" => {
+                answer_end(&mut a, &mut w, &mut host, None);
+                assert_eq!(held_tail(&host.effects).as_deref(), Some(""));
+            }
+            _ => {
+                answer_end(&mut a, &mut w, &mut host, Some("{"));
+                assert_eq!(held_tail(&host.effects).as_deref(), Some(""));
+            }
+        }
+        a.on_stream_end(&mut w, &mut host);
+        let records = drain_records(&mut w, &mut host);
+        assert!(
+            matches!(records.as_slice(), [Record::BranchEnd { branch: 4, .. }]),
+            "{how}: {records:?}"
+        );
+        assert_eq!(host.stat(Stat::Forked), 0);
+    }
+}
+
+/// Every end of a registered branch reaches the store once; fresh streams and branches the
+/// store did not register cost nothing.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn branch_ends_are_reported_once_and_only_for_registered_branches() {
     let mut w = worker();
     let mut host = MockHost::new();
     let c = cursor(&w, 42, 7, "e7");
-    // At the head: an empty end alone would be a quiet, correct end.
-    let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
-    let (mut a, _) = resume(&mut w, &mut host, &c, &verdict);
+    // Reset mid-stream (client gone): reported at the stream's end.
+    let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 2));
     rs(&mut a, &mut w, &mut host, &sse_ok());
-    let (_b, _) = resume(&mut w, &mut host, &c, &verdict);
+    bd(&mut a, &mut w, &mut host, b"id: e8\ndata: 8\n\n", false);
+    a.on_stream_end(&mut w, &mut host);
+    a.on_stream_end(&mut w, &mut host);
+    // Refused by the owner before it relayed: reported at once, not again at the end.
+    let (mut b, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 3));
+    host.code_details = Some("via_upstream".into());
+    rs(&mut b, &mut w, &mut host, &hdrs(&[(":status", "503")]));
+    b.on_stream_end(&mut w, &mut host);
+    // Not registered (the store could not): no question at its end, no record.
+    let (mut d, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 0));
+    rs(&mut d, &mut w, &mut host, &sse_ok());
     host.take();
-    bd(&mut a, &mut w, &mut host, b"", true);
-    assert_eq!(body_str(&host), control_event(Reason::Forked));
+    assert_eq!(bd(&mut d, &mut w, &mut host, b"", true), Action::Continue);
+    d.on_stream_end(&mut w, &mut host);
+    // A fresh stream: nothing either.
+    let mut f = Exchange::new();
+    rq(&mut f, &mut w, &mut host, &get(&[]));
+    rs(&mut f, &mut w, &mut host, &sse_ok());
+    assert_eq!(
+        bd(&mut f, &mut w, &mut host, b"id: x\ndata: 1\n\n", true),
+        Action::Continue
+    );
+    f.on_stream_end(&mut w, &mut host);
+    let ends: Vec<u64> = drain_records(&mut w, &mut host)
+        .iter()
+        .filter_map(|r| match r {
+            Record::BranchEnd { branch, .. } => Some(*branch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, [2, 3]);
 }
 
+/// The stream's first response (branch 0) ends at its next chunk once the store refused its
+/// events: a continuation of it relays now.
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn the_original_stream_is_forked_by_a_continuation_of_it() {
@@ -569,12 +763,43 @@ fn the_original_stream_is_forked_by_a_continuation_of_it() {
     rs(&mut a, &mut w, &mut host, &sse_ok());
     bd(&mut a, &mut w, &mut host, b"id: e1\ndata: 1\n\n", false);
     let first = ids_in(&host.body());
-    let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":1}}"#);
-    let (mut b, _) = resume(&mut w, &mut host, &first[0], &verdict);
+    let (mut b, _) = resume(&mut w, &mut host, &first[0], &branch_verdict(&[], 1, 1));
     rs(&mut b, &mut w, &mut host, &sse_ok());
+    // Without the store's word the original goes on (the replica may still feed it alone).
     host.take();
     bd(&mut a, &mut w, &mut host, b"id: e2\ndata: 2\n\n", false);
+    assert_eq!(ids_in(&host.body()).len(), 1);
+    drain_rejecting(&mut w, &mut host, events_of(0));
+    host.take();
+    bd(&mut a, &mut w, &mut host, b"id: e3\ndata: 3\n\n", false);
     assert_eq!(body_str(&host), control_event(Reason::Forked));
+}
+
+/// Events the store found recorded with other events: the branch's replica diverged from the
+/// log; it is cut with `replay_mismatch`.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_branch_whose_events_diverge_from_the_records_is_cut() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    // At the recorded head while the successors' records are still in flight: nothing to check.
+    let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 1));
+    rs(&mut a, &mut w, &mut host, &sse_ok());
+    bd(
+        &mut a,
+        &mut w,
+        &mut host,
+        b"id: n1\ndata: fresh counter\n\n",
+        false,
+    );
+    drain_rejecting(&mut w, &mut host, |r| {
+        matches!(r, Record::Events { .. }).then_some("replay_mismatch")
+    });
+    host.take();
+    bd(&mut a, &mut w, &mut host, b"id: n2\ndata: 2\n\n", false);
+    assert_eq!(body_str(&host), control_event(Reason::ReplayMismatch));
+    assert_eq!(host.stat(Stat::ReplayMismatch), 1);
 }
 
 #[cfg_attr(not(target_arch = "wasm32"), test)]

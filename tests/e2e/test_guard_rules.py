@@ -2,28 +2,26 @@
 callout failures of every kind, replay verification, session end, no-cursor fast path."""
 import socket
 import socketserver
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import harness as h
+from stack.procs import LocalServer
 from conftest import RING
-from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
+from test_seed_scenarios import (GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read,
+                                 session_with_stream)
 
 
-class FakeOwnership(socketserver.ThreadingTCPServer):
+class FakeOwnership(LocalServer):
     """Stands in for the ownership service and fails in one chosen way."""
-
-    allow_reuse_address = True
-    daemon_threads = True
 
     def __init__(self, mode: str):
         self.mode = mode
         self.hits = 0
         self.held: list[socket.socket] = []
-        super().__init__((h.HOST, h.OWNERSHIP_PORT), self.Handler)
+        super().__init__(h.OWNERSHIP_PORT)
 
     class Handler(socketserver.BaseRequestHandler):
         def handle(self):
@@ -58,13 +56,8 @@ class FakeOwnership(socketserver.ThreadingTCPServer):
             self.request.sendall(b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: application/json\r\n"
                                  b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
 
-    def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
     def __exit__(self, *exc):
-        self.shutdown()
-        self.server_close()
+        super().__exit__(*exc)
         for s in self.held:
             s.close()
 
@@ -81,10 +74,7 @@ def test_every_callout_failure_fails_closed(fresh, mode):
     c = h.Client()
     c.initialize()
     _, evs = open_and_read(c, 2)
-    t = c.call_tool("ledger_append", {"entry": f"cf-{mode}", "steps": 1, "step_ms": 1})
-    tool_cursor = t.next_event().id
-    t.read_all()
-    t.close()
+    tool_cursor = c.finished_call_cursor(f"cf-{mode}", steps=1, step_ms=1)
     time.sleep(0.1)
     fresh.ownership.stop()
     for p in h.REPLICA_PORTS:
@@ -150,10 +140,7 @@ def test_replay_that_skips_an_event_is_cut(fresh):
 
 
 def test_delete_terminates_and_404_expires(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    _, evs = open_and_read(c, 2)
+    c, _, evs = session_with_stream(fresh, 2, guard=True)
     d = c.request("DELETE")
     assert d.status == 200
     time.sleep(0.1)
@@ -174,10 +161,7 @@ def test_delete_terminates_and_404_expires(fresh):
 
 
 def test_bad_protocol_version_gets_the_servers_own_400(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    _, evs = open_and_read(c, 2)
+    c, _, evs = session_with_stream(fresh, 2, guard=True)
     c.version = "banana"
     r = c.get_stream(last_event_id=evs[-1].id)
     body = r.resp.read()
@@ -188,10 +172,7 @@ def test_bad_protocol_version_gets_the_servers_own_400(fresh):
 
 
 def test_owner_address_never_leaks(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 3)
+    c, s, evs = session_with_stream(fresh, 3, guard=True)
     r = c.get_stream(last_event_id=evs[0].id)
     r.close()
     for resp in (s, r):

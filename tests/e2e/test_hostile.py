@@ -14,13 +14,13 @@ import base64
 import gzip
 import json
 import socketserver
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import harness as h
+from stack.procs import LocalServer
 from conftest import RING
 from test_guard_rules import FakeOwnership
 from test_seed_scenarios import GUARD_HEADER, assert_no_cursor_reached_a_replica, open_and_read
@@ -443,12 +443,9 @@ def test_garbage_from_the_ownership_service(fresh, mode):
 
 # ---- a replica's hostile SSE ---------------------------------------------------------------
 
-class HostileUpstream(socketserver.ThreadingTCPServer):
+class HostileUpstream(LocalServer):
     """A tiny MCP-ish server: answers initialize with a session, then serves one hostile SSE body
     on GET. Records every Last-Event-ID it receives."""
-
-    allow_reuse_address = True
-    daemon_threads = True
 
     def __init__(self, sse: bytes, port: int = HOSTILE_PORT, length: bool = False,
                  resume: bytes | None = None, gzip_sse: bool = False, post_sse: bool = False):
@@ -460,7 +457,7 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
         self.accept_encodings: list[bytes] = []
         self.cursors: list[bytes] = []
         self.requests = 0
-        super().__init__((h.HOST, port), self.Handler)
+        super().__init__(port)
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self):
@@ -514,14 +511,6 @@ class HostileUpstream(socketserver.ThreadingTCPServer):
                         pass
                     return
                 self.wfile.flush()
-
-    def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.shutdown()
-        self.server_close()
 
 
 def event(i: int, ident: bytes | None = None) -> bytes:

@@ -17,10 +17,11 @@ import harness as h
 from stack.topology import running
 import test_redis_shared as shared_mod
 from stack.cluster import RedisCluster
-from test_redis_shared import E1, E2, O1, O2, CALLOUT_TIMEOUT_MS, client, shared_envoy_config, wait_healthy
+from test_redis_shared import (E1, E2, O1, O2, CALLOUT_TIMEOUT_MS, client, shared,  # noqa: F401
+                               shared_envoy_config, wait_healthy)
 from test_seed_scenarios import GUARD_HEADER, open_and_read
 
-# The shared-store module's core path, against the Cluster (they take the `shared` fixture below).
+# The shared-store module's core path, against the Cluster (they take the `shared` fixture, over this module's `shared_stack`).
 from test_redis_shared import (  # noqa: F401
     test_envoy2_refuses_a_gapped_cursor,
     test_envoy2_refuses_a_superseded_cursor,
@@ -55,14 +56,9 @@ class ClusterShared(shared_mod.Shared):
 
 
 @pytest.fixture(scope="module")
-def cluster_stack(stack):
+def shared_stack(stack):
+    """What the shared-store tests' `shared` fixture (imported) starts: here, on a Redis Cluster."""
     yield from running(ClusterShared(stack))
-
-
-@pytest.fixture
-def shared(cluster_stack):
-    cluster_stack.ensure()
-    return cluster_stack
 
 
 # ---------------------------------------------------------------------------------------------

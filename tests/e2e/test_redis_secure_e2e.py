@@ -23,7 +23,8 @@ import pytest
 import harness as h
 from stack.topology import running
 from conftest import RING
-from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
+from test_seed_scenarios import (GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, continued,
+                                 open_and_read)
 
 ENVOY, ADMIN = h.ENVOY_PORT + 5, h.ADMIN_PORT + 5
 BAD_ENVOY, BAD_ADMIN = h.ENVOY_PORT + 6, h.ADMIN_PORT + 6
@@ -169,21 +170,13 @@ def recorded_session() -> tuple[h.Client, list[h.Event], str, str]:
     c = client()
     c.initialize()
     s, evs = open_and_read(c, 6)
-    t = c.call_tool("ledger_append", {"entry": f"tls-{uuid.uuid4().hex[:8]}", "steps": 2, "step_ms": 5})
-    tool_cursor = t.next_event().id
-    t.read_all()
-    t.close()
+    tool_cursor = c.finished_call_cursor(f"tls-{uuid.uuid4().hex[:8]}")
     time.sleep(0.3)
     return c, evs, tool_cursor, s.header("x-replica")
 
 
 def assert_continues(c: h.Client, evs: list[h.Event], owner: str) -> None:
-    r = c.get_stream(last_event_id=evs[3].id)
-    assert r.status == 200
-    assert r.header(GUARD_HEADER) is None, r.header(GUARD_HEADER)
-    assert r.header("x-replica") == owner, "the continuation must reach the owner"
-    got = r.read(2)
-    r.close()
+    got = continued(c, evs[3].id, owner, 2)
     assert [(e.id, e.data) for e in got] == [(e.id, e.data) for e in evs[4:6]], "contiguous, same ids"
 
 

@@ -21,7 +21,8 @@ import pytest
 import harness as h
 from stack.topology import running
 from conftest import RING
-from test_seed_scenarios import GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, open_and_read
+from test_seed_scenarios import (GUARD_HEADER, assert_control_event, assert_no_cursor_reached_a_replica, continued,
+                                 open_and_read)
 
 E1, E2 = h.ENVOY_PORT + 1, h.ENVOY_PORT + 2
 A1, A2 = h.ADMIN_PORT + 1, h.ADMIN_PORT + 2
@@ -133,12 +134,7 @@ def test_stream_opened_through_envoy1_continues_through_envoy2(shared):
     owner = s.header("x-replica")
     time.sleep(0.3)  # Envoy 1's records land (flush_ms 100)
     c2 = client(E2, c1.session)
-    r = c2.get_stream(last_event_id=evs[6].id)
-    assert r.status == 200
-    assert r.header(GUARD_HEADER) is None, r.header(GUARD_HEADER)
-    assert r.header("x-replica") == owner, "the continuation must reach the owner"
-    got = r.read(5)
-    r.close()
+    got = continued(c2, evs[6].id, owner, 5)
     # Contiguous: the replay starts right after the cursor, with the very events seen before.
     assert [(e.id, e.data) for e in got[:2]] == [(e.id, e.data) for e in evs[7:9]]
     by_id = {}
@@ -285,10 +281,7 @@ def prepare_cursors(n: int) -> list[tuple[str, str, str, str]]:
         c = client(E1)
         c.initialize()
         s, evs = open_and_read(c, 3)
-        t = c.call_tool("ledger_append", {"entry": f"redis-{uuid.uuid4().hex[:8]}", "steps": 2, "step_ms": 5})
-        tool_cursor = t.next_event().id
-        t.read_all()
-        t.close()
+        tool_cursor = c.finished_call_cursor(f"redis-{uuid.uuid4().hex[:8]}")
         out.append((c.session, evs[-1].id, tool_cursor, s.header("x-replica")))
     time.sleep(0.3)
     return out

@@ -52,6 +52,26 @@ def resume_elsewhere(c: h.Client, cursor: str, owner: str, tries: int = 9):
     pytest.fail("round robin never left the owner")
 
 
+def session_with_stream(fresh, n: int, **use):
+    """The stack as `use` asks, a client that initialized, and its GET stream read for n events."""
+    fresh.use(**use)
+    c = h.Client()
+    c.initialize()
+    s, evs = open_and_read(c, n)
+    return c, s, evs
+
+
+def continued(c: h.Client, cursor: str, owner: str, n: int) -> list[h.Event]:
+    """A resume the guard continues: no `Mcp-Resume`, the owner answers; its next n events."""
+    r = c.get_stream(last_event_id=cursor)
+    assert r.status == 200
+    assert r.header(GUARD_HEADER) is None, r.header(GUARD_HEADER)
+    assert r.header("x-replica") == owner, "the continuation must reach the owner"
+    got = r.read(n)
+    r.close()
+    return got
+
+
 def open_and_read(c: h.Client, n: int, **kw):
     s = c.get_stream(**kw)
     assert s.status == 200, s.status
@@ -66,10 +86,7 @@ def open_and_read(c: h.Client, n: int, **kw):
 # ---------------------------------------------------------------------------------------------
 
 def test_lost_owner_without_guard_duplicates_ids(fresh):
-    fresh.use(guard=False)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 9)
+    c, s, evs = session_with_stream(fresh, 9, guard=False)
     owner = s.header("x-replica")
     seen = {e.id: e.data for e in evs}
     cursor = evs[6].id  # the client acknowledged e1..e7; e8, e9 arrived before the drop
@@ -281,10 +298,7 @@ def _wrap_the_ring_of(owner: str) -> None:
 
 
 def test_reused_id_without_guard_has_another_payload(fresh):
-    fresh.use(guard=False)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 4)
+    c, s, evs = session_with_stream(fresh, 4, guard=False)
     owner = s.header("x-replica")
     _wrap_the_ring_of(owner)
     r = c.get_stream(last_event_id=evs[2].id, headers=pin(replica_port(s)))
@@ -462,10 +476,7 @@ def test_spoofed_owner_header_with_guard_is_removed(fresh):
 # ---------------------------------------------------------------------------------------------
 
 def test_owner_killed_without_guard_resumes_blindly(fresh):
-    fresh.use(guard=False)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 9)
+    c, s, evs = session_with_stream(fresh, 9, guard=False)
     owner = replica_port(s)
     fresh.replicas[owner].kill()
     seen = {e.id: e.data for e in evs}
@@ -488,10 +499,7 @@ def test_owner_killed_with_guard_signals_then_restarts(fresh):
     fresh.ownership.stop()
     fresh.ownership = h.start_ownership(extra=["--owner-failure-window-ms", str(OWNER_FAILURE_WINDOW_MS)])
     cfg = {"policy": {"get_stream": "restart", "request_stream": "reject"}}
-    fresh.use(guard=True, **cfg)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 9)
+    c, s, evs = session_with_stream(fresh, 9, guard=True, **cfg)
     owner = replica_port(s)
     time.sleep(0.1)
     fresh.replicas[owner].kill()
@@ -520,10 +528,7 @@ def test_owner_killed_with_guard_signals_then_restarts(fresh):
 def test_ownership_down_without_guard_nothing_checks(fresh):
     # Without the guard nobody consults ownership: with the service stopped, the reconnect is still
     # forwarded, unannounced, and replayed blindly by whichever replica it lands on.
-    fresh.use(guard=False)
-    c = h.Client()
-    c.initialize()
-    s, evs = open_and_read(c, 9)
+    c, s, evs = session_with_stream(fresh, 9, guard=False)
     owner = s.header("x-replica")
     seen = {e.id: e.data for e in evs}
     cursor = evs[6].id
@@ -578,10 +583,7 @@ def test_ownership_down_with_guard_fails_closed(fresh):
 # ---------------------------------------------------------------------------------------------
 
 def test_2026_cursor_without_guard_reaches_the_replica(fresh):
-    fresh.use(guard=False)
-    c = h.Client()
-    c.initialize()
-    _, evs = open_and_read(c, 2)
+    c, _, evs = session_with_stream(fresh, 2, guard=False)
     c.version = "2026-07-28"
     r = c.get_stream(last_event_id=evs[-1].id)
     r.close()
@@ -590,10 +592,7 @@ def test_2026_cursor_without_guard_reaches_the_replica(fresh):
 
 
 def test_2026_cursor_with_guard_is_stripped(fresh):
-    fresh.use(guard=True)
-    c = h.Client()
-    c.initialize()
-    _, evs = open_and_read(c, 2)
+    c, _, evs = session_with_stream(fresh, 2, guard=True)
     for p in h.REPLICA_PORTS:
         h.replica_reset(p)
     c.version = "2026-07-28"

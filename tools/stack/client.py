@@ -199,6 +199,14 @@ class Client:
                 "params": {"name": name, "arguments": args}}
         return self.open("POST", body, headers)
 
+    def finished_call_cursor(self, entry: str, steps: int = 2, step_ms: int = 5) -> str:
+        """A `ledger_append` call read to its end: the cursor of its request stream's first event."""
+        t = self.call_tool("ledger_append", {"entry": entry, "steps": steps, "step_ms": step_ms})
+        cursor = t.next_event().id
+        t.read_all()
+        t.close()
+        return cursor
+
 
 def http_json(method: str, port: int, path: str, body: dict | None = None,
               timeout: float = 3.0) -> tuple[int, dict | str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import socketserver
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -141,3 +143,23 @@ def http_post(port: int, path: str, timeout: float = 3.0) -> int:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+class LocalServer(socketserver.ThreadingTCPServer):
+    """A test's own server in this process (a fake service, a hostile upstream), served from a
+    background thread while used as a context manager; its `Handler` class answers."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+    Handler: type
+
+    def __init__(self, port: int):
+        super().__init__((HOST, port), self.Handler)
+
+    def __enter__(self):
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()

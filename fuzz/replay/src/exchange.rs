@@ -24,7 +24,9 @@ use mcp_resume_core::config::Config;
 use mcp_resume_core::cursor::{session_binding, Cursor};
 use mcp_resume_core::exchange::{Action, Exchange, Worker, MCP_RESUME_HEADER};
 use mcp_resume_core::host::{Effect, MockHost};
-use mcp_resume_core::ownership::{Reason, ResumeVerdict, StreamKind, RECORDS_PATH, RESUME_PATH};
+use mcp_resume_core::ownership::{
+    BranchQuery, Reason, ResumeVerdict, StreamKind, BRANCH_PATH, RECORDS_PATH, RESUME_PATH,
+};
 use mcp_resume_core::stream::control_event;
 
 use crate::client;
@@ -69,6 +71,8 @@ enum VerdictPick {
         owner: u8,
         expected: Vec<u8>,
         head: u16,
+        /// The branch the store registered (none: it could not).
+        branch: Option<u8>,
     },
     NewStream {
         reason: u8,
@@ -235,6 +239,16 @@ impl Run {
                             let valid = body.len() % 7 != 0;
                             self.records = Some((*token, body.clone(), valid));
                         }
+                        Some(BRANCH_PATH) => {
+                            let q: Result<BranchQuery, _> = serde_json::from_slice(body);
+                            assert!(
+                                q.is_ok_and(|q| q.validate().is_ok() && q.branch > 0),
+                                "the guard asked about a branch the service refuses"
+                            );
+                            if let Some(x) = i.and_then(|i| self.exs.get_mut(i)) {
+                                x.token = Some(*token);
+                            }
+                        }
                         other => unreachable!("callout to {other:?}"),
                     }
                 }
@@ -274,7 +288,7 @@ impl Run {
                     Effect::RemoveRequestHeader(k) => {
                         x.fwd.retain(|(n, _)| !n.eq_ignore_ascii_case(k))
                     }
-                    Effect::BodyChunk(b) => x.body.extend_from_slice(b),
+                    Effect::BodyChunk(b) | Effect::FinishHeld(b) => x.body.extend_from_slice(b),
                     _ => {}
                 }
             }
@@ -419,9 +433,11 @@ impl Run {
                 owner,
                 expected,
                 head,
+                branch,
             } => serde_json::json!({
                 "verdict": "continue", "owner": pick(&OWNERS, *owner),
                 "expected": expected.iter().copied().map(ev).collect::<Vec<_>>(), "head": head,
+                "branch": branch.map(|b| u64::from(b) + 1),
             })
             .to_string()
             .into_bytes(),
@@ -586,8 +602,39 @@ impl Run {
         let chunk = render(pieces, x.replica_id.as_deref());
         let action =
             x.ex.on_response_body(&mut self.w, &mut self.host, Some(&chunk[..]), eos);
-        assert_eq!(action, Action::Continue);
-        let effects = self.effects(Some(i));
+        let mut effects = self.effects(Some(i));
+        if action == Action::Pause {
+            // Only a registered branch's end is held, while the store is asked about it.
+            assert!(eos, "a chunk before the end was held");
+            let token = self.exs.get(i).and_then(|x| x.token);
+            assert!(token.is_some(), "held without asking");
+            let forked = chunk.len() % 2 == 0;
+            let answer = format!(r#"{{"forked":{forked}}}"#);
+            if let (Some(x), Some(token)) = (self.exs.get_mut(i), token) {
+                x.token = None;
+                x.ex.on_callout_response(
+                    &mut self.w,
+                    &mut self.host,
+                    token,
+                    Some(200),
+                    Some(answer.as_bytes()),
+                );
+            }
+            let after = self.effects(Some(i));
+            assert!(
+                after
+                    .iter()
+                    .any(|e| matches!(e, Effect::FinishHeld(_) | Effect::ResetResponse)),
+                "a held end was never finished: {after:?}"
+            );
+            effects.extend(after);
+        }
+        if eos {
+            if let Some(x) = self.exs.get_mut(i) {
+                x.ex.on_stream_end(&mut self.w, &mut self.host);
+            }
+            self.effects(None);
+        }
         let Some(x) = self.exs.get_mut(i) else {
             return;
         };

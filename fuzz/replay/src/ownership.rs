@@ -113,6 +113,11 @@ fn valid_record(r: &Record) {
         | Record::OwnerFailed {
             session,
             incarnation,
+        }
+        | Record::BranchEnd {
+            session,
+            incarnation,
+            ..
         } => assert!(is_session(session) && is_hex(incarnation, 16)),
         Record::OwnerGone { owner } => assert!(is_owner(owner)),
     }
