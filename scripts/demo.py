@@ -229,21 +229,7 @@ def step(title: str):
 
 def read_events(s: mcp.SSEStream, n: int, timeout: float = STEP_TIMEOUT) -> list[mcp.Event]:
     """Up to n events within `timeout` seconds; an idle stream gives fewer, never an exception."""
-    out: list[mcp.Event] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            s.conn.sock.settimeout(left)
-            ev = s.next_event()
-        except (OSError, ValueError, AttributeError):
-            break
-        if ev is None:
-            break
-        out.append(ev)
-    return out
+    return s.read_within(timeout, lambda evs: len(evs) >= n)
 
 
 def inspect(cfg: Path, cursor: str, session: str) -> str:

@@ -1,8 +1,6 @@
 //! The proxy-wasm implementation of the core's [`Host`]: every call goes to the proxy-wasm ABI
 //! and never panics (the trait helpers of the proxy-wasm crate unwrap); failures are logged.
-use mcp_resume_core::host::{
-    clock_random, metric_name, Host, LogLevel, Stat, CALLOUT_MS, METRIC_PREFIX,
-};
+use mcp_resume_core::host::{clock_random, metric_name, Host, LogLevel, Stat, CALLOUT_MS};
 use proxy_wasm::hostcalls as hc;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::time::{Duration, UNIX_EPOCH};
@@ -126,13 +124,6 @@ impl Metrics {
     }
 }
 
-/// Shared-data slots for stream claims.
-const CLAIM_SLOTS: u64 = 1024;
-
-fn claim_key(incarnation: u64) -> String {
-    format!("{METRIC_PREFIX}claim.{}", incarnation % CLAIM_SLOTS)
-}
-
 /// The host as seen from one callback. `body_size` is the size of the body chunk being handled.
 pub struct ProxyHost<'m> {
     pub metrics: &'m Metrics,
@@ -233,24 +224,19 @@ impl Host for ProxyHost<'_> {
         }
     }
 
-    /// Claims live in the VM's shared data, seen by every worker of this plugin: a fixed set of
-    /// slots (shared data is never freed), each holding incarnation ‖ claim. A slot taken by
-    /// another incarnation forgets the older claim; forks are then caught by the replay check.
-    fn claim_stream(&mut self, incarnation: u64, claim: u64) {
-        let mut v = [0u8; 16];
-        v[..8].copy_from_slice(&incarnation.to_be_bytes());
-        v[8..].copy_from_slice(&claim.to_be_bytes());
-        if let Err(s) = hc::set_shared_data(&claim_key(incarnation), Some(&v), None) {
-            warn("set_shared_data", s);
+    /// Envoy holds the body of a response whose last body callback answered Pause
+    /// (StopIterationAndBuffer) and, from an HTTP-call callback, hands that held body to
+    /// `set_buffer`; a write that starts at or past its end appends (`Buffer::copyFrom`).
+    /// `resume_http_response` then lets it go on with the end of stream.
+    fn finish_held_response(&mut self, tail: &[u8]) {
+        if !tail.is_empty() {
+            if let Err(s) = hc::set_buffer(BufferType::HttpResponseBody, usize::MAX, 0, tail) {
+                warn("append to the held response body", s);
+            }
         }
-    }
-
-    fn stream_claim(&self, incarnation: u64) -> Option<u64> {
-        let (v, _) = hc::get_shared_data(&claim_key(incarnation)).ok()?;
-        let v = v?;
-        let inc = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-        let claim = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
-        (inc == incarnation).then_some(claim)
+        if let Err(s) = hc::resume_http_response() {
+            warn("resume_http_response", s);
+        }
     }
 
     fn count(&mut self, stat: Stat, n: u64) {

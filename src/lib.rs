@@ -124,6 +124,18 @@ impl Context for Filter {
         self.exchange
             .on_callout_response(&mut w, &mut h, token, status, body.as_deref());
     }
+
+    /// Envoy calls this once, when it destroys the stream's filter (`onDestroy`), whatever
+    /// ended the stream; `on_log` runs only for a completed request's access log.
+    fn on_done(&mut self) -> bool {
+        let mut h = ProxyHost {
+            metrics: &self.metrics,
+            body_size: 0,
+        };
+        let mut w = self.worker.borrow_mut();
+        self.exchange.on_stream_end(&mut w, &mut h);
+        true
+    }
 }
 
 impl HttpContext for Filter {
@@ -176,6 +188,8 @@ impl HttpContext for Filter {
             body_size: size,
         };
         let mut w = self.worker.borrow_mut();
+        // Pause (at the end) is StopIterationAndBuffer: Envoy holds the body until the
+        // exchange finishes it from the callout's answer (`finish_held_response`).
         action(
             self.exchange
                 .on_response_body(&mut w, &mut h, chunk.as_deref(), eos),

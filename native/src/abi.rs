@@ -107,6 +107,9 @@ pub const RESPONSE_HEADERS: u32 = 2;
 // envoy_dynamic_module_type_http_body_type
 pub const RECEIVED_REQUEST_BODY: u32 = 0;
 pub const RECEIVED_RESPONSE_BODY: u32 = 2;
+/// The response body a filter holds (it answered StopIterationAndBuffer): reachable from any
+/// callback of the stream, not only the body hook.
+pub const BUFFERED_RESPONSE_BODY: u32 = 3;
 
 // envoy_dynamic_module_type_log_level
 pub const LOG_INFO: u32 = 2;
@@ -136,6 +139,8 @@ pub const HEADERS_STOP_ITERATION: u32 = 1;
 /// Stops the whole chain until `continue_decoding` (what proxy-wasm's `Pause` does).
 pub const HEADERS_STOP_ALL_AND_WATERMARK: u32 = 4;
 pub const BODY_CONTINUE: u32 = 0;
+/// Holds the body until `continue_encoding` (what proxy-wasm's `Pause` does for a body).
+pub const BODY_STOP_AND_BUFFER: u32 = 1;
 pub const BODY_STOP_NO_BUFFER: u32 = 3;
 pub const TRAILERS_CONTINUE: u32 = 0;
 pub const LOCAL_REPLY_CONTINUE: u32 = 0;
@@ -221,6 +226,7 @@ extern "C" {
         details: ModuleBuffer,
     );
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: HttpFilterEnvoyPtr);
+    pub fn envoy_dynamic_module_callback_http_filter_continue_encoding(filter: HttpFilterEnvoyPtr);
     pub fn envoy_dynamic_module_callback_http_filter_reset_stream(
         filter: HttpFilterEnvoyPtr,
         reason: u32,

@@ -26,8 +26,9 @@ fn guarded<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
 }
 
 /// Runs a stream hook on its filter: counts the entry (a destroy from inside it is deferred
-/// until it returns), catches a panic (the stream is reset, `fallback` returned), and frees the
-/// filter if Envoy destroyed it meanwhile.
+/// until it returns), catches a panic (the stream is reset, `fallback` returned), tells the
+/// exchange of a stream end Envoy announced meanwhile, and frees the filter if Envoy destroyed
+/// it meanwhile.
 ///
 /// # Safety
 /// `ptr` is a filter made by `envoy_dynamic_module_on_http_filter_new` and not yet freed.
@@ -54,6 +55,14 @@ unsafe fn with_filter<T: Copy>(
             fallback
         }
     };
+    // Envoy completes a stream from inside a reset or a `continue_encoding` the exchange asked
+    // for; the exchange, in use then, hears the end now.
+    if catch_unwind(AssertUnwindSafe(|| filter.end_if_owed())).is_err() {
+        log(
+            LogLevel::Critical,
+            &format!("mcp-resume-guard: panic in {what} (stream end, caught)"),
+        );
+    }
     if filter.leave() {
         drop(Box::from_raw(ptr.cast_mut().cast::<Filter>()));
     }
@@ -281,11 +290,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     abi::TRAILERS_CONTINUE
 }
 
+/// Envoy calls this once per stream, however it ended (before destroying the filter).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
 ) {
+    // SAFETY: `f` is this stream's filter.
+    unsafe { with_filter("stream_complete", e, f, (), Filter::stream_end) }
 }
 
 #[no_mangle]

@@ -4,8 +4,6 @@
 use crate::abi::{self, EnvoyBuffer, HttpFilterConfigEnvoyPtr, HttpFilterEnvoyPtr, HttpHeader};
 use crate::abi::{ModuleBuffer, CALLOUT_INIT_SUCCESS, METRICS_SUCCESS};
 use mcp_resume_core::host::{clock_random, metric_name, Host, LogLevel, Stat, CALLOUT_MS};
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn log(level: LogLevel, msg: &str) {
@@ -127,34 +125,6 @@ impl Metrics {
     }
 }
 
-/// Which continuation of an incarnation is the newest, shared by every worker of this Envoy.
-/// Best effort and bounded: past the cap it forgets everything (the trait allows forgetting).
-pub struct Claims(Mutex<HashMap<u64, u64>>);
-
-const MAX_CLAIMS: usize = 65_536;
-
-impl Claims {
-    pub fn new() -> Claims {
-        Claims(Mutex::new(HashMap::new()))
-    }
-
-    fn set(&self, incarnation: u64, claim: u64) {
-        if let Ok(mut m) = self.0.lock() {
-            if m.len() >= MAX_CLAIMS && !m.contains_key(&incarnation) {
-                m.clear();
-            }
-            m.insert(incarnation, claim);
-        }
-    }
-
-    fn get(&self, incarnation: u64) -> Option<u64> {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&incarnation).copied())
-    }
-}
-
 /// What a stream hook did that changes what it returns to Envoy.
 #[derive(Default, Clone, Copy)]
 pub struct Outcome {
@@ -165,6 +135,11 @@ pub struct Outcome {
     /// `resume_request` was asked while the hook that paused is still running (the callout
     /// answered inline): the hook returns Continue instead of resuming later.
     pub resumed: bool,
+    /// The held end of the response was let go (`finish_held_response`): from a callout's
+    /// answer by `continue_encoding`, inside the body hook that held it by its return.
+    pub released: bool,
+    /// Envoy is done with the stream: no stream call may be made, stats go to the config.
+    pub ended: bool,
 }
 
 /// The host as seen from one hook of one stream (worker thread).
@@ -172,8 +147,8 @@ pub struct FilterHost<'a> {
     pub filter: HttpFilterEnvoyPtr,
     pub config: HttpFilterConfigEnvoyPtr,
     pub metrics: &'a Metrics,
-    pub claims: &'a Claims,
-    /// Inside the request-headers hook: `resume_request` must not re-enter Envoy.
+    /// Inside the hook that paused (request headers, response body): a callout answered
+    /// inline resumes or finishes the stream by that hook's return, not by re-entering Envoy.
     pub inline: bool,
     pub out: Outcome,
 }
@@ -182,7 +157,32 @@ impl FilterHost<'_> {
     /// After a local reply or reset Envoy may already be tearing the stream down: stream calls
     /// stop, stats go through the configuration.
     fn stream_open(&self) -> bool {
-        !self.out.replied && !self.out.reset
+        !self.out.replied && !self.out.reset && !self.out.released && !self.out.ended
+    }
+
+    /// Appends to body `t`; a failure is logged, counted and ends the stream (a held end
+    /// without its tail must not reach the client as if complete).
+    fn append_body(&mut self, t: u32, data: &[u8]) -> bool {
+        if data.is_empty() {
+            return true;
+        }
+        // SAFETY: the live filter; the data outlives the call.
+        let ok = unsafe {
+            abi::envoy_dynamic_module_callback_http_append_body(
+                self.filter,
+                t,
+                ModuleBuffer::of(data),
+            )
+        };
+        if !ok {
+            log(
+                LogLevel::Error,
+                "mcp-resume-guard: host call append body failed; resetting the stream",
+            );
+            self.count(Stat::HostErrors, 1);
+            self.reset_response();
+        }
+        ok
     }
 
     fn set_header(&mut self, kind: u32, name: &str, value: Option<&str>) {
@@ -211,6 +211,10 @@ impl FilterHost<'_> {
 impl FilterHost<'_> {
     /// A string attribute of this stream, copied; `None` when absent or empty.
     fn attribute(&self, id: u32) -> Option<String> {
+        if self.out.ended {
+            // No stream to ask (the ended host has no filter pointer).
+            return None;
+        }
         let mut b = EnvoyBuffer::NULL;
         // SAFETY: the live filter; the result is copied before the hook ends.
         unsafe {
@@ -357,12 +361,26 @@ impl Host for FilterHost<'_> {
         started(r, "http", id)
     }
 
-    fn claim_stream(&mut self, incarnation: u64, claim: u64) {
-        self.claims.set(incarnation, claim);
-    }
-
-    fn stream_claim(&self, incarnation: u64) -> Option<u64> {
-        self.claims.get(incarnation)
+    /// Envoy keeps a body its filter held (StopIterationAndBuffer) as the stream's buffered
+    /// body: the tail is appended there and `continue_encoding` sends it with the end of
+    /// stream. Inside the body hook that held it the end is still that hook's chunk.
+    fn finish_held_response(&mut self, tail: &[u8]) {
+        if !self.stream_open() {
+            return;
+        }
+        if self.inline {
+            if self.append_body(abi::RECEIVED_RESPONSE_BODY, tail) {
+                self.out.released = true;
+            }
+            return;
+        }
+        if !self.append_body(abi::BUFFERED_RESPONSE_BODY, tail) {
+            return;
+        }
+        self.out.released = true;
+        // SAFETY: the live filter, whose response this module's body hook held. Envoy may
+        // complete the stream inside this call (the module's hooks take that into account).
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_encoding(self.filter) }
     }
 
     fn count(&mut self, stat: Stat, n: u64) {
@@ -420,7 +438,6 @@ impl Host for FilterHost<'_> {
 pub struct ConfigHost<'a> {
     pub config: HttpFilterConfigEnvoyPtr,
     pub metrics: &'a Metrics,
-    pub claims: &'a Claims,
     /// Callout ids dispatched during this call, for the caller to map to its worker.
     pub dispatched: Vec<u64>,
 }
@@ -473,12 +490,7 @@ impl Host for ConfigHost<'_> {
         Some(t)
     }
 
-    fn claim_stream(&mut self, incarnation: u64, claim: u64) {
-        self.claims.set(incarnation, claim);
-    }
-    fn stream_claim(&self, incarnation: u64) -> Option<u64> {
-        self.claims.get(incarnation)
-    }
+    fn finish_held_response(&mut self, _: &[u8]) {}
     fn count(&mut self, stat: Stat, n: u64) {
         self.metrics.count_on_config(self.config, stat, n);
     }

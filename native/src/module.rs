@@ -3,7 +3,7 @@
 //! tick that flushes records.
 use crate::abi::{self, ConfigSchedulerPtr, EnvoyBuffer, HttpFilterConfigEnvoyPtr};
 use crate::abi::{HttpFilterEnvoyPtr, HttpHeader};
-use crate::host::{self, Claims, ConfigHost, FilterHost, Metrics};
+use crate::host::{self, ConfigHost, FilterHost, Metrics, Outcome};
 use mcp_resume_core::config::Config;
 use mcp_resume_core::exchange::{Action, Exchange, Worker};
 use mcp_resume_core::host::{Host, LogLevel, Stat};
@@ -120,7 +120,6 @@ impl Drop for Ticker {
 pub struct Guard {
     envoy: EnvoyPtr,
     pub metrics: Metrics,
-    pub claims: Claims,
     /// One per Envoy worker thread (records are queued per worker, as in the Wasm build): a
     /// worker's lock is only ever contended by the main thread's tick.
     workers: Vec<Mutex<Worker>>,
@@ -163,7 +162,6 @@ impl Guard {
         Ok(Guard {
             envoy: EnvoyPtr(envoy),
             metrics,
-            claims: Claims::new(),
             workers: ws,
             record_calls: Mutex::new(HashMap::new()),
             ticking: AtomicBool::new(false),
@@ -181,7 +179,6 @@ impl Guard {
         ConfigHost {
             config: self.envoy.0,
             metrics: &self.metrics,
-            claims: &self.claims,
             dispatched: Vec::new(),
         }
     }
@@ -251,6 +248,10 @@ pub struct Filter {
     inline_answer: RefCell<Option<Answer>>,
     busy: Cell<u32>,
     destroyed: Cell<bool>,
+    /// Envoy is done with the stream; the exchange must hear it ([`Filter::end_if_owed`]).
+    end_owed: Cell<bool>,
+    /// The exchange heard the stream's end.
+    ended: Cell<bool>,
 }
 
 thread_local! {
@@ -273,6 +274,8 @@ impl Filter {
             inline_answer: RefCell::new(None),
             busy: Cell::new(0),
             destroyed: Cell::new(false),
+            end_owed: Cell::new(false),
+            ended: Cell::new(false),
         }
     }
 
@@ -287,10 +290,17 @@ impl Filter {
             filter: envoy,
             config: g.envoy.0,
             metrics: &g.metrics,
-            claims: &g.claims,
             inline,
-            out: Default::default(),
+            out: Outcome::default(),
         }
+    }
+
+    /// The host once Envoy is done with the stream: no stream call is made, stats go to the
+    /// configuration.
+    fn ended_host(&self) -> FilterHost<'_> {
+        let mut h = self.host(std::ptr::null_mut(), false);
+        h.out.ended = true;
+        h
     }
 
     pub fn request_headers(&self, envoy: HttpFilterEnvoyPtr) -> u32 {
@@ -376,17 +386,50 @@ impl Filter {
         if !ex.wants_body() {
             return abi::BODY_CONTINUE;
         }
-        let mut h = self.host(envoy, false);
+        let mut h = self.host(envoy, true);
         let mut w = self.guard().worker(self.worker);
+        let mut action = Action::Continue;
         // A chunk that cannot be read is the exchange's to fail closed on.
         with_chunk(envoy, abi::RECEIVED_RESPONSE_BODY, |chunk| {
-            ex.on_response_body(&mut w, &mut h, chunk, eos);
+            action = ex.on_response_body(&mut w, &mut h, chunk, eos);
         });
+        // The callout of a held end, answered inline: the end is finished in this chunk.
+        if let Some((id, status, body)) = self.inline_answer.borrow_mut().take() {
+            if let Ok(token) = u32::try_from(id) {
+                ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+            }
+        }
         if h.out.reset {
             abi::BODY_STOP_NO_BUFFER
+        } else if action == Action::Pause && !h.out.released {
+            // Held until the callout's answer finishes it (`continue_encoding`).
+            abi::BODY_STOP_AND_BUFFER
         } else {
             abi::BODY_CONTINUE
         }
+    }
+
+    /// Envoy is done with the stream (complete, reset, client gone): the exchange hears it
+    /// once. Envoy may complete a stream from inside a call the exchange made (a reset, or the
+    /// `continue_encoding` of a held end); the exchange is in use then, and the hook that
+    /// made the call tells it on its way out ([`Filter::end_if_owed`]).
+    pub fn stream_end(&self) {
+        self.end_owed.set(true);
+        self.end_if_owed();
+    }
+
+    /// Tells the exchange the stream ended, if Envoy said so and it has not heard it yet.
+    pub fn end_if_owed(&self) {
+        if !self.end_owed.get() || self.ended.get() {
+            return;
+        }
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            return;
+        };
+        self.ended.set(true);
+        let mut h = self.ended_host();
+        let mut w = self.guard().worker(self.worker);
+        ex.on_stream_end(&mut w, &mut h);
     }
 
     /// Counts one hook entry (matched by [`Filter::leave`]).
@@ -401,9 +444,16 @@ impl Filter {
     }
 
     /// Envoy destroys the filter; `true` when it can be freed now (no hook of it is running).
+    /// A stream Envoy destroys without completing it has ended too.
     pub fn destroy(&self) -> bool {
         self.destroyed.set(true);
-        self.busy.get() == 0
+        self.end_owed.set(true);
+        if self.busy.get() > 0 {
+            // The running hook tells the exchange and frees the filter on its way out.
+            return false;
+        }
+        self.end_if_owed();
+        true
     }
 
     /// Fail closed after a panic in a hook: the stream is reset, so nothing half-decided

@@ -30,14 +30,16 @@ fn buffer(b: &[u8]) -> EnvoyBuffer {
     }
 }
 
-struct Native {
+/// The module under the mock. `COMPLETE_INLINE`: Envoy completes a stream inside the
+/// `continue_encoding` or `reset_stream` that ends it (`envoy::Envoy::complete_inline`).
+struct Native<const COMPLETE_INLINE: bool = false> {
     config: *const c_void,
     /// Stream id (also Envoy's filter pointer) -> the module's filter.
     filters: HashMap<u32, *const c_void>,
     next: u32,
 }
 
-impl Native {
+impl<const C: bool> Native<C> {
     fn e(s: u32) -> *mut c_void {
         // Envoy's filter pointer: any non-null value, one per stream.
         (0x1000 + s as usize) as *mut c_void
@@ -53,7 +55,7 @@ impl Native {
     }
 }
 
-impl Drop for Native {
+impl<const C: bool> Drop for Native<C> {
     fn drop(&mut self) {
         if !self.config.is_null() {
             // Stops and joins the tick thread.
@@ -78,9 +80,12 @@ fn body_flow(r: u32) -> Flow {
     }
 }
 
-impl Proxy for Native {
+impl<const C: bool> Proxy for Native<C> {
     fn start(config: &str) -> Result<Self, String> {
-        with(|e| *e = envoy::Envoy::default());
+        with(|e| {
+            *e = envoy::Envoy::default();
+            e.complete_inline = C;
+        });
         let name = b"mcp_resume_guard";
         let c = unsafe {
             envoy::envoy_dynamic_module_on_http_filter_config_new(
@@ -136,17 +141,7 @@ impl Proxy for Native {
         headers_flow(r)
     }
     fn response_body(&mut self, s: u32, chunk: &[u8], eos: bool) -> Flow {
-        self.stream_mut(s, |st| st.response_body = chunk.to_vec());
-        let r = unsafe {
-            envoy::envoy_dynamic_module_on_http_filter_response_body(Self::e(s), self.f(s), eos)
-        };
-        if r == BODY_CONTINUE {
-            self.stream_mut(s, |st| {
-                let b = std::mem::take(&mut st.response_body);
-                st.client_body.extend_from_slice(&b);
-            });
-        }
-        body_flow(r)
+        body_flow(unsafe { envoy::run_response_body(Self::e(s), chunk, eos) })
     }
     fn callout_answer(&mut self, token: u32, status: Option<u32>, body: &[u8]) {
         let call = with(|e| {
@@ -208,11 +203,9 @@ impl Proxy for Native {
         };
     }
     fn end_stream(&mut self, s: u32) {
-        let f = self.filters.remove(&s).unwrap();
-        unsafe {
-            envoy::envoy_dynamic_module_on_http_filter_stream_complete(Self::e(s), f);
-            envoy::envoy_dynamic_module_on_http_filter_destroy(f);
-        }
+        self.filters.remove(&s).unwrap();
+        // Once, even if Envoy already completed it inline.
+        unsafe { envoy::complete_stream(Self::e(s)) };
     }
     fn set_attribute(&mut self, s: u32, a: Attribute, value: &str) {
         let id = match a {
@@ -261,6 +254,9 @@ impl Proxy for Native {
     fn was_reset(&self, s: u32) -> bool {
         self.stream(s, |st| st.reset)
     }
+    fn held(&self, s: u32) -> bool {
+        self.stream(s, |st| st.buffered_response_body.is_some())
+    }
     fn counter(&self, name: &str) -> Option<i64> {
         with(|e| {
             e.metrics
@@ -284,11 +280,31 @@ impl Proxy for Native {
 
 mcp_adapter_harness::adapter_tests!(Native);
 
+/// Envoy completes (and destroys) a stream inside the `continue_encoding` that lets its held end
+/// go, while the exchange is still answering the callout: the stream's end still reaches it
+/// (here: the branch end the store did not hear is recorded).
+#[test]
+fn a_stream_completed_inside_continue_encoding_still_ends_the_exchange() {
+    scenarios::on_big_stack(
+        scenarios::a_held_end_without_the_stores_answer_is_reported_at_the_streams_end::<
+            Native<true>,
+        >,
+    );
+}
+
+/// The same with the `forked` answer: the held end gets its tail before Envoy completes it.
+#[test]
+fn a_held_end_completed_inside_continue_encoding_keeps_its_tail() {
+    scenarios::on_big_stack(
+        scenarios::a_held_end_is_finished_with_the_forked_event_the_store_asked_for::<Native<true>>,
+    );
+}
+
 /// A callout Envoy answers before `http_callout` returns: the request-headers hook takes the
 /// answer itself and lets the request go on (no `continue_decoding` from inside the hook).
 #[test]
 fn a_callout_answered_inline_continues_from_the_hook() {
-    let mut p = Native::start(&scenarios::config()).unwrap();
+    let mut p = <Native>::start(&scenarios::config()).unwrap();
     let verdict = r#"{"verdict":"continue","owner":"127.0.0.1:9101","expected":["e8"],"head":8}"#;
     with(|e| e.answer_inline = Some((200, verdict.as_bytes().to_vec())));
     let s = p.new_stream();
@@ -314,7 +330,7 @@ fn a_callout_answered_inline_continues_from_the_hook() {
 fn the_tick_thread_commits_the_scheduler_event_until_the_config_goes() {
     let before = envoy::COMMITS.load(Ordering::SeqCst);
     let deleted = envoy::DELETED.load(Ordering::SeqCst);
-    let p = Native::start(&scenarios::config()).unwrap();
+    let p = <Native>::start(&scenarios::config()).unwrap();
     let t = Instant::now();
     while envoy::COMMITS.load(Ordering::SeqCst) == before && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
@@ -330,17 +346,59 @@ fn the_tick_thread_commits_the_scheduler_event_until_the_config_goes() {
 /// A response header map Envoy cannot give is a host error: the exchange fails closed.
 #[test]
 fn unreadable_response_headers_fail_closed() {
-    let mut p = Native::start(&scenarios::config()).unwrap();
+    let mut p = <Native>::start(&scenarios::config()).unwrap();
     let s = p.new_stream();
     let req = scenarios::headers(&[(":method", "GET"), (":path", "/mcp")]);
     p.request_headers(s, req, true);
     // An empty map: Envoy gave nothing.
     p.response_headers(s, Vec::new(), false);
     assert_eq!(p.counter("mcp_resume_guard.host_errors"), Some(1));
-    let replies = with(|e| e.streams[&(Native::e(s) as usize)].replies.clone());
+    let replies = with(|e| e.streams[&(<Native>::e(s) as usize)].replies.clone());
     assert!(
         matches!(replies.as_slice(), [r] if r.details == "mcp_resume_guard"),
         "{replies:?}"
     );
+    p.end_stream(s);
+}
+
+/// The store's answer about a held end arrives inside the body hook that asked (Envoy may answer
+/// a callout before `http_callout` returns): the end is finished in that hook's own chunk, which
+/// goes on, and nothing is held.
+#[test]
+fn a_held_ends_callout_answered_inline_finishes_it_in_the_hook() {
+    use mcp_resume_core::ownership::{Reason, StreamKind};
+    use mcp_resume_core::stream::control_event;
+    let mut p = <Native>::start(&scenarios::config()).unwrap();
+    let s = p.new_stream();
+    let c = scenarios::cursor(StreamKind::Get, 7, "e7", None);
+    let req = scenarios::headers(&[
+        (":method", "GET"),
+        (":path", "/mcp"),
+        ("mcp-session-id", scenarios::SID),
+        ("last-event-id", &c),
+    ]);
+    assert_eq!(p.request_headers(s, req, true), Flow::Stop);
+    let verdict =
+        r#"{"verdict":"continue","owner":"127.0.0.1:9101","expected":["e8"],"head":8,"branch":1}"#;
+    let token = p.callouts()[0].token;
+    p.callout_answer(token, Some(200), verdict.as_bytes());
+    p.set_attribute(s, Attribute::UpstreamAddress, scenarios::OWNER);
+    let sse = scenarios::headers(&[(":status", "200"), ("content-type", "text/event-stream")]);
+    assert_eq!(p.response_headers(s, sse, false), Flow::Continue);
+    assert_eq!(
+        p.response_body(s, b"id: e8\ndata: 8\n\n", false),
+        Flow::Continue
+    );
+    let before = p.client_body(s);
+    with(|e| e.answer_inline = Some((200, br#"{"forked":true}"#.to_vec())));
+    assert_eq!(p.response_body(s, b"", true), Flow::Continue);
+    assert!(!p.held(s));
+    assert_eq!(p.stream(s, |st| st.encoding_continued), 0);
+    let body = p.client_body(s);
+    assert_eq!(
+        String::from_utf8_lossy(&body[before.len()..]),
+        control_event(Reason::Forked)
+    );
+    assert_eq!(p.counter("mcp_resume_guard.forked"), Some(1));
     p.end_stream(s);
 }

@@ -9,8 +9,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mcp_resume_core::ownership::{
-    FieldError, Record, RecordAck, RejectedRecord, ResumeQuery, ResumeVerdict, MAX_BATCH_RECORDS,
-    MAX_RECORDS_BODY_BYTES, MAX_SEQ,
+    BranchAnswer, BranchQuery, FieldError, Record, RecordAck, RejectedRecord, ResumeQuery,
+    ResumeVerdict, BRANCH_PATH, MAX_BATCH_RECORDS, MAX_RECORDS_BODY_BYTES, MAX_SEQ,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -19,9 +19,9 @@ use serde_json::value::RawValue;
 use crate::auth::{Auth, OWNERS_GONE_PATH};
 use crate::clock::{system_clock, Clock};
 pub use crate::error::ApiError;
-use crate::metrics::{record_type, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
+use crate::metrics::{record_type, ErrorLabels, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
 use crate::resume::{resolve, timed, ResumeOptions};
-use crate::store::{Applied, Store};
+use crate::store::{Applied, Store, STORE_FULL};
 
 /// Everything a handler needs. Cheap to clone (all shared).
 pub struct AppState<S> {
@@ -165,6 +165,13 @@ pub fn parse_resume_query(bytes: &[u8]) -> Result<ResumeQuery, ApiError> {
     Ok(q)
 }
 
+/// `POST /v1/branch` body -> a valid query.
+pub fn parse_branch_query(bytes: &[u8]) -> Result<BranchQuery, ApiError> {
+    let q: BranchQuery = parse_json(bytes)?;
+    q.validate().map_err(bad_field)?;
+    Ok(q)
+}
+
 /// `POST /v1/owners/gone` body -> the record it stands for.
 pub fn parse_owner_gone(bytes: &[u8]) -> Result<Record, ApiError> {
     let body: OwnerGoneBody = parse_json(bytes)?;
@@ -295,7 +302,14 @@ pub async fn records<S: Store>(
         // never resends it.
         applied -= done.refused.len();
         for r in done.refused {
-            st.metrics.sessions_refused.inc();
+            match r.error {
+                STORE_FULL => st.metrics.sessions_refused.inc(),
+                error => st
+                    .metrics
+                    .events_refused
+                    .get_or_create(&ErrorLabels { error })
+                    .inc(),
+            };
             let index = batch.positions.get(r.index).copied().unwrap_or(r.index);
             rejected.push(RejectedRecord {
                 index,
@@ -306,6 +320,27 @@ pub async fn records<S: Store>(
         rejected.sort_by_key(|r| r.index);
     }
     Ok(Json(RecordAck { applied, rejected }))
+}
+
+/// A continuation's branch ended cleanly: the store marks it ended and says whether another
+/// branch of the incarnation is open (docs/forks.md).
+pub async fn branch<S: Store>(
+    State(st): State<AppState<S>>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<BranchAnswer>, ApiError> {
+    let q = parse_branch_query(&body)?;
+    let ended = st
+        .store
+        .end_branch(&q.session, &q.incarnation, q.branch, (st.clock)());
+    let forked = timed(&st.metrics, "end_branch", ended)
+        .await
+        .map_err(|e| ApiError::store(st.store.name(), &e))?;
+    let outcome = if forked { "forked" } else { "not_forked" };
+    st.metrics
+        .branch_ends
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
+    Ok(Json(BranchAnswer { forked }))
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -415,6 +450,7 @@ pub async fn count_requests(
     {
         Some(mcp_resume_core::ownership::RESUME_PATH) => "resume",
         Some(mcp_resume_core::ownership::RECORDS_PATH) => "records",
+        Some(BRANCH_PATH) => "branch",
         Some(OWNERS_GONE_PATH) => "owners_gone",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",

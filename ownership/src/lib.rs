@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use mcp_resume_core::ownership::{MAX_RECORDS_BODY_BYTES, RECORDS_PATH, RESUME_PATH};
+use mcp_resume_core::ownership::{BRANCH_PATH, MAX_RECORDS_BODY_BYTES, RECORDS_PATH, RESUME_PATH};
 
 pub use api::AppState;
 pub use auth::{Auth, TokenFile};
@@ -33,6 +33,7 @@ pub fn router<S: Store>(state: AppState<S>) -> Router {
     Router::new()
         .route(RESUME_PATH, post(api::resume::<S>))
         .route(RECORDS_PATH, post(api::records::<S>))
+        .route(BRANCH_PATH, post(api::branch::<S>))
         .route(auth::OWNERS_GONE_PATH, post(api::owners_gone::<S>))
         .route("/healthz", get(api::healthz::<S>))
         .route("/metrics", get(api::metrics::<S>))

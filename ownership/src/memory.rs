@@ -15,13 +15,19 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
-use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
+use mcp_resume_core::ownership::{
+    split_recorded, Record, SessionEnd, StreamKind, LONG_IDS_KEPT, REJECTED_FORKED,
+    REJECTED_MISMATCH,
+};
 use tokio::sync::watch;
 
 use crate::store::{
     Applied, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store, StoreError,
-    StoreStats, HIGH_WATER_PERCENT, STORE_FULL,
+    StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, STORE_FULL,
 };
+
+/// A record the store did not apply: the named problem and its detail.
+type Refused = (&'static str, String);
 
 pub struct MemoryStore {
     limits: Limits,
@@ -78,12 +84,103 @@ struct Incarnation {
     last_tick: u64,
     /// Estimated bytes of `window` and `long`.
     entry_bytes: usize,
+    /// Its branches, once a continuation registered one (`None`: nothing to arbitrate).
+    branches: Option<Branches>,
+}
+
+/// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and the
+/// newest [`BRANCHES_KEPT`] continuations, numbers `top + 1 - BRANCHES_KEPT ..= top`.
+struct Branches {
+    /// The highest number handed out.
+    top: u64,
+    kept: BTreeMap<u64, Branch>,
+}
+
+struct Branch {
+    open: bool,
+    /// Store order (the tick) of its first accepted events; branch 0 relayed from the start (0).
+    first: Option<u64>,
+    /// Store order of its latest accepted events.
+    latest: Option<u64>,
+}
+
+impl Branches {
+    /// A new table: branch 0, the incarnation's first response, open and relaying from the start.
+    fn new() -> Self {
+        let zero = Branch {
+            open: true,
+            first: Some(0),
+            latest: None,
+        };
+        Branches {
+            top: 0,
+            kept: BTreeMap::from([(0, zero)]),
+        }
+    }
+
+    /// Register the next branch as open; the continuation [`BRANCHES_KEPT`] numbers older is
+    /// dropped (branch 0 never is).
+    fn open_next(&mut self) -> u64 {
+        self.top += 1;
+        let b = Branch {
+            open: true,
+            first: None,
+            latest: None,
+        };
+        self.kept.insert(self.top, b);
+        if let Some(old) = self.top.checked_sub(BRANCHES_KEPT).filter(|g| *g >= 1) {
+            self.kept.remove(&old);
+        }
+        self.top
+    }
+
+    /// Are branch `g`'s events refused: another open, newer branch relayed after `g` started,
+    /// or `g` is older than every branch kept? A branch's first events never are, an ended
+    /// branch's never are, nor a number never handed out.
+    fn overtaken(&self, g: u64) -> bool {
+        match self.kept.get(&g) {
+            None => g < self.top,
+            Some(Branch {
+                open: true,
+                first: Some(first),
+                ..
+            }) => self
+                .kept
+                .range(g.saturating_add(1)..)
+                .any(|(_, h)| h.open && h.latest.is_some_and(|l| l > *first)),
+            Some(_) => false,
+        }
+    }
+
+    /// Branch `g`'s events were accepted at store order `tick` (an ended branch keeps its order).
+    fn relayed(&mut self, g: u64, tick: u64) {
+        if let Some(b) = self.kept.get_mut(&g).filter(|b| b.open) {
+            b.first.get_or_insert(tick);
+            b.latest = Some(tick);
+        }
+    }
+
+    /// Mark `g` ended; is another branch numbered 1 or more still open?
+    fn end(&mut self, g: u64) -> bool {
+        if let Some(b) = self.kept.get_mut(&g) {
+            b.open = false;
+        }
+        self.kept.iter().any(|(h, b)| *h >= 1 && b.open)
+    }
+}
+
+/// Is `new` another event than `recorded` (the id differs, or both have a digest and it does)?
+fn diverges(recorded: &str, new: &str) -> bool {
+    let (rid, rdigest) = split_recorded(recorded);
+    let (nid, ndigest) = split_recorded(new);
+    rid != nid || matches!((rdigest, ndigest), (Some(a), Some(b)) if a != b)
 }
 
 /// Per-entry estimates for the byte cap (map node, string header, key).
 const SESSION_OVERHEAD: usize = 256;
 const INCARNATION_OVERHEAD: usize = 256;
 const ENTRY_OVERHEAD: usize = 64;
+const BRANCH_OVERHEAD: usize = 64;
 
 fn entry_cost(id: &str) -> usize {
     ENTRY_OVERHEAD + id.len()
@@ -93,6 +190,10 @@ impl Incarnation {
     fn cost(&self) -> usize {
         INCARNATION_OVERHEAD
             + self.entry_bytes
+            + self
+                .branches
+                .as_ref()
+                .map_or(0, |b| b.kept.len() * BRANCH_OVERHEAD)
             + self.opened.as_ref().map_or(0, |o| {
                 o.owner.len() + o.request_id.as_ref().map_or(0, String::len)
             })
@@ -160,7 +261,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::StreamOpen { session, .. }
         | Record::Events { session, .. }
         | Record::StreamLost { session, .. }
-        | Record::OwnerFailed { session, .. } => Some(session),
+        | Record::OwnerFailed { session, .. }
+        | Record::BranchEnd { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }
@@ -344,8 +446,8 @@ impl Inner {
             .map(|(_, id)| id.clone())
     }
 
-    /// Apply one record; `Err` names why a `session_open` was refused.
-    fn apply_one(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), String> {
+    /// Apply one record; `Err` names why it was refused.
+    fn apply_one(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), Refused> {
         let Some(key) = session_of(r) else {
             return self.apply_record(r, now_ms, limits);
         };
@@ -375,13 +477,13 @@ impl Inner {
         evict(s, limits.max_incarnations_per_session, incarnation);
     }
 
-    fn apply_record(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), String> {
+    fn apply_record(&mut self, r: &Record, now_ms: u64, limits: &Limits) -> Result<(), Refused> {
         match r {
             Record::SessionOpen { session, version } => {
                 if !self.sessions.contains_key(session) {
                     if let Err(why) = self.admit(now_ms, limits) {
                         self.last_refused = Some(now_ms);
-                        return Err(why);
+                        return Err((STORE_FULL, why));
                     }
                     // What landed before the open (a pending entry) becomes the session: its
                     // streams, events and an end already recorded (ended is final).
@@ -475,12 +577,20 @@ impl Inner {
                 first_seq,
                 ids,
                 long,
+                branch,
             } => {
                 let tick = self.next_tick();
                 let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
                 if !ids.is_empty() {
+                    if let Err(refused) = arbitrate(inc, incarnation, *branch, *first_seq, ids) {
+                        evict(s, limits.max_incarnations_per_session, incarnation);
+                        return Err(refused);
+                    }
+                    if let Some(b) = &mut inc.branches {
+                        b.relayed(*branch, tick);
+                    }
                     // The owner relayed again: an earlier failure passed.
                     inc.failed_since = None;
                 }
@@ -522,8 +632,53 @@ impl Inner {
                 let e = self.owner_epochs.entry(owner.clone()).or_insert(0);
                 *e = e.saturating_add(1).max(now_ms);
             }
+            Record::BranchEnd {
+                session,
+                incarnation,
+                branch,
+            } => {
+                self.end_branch(session, incarnation, *branch);
+            }
         }
         Ok(())
+    }
+
+    /// The branch table of a known incarnation (an opened or a pending session), if it has one.
+    fn branches_mut(&mut self, session: &str, incarnation: &str) -> Option<&mut Branches> {
+        let s = match self.sessions.get_mut(session) {
+            Some(s) => s,
+            None => self.pending.get_mut(session)?,
+        };
+        s.incarnations.get_mut(incarnation)?.branches.as_mut()
+    }
+
+    fn end_branch(&mut self, session: &str, incarnation: &str, branch: u64) -> bool {
+        self.branches_mut(session, incarnation)
+            .is_some_and(|b| b.end(branch))
+    }
+
+    /// The next branch of an opened incarnation of an active session (`None` otherwise).
+    fn open_branch(
+        &mut self,
+        session: &str,
+        incarnation: &str,
+        now_ms: u64,
+        limits: &Limits,
+    ) -> Option<u64> {
+        self.expire_one(session, now_ms, limits);
+        let before = self.cost_of(session);
+        let inc = self
+            .sessions
+            .get_mut(session)
+            .filter(|s| s.state == SessionState::Active)?
+            .incarnations
+            .get_mut(incarnation)
+            .filter(|i| i.opened.is_some())?;
+        let n = inc.branches.get_or_insert_with(Branches::new).open_next();
+        let after = self.cost_of(session);
+        self.bytes = (self.bytes + after).saturating_sub(before);
+        self.enforce_caps(session, limits);
+        Some(n)
     }
 
     fn snapshot(&mut self, q: SnapshotQuery<'_>, now_ms: u64, limits: &Limits) -> Facts {
@@ -639,6 +794,49 @@ fn contiguity(
     (want.saturating_add(1), Vec::new())
 }
 
+/// The arbiter's word on `events` of `branch` (non-empty `ids` from `first`): refused when a
+/// newer branch overtook it, or when a seq at or below the head is recorded with another event
+/// (then the incarnation is lost: its replica diverged from the log). Appends past the head
+/// cost nothing here.
+fn arbitrate(
+    inc: &mut Incarnation,
+    incarnation: &str,
+    branch: u64,
+    first: u64,
+    ids: &[String],
+) -> Result<(), Refused> {
+    if inc.branches.as_ref().is_some_and(|b| b.overtaken(branch)) {
+        return Err((
+            REJECTED_FORKED,
+            format!("branch {branch} of incarnation {incarnation} was overtaken by a newer one"),
+        ));
+    }
+    let below_head = inc
+        .head
+        .checked_sub(first)
+        .map_or(0, |d| d.saturating_add(1));
+    let recorded = ids
+        .iter()
+        .take(usize::try_from(below_head).unwrap_or(usize::MAX))
+        .enumerate()
+        .find_map(|(i, id)| {
+            let seq = first.saturating_add(i as u64);
+            let r = inc.window.get(&seq)?;
+            diverges(r, id).then_some(seq)
+        });
+    if let Some(seq) = recorded {
+        inc.lost = true;
+        return Err((
+            REJECTED_MISMATCH,
+            format!(
+                "seq {seq} of incarnation {incarnation} is recorded with another event: \
+                 the replica diverged, the incarnation is lost"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Keep at most `max` incarnations, dropping the least recently recorded (never `keep`).
 fn evict(s: &mut Session, max: usize, keep: &str) {
     while s.incarnations.len() > max.max(1) {
@@ -667,10 +865,10 @@ impl Store for MemoryStore {
         {
             let mut inner = self.lock();
             for (index, r) in records.iter().enumerate() {
-                if let Err(detail) = inner.apply_one(r, now_ms, &self.limits) {
+                if let Err((error, detail)) = inner.apply_one(r, now_ms, &self.limits) {
                     out.refused.push(Refusal {
                         index,
-                        error: STORE_FULL,
+                        error,
                         detail,
                     });
                 }
@@ -679,6 +877,27 @@ impl Store for MemoryStore {
         // Wake resumes waiting for in-flight records.
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
         Ok(out)
+    }
+
+    async fn open_branch(
+        &self,
+        session: &str,
+        incarnation: &str,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .lock()
+            .open_branch(session, incarnation, now_ms, &self.limits))
+    }
+
+    async fn end_branch(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        _now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(self.lock().end_branch(session, incarnation, branch))
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

@@ -2,7 +2,7 @@
 //! is bounded whatever clients send.
 use std::time::Duration;
 
-use mcp_resume_core::ownership::{Reason, Record};
+use mcp_resume_core::ownership::{Reason, Record, REJECTED_FORKED, REJECTED_MISMATCH};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +22,11 @@ pub struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +54,9 @@ pub struct Metrics {
     pub records_rejected: Counter,
     pub sessions_refused: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
+    pub branches: Family<OutcomeLabels, Counter>,
+    pub branch_ends: Family<OutcomeLabels, Counter>,
+    pub events_refused: Family<ErrorLabels, Counter>,
     pub store_latency: HistogramFamily,
     pub store_errors: Family<OpLabels, Counter>,
     pub sessions: Gauge,
@@ -61,7 +69,20 @@ pub struct Metrics {
 }
 
 /// Store operations as they appear in the `op` label.
-pub const STORE_OPS: [&str; 5] = ["apply", "snapshot", "health", "stats", "sweep"];
+pub const STORE_OPS: [&str; 7] = [
+    "apply",
+    "snapshot",
+    "open_branch",
+    "end_branch",
+    "health",
+    "stats",
+    "sweep",
+];
+
+/// How a continuation's branch was registered (`branches` counter).
+pub const BRANCH_OUTCOMES: [&str; 3] = ["registered", "unregistered", "store_error"];
+/// The store's answers to `POST /v1/branch` (`branch_ends` counter).
+pub const BRANCH_END_OUTCOMES: [&str; 2] = ["forked", "not_forked"];
 
 /// Record types as they appear in the `type` label.
 pub fn record_type(r: &Record) -> &'static str {
@@ -73,6 +94,7 @@ pub fn record_type(r: &Record) -> &'static str {
         Record::StreamLost { .. } => "stream_lost",
         Record::OwnerFailed { .. } => "owner_failed",
         Record::OwnerGone { .. } => "owner_gone",
+        Record::BranchEnd { .. } => "branch_end",
     }
 }
 
@@ -92,6 +114,9 @@ impl Metrics {
         let sessions_refused = Counter::default();
         let pending = Gauge::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
+        let branches = Family::<OutcomeLabels, Counter>::default();
+        let branch_ends = Family::<OutcomeLabels, Counter>::default();
+        let events_refused = Family::<ErrorLabels, Counter>::default();
         let store_latency: HistogramFamily = Family::new_with_constructor(store_latency_histogram);
         let store_errors = Family::<OpLabels, Counter>::default();
         let sessions = Gauge::default();
@@ -131,6 +156,21 @@ impl Metrics {
             "mcp_ownership_resume_waits",
             "Resumes that waited for in-flight records, by the verdict they got: continue or new_stream",
             resume_waits.clone(),
+        );
+        registry.register(
+            "mcp_ownership_branches",
+            "Continuations by how their branch was registered: registered (numbered), unregistered (the store refused the write or no longer has the incarnation) or store_error; the last two continue unarbitrated",
+            branches.clone(),
+        );
+        registry.register(
+            "mcp_ownership_branch_ends",
+            "POST /v1/branch answers: forked (another branch of the incarnation is open: the replica ended this one for a newer reader) or not_forked",
+            branch_ends.clone(),
+        );
+        registry.register(
+            "mcp_ownership_events_refused",
+            "events records refused by the arbiter: forked (a newer branch overtook theirs) or replay_mismatch (their seqs are recorded with other events; the incarnation is lost)",
+            events_refused.clone(),
         );
         registry.register(
             "mcp_ownership_store_operation_duration_seconds",
@@ -192,6 +232,15 @@ impl Metrics {
         for op in STORE_OPS {
             let _ = store_errors.get_or_create(&OpLabels { op });
         }
+        for outcome in BRANCH_OUTCOMES {
+            let _ = branches.get_or_create(&OutcomeLabels { outcome });
+        }
+        for outcome in BRANCH_END_OUTCOMES {
+            let _ = branch_ends.get_or_create(&OutcomeLabels { outcome });
+        }
+        for error in [REJECTED_FORKED, REJECTED_MISMATCH] {
+            let _ = events_refused.get_or_create(&ErrorLabels { error });
+        }
 
         Metrics {
             registry,
@@ -201,6 +250,9 @@ impl Metrics {
             records_rejected,
             sessions_refused,
             resume_waits,
+            branches,
+            branch_ends,
+            events_refused,
             store_latency,
             store_errors,
             sessions,

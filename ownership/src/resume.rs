@@ -7,7 +7,7 @@ use mcp_resume_core::decision::{decide, SessionState};
 use mcp_resume_core::ownership::{Reason, ResumeQuery, ResumeVerdict};
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OutcomeLabels};
 use crate::store::{CursorId, Facts, SnapshotQuery, Store, StoreError};
 
 /// Longest pause between two snapshots while waiting for in-flight records.
@@ -76,7 +76,7 @@ pub async fn resolve<S: Store>(
         if !waiting || Instant::now() >= deadline {
             return Ok(Resolution {
                 waited: waited.then_some(outcome.is_ok()),
-                verdict,
+                verdict: with_branch(store, q, verdict, now_ms(), metrics).await,
             });
         }
         waited = true;
@@ -89,6 +89,32 @@ pub async fn resolve<S: Store>(
             Ok(Err(_)) => tokio::time::sleep_until(wake).await,
         }
     }
+}
+
+/// A continuation is a new branch of its incarnation: the store numbers it (docs/forks.md).
+/// A store that cannot never turns the continuation into a refusal: it goes on unarbitrated
+/// (no `branch`), and is counted.
+async fn with_branch<S: Store>(
+    store: &S,
+    q: &ResumeQuery,
+    mut verdict: ResumeVerdict,
+    now_ms: u64,
+    metrics: &Metrics,
+) -> ResumeVerdict {
+    if let ResumeVerdict::Continue { branch, .. } = &mut verdict {
+        let opened = store.open_branch(&q.session, &q.incarnation, now_ms);
+        let (number, outcome) = match timed(metrics, "open_branch", opened).await {
+            Ok(Some(n)) => (Some(n), "registered"),
+            Ok(None) => (None, "unregistered"),
+            Err(_) => (None, "store_error"),
+        };
+        *branch = number;
+        metrics
+            .branches
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+    verdict
 }
 
 fn snapshot_query<'a>(q: &'a ResumeQuery, opts: &ResumeOptions) -> SnapshotQuery<'a> {
@@ -119,6 +145,7 @@ fn to_verdict(outcome: Result<(), Reason>, facts: Facts) -> ResumeVerdict {
                 expected: inc.expected,
                 head: inc.facts.head,
                 resume_id,
+                branch: None,
             }
         }
         // `decide` never says Ok without an incarnation; fail closed if it ever did.

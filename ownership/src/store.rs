@@ -40,6 +40,10 @@ pub struct Limits {
     pub owner_failure_window_ms: u64,
 }
 
+/// Continuations an incarnation's branch table keeps (the newest, besides branch 0); an older
+/// one's events count as overtaken.
+pub const BRANCHES_KEPT: u64 = 16;
+
 /// Percent of a byte budget above which new sessions are refused.
 pub const HIGH_WATER_PERCENT: usize = 90;
 
@@ -97,7 +101,9 @@ pub struct Applied {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub index: usize,
-    /// A named problem: [`STORE_FULL`].
+    /// A named problem: [`STORE_FULL`] (a `session_open` without room), or for `events`
+    /// [`REJECTED_FORKED`](mcp_resume_core::ownership::REJECTED_FORKED) (a newer branch overtook theirs) or [`REJECTED_MISMATCH`](mcp_resume_core::ownership::REJECTED_MISMATCH) (their
+    /// seqs are recorded with other events; the incarnation is then lost).
     pub error: &'static str,
     pub detail: String,
 }
@@ -217,12 +223,48 @@ pub trait Store: Send + Sync + 'static {
     /// a shared store need not make the whole batch atomic. Touches the idle timer of every
     /// session named. A `session_open` the store has no room for is refused ([`STORE_FULL`])
     /// rather than evicting a session active within the idle TTL; a record for a session never
-    /// opened is held apart as pending (see [`Limits::max_pending_sessions`]).
+    /// opened is held apart as pending (see [`Limits::max_pending_sessions`]). `events` whose
+    /// seqs at or below the recorded head are recorded with other events (id, or digest when
+    /// both have one) are refused ([`REJECTED_MISMATCH`](mcp_resume_core::ownership::REJECTED_MISMATCH)) and the incarnation is marked lost;
+    /// `events` of an overtaken branch are refused ([`REJECTED_FORKED`](mcp_resume_core::ownership::REJECTED_FORKED), see
+    /// [`Store::open_branch`]). A `branch_end` marks a known branch ended, and does nothing else.
     fn apply(
         &self,
         records: &[Record],
         now_ms: u64,
     ) -> impl Future<Output = Result<Applied, StoreError>> + Send;
+
+    /// Register the next branch of an opened incarnation (1, 2, … in the store's own order,
+    /// atomically for every instance of a shared store) as open, and return its number. The
+    /// incarnation's branch table is made by its first call, with branch 0 (its first
+    /// response) open and relaying from the start; it keeps the newest [`BRANCHES_KEPT`]
+    /// continuations.
+    /// `None`: the incarnation is not opened here, or the store refused the write (a resume
+    /// never fails for it: the branch is then not arbitrated).
+    ///
+    /// With a table, `apply` arbitrates the incarnation's `events` (docs/forks.md): the events
+    /// of branch `g` are refused ([`REJECTED_FORKED`](mcp_resume_core::ownership::REJECTED_FORKED)) when another open branch `h > g` had
+    /// events accepted after `g`'s first accepted ones, or when `g` is older than every branch
+    /// kept. A branch's first events are always accepted; an ended branch's events are applied
+    /// but never move its order. Without a table (no continuation registered) events are
+    /// applied as they come.
+    fn open_branch(
+        &self,
+        session: &str,
+        incarnation: &str,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Mark a branch ended (as a `branch_end` record does) and say whether another branch
+    /// numbered 1 or more of the incarnation is still open: the replica ended this one for a
+    /// newer reader (`forked`). Branch 0 never counts. No table: `false`, nothing written.
+    fn end_branch(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Atomically read the facts about one cursor, and touch the session's idle timer when
     /// it is active.

@@ -118,6 +118,7 @@ async fn without_the_token_every_endpoint_is_401_and_nothing_changes() {
     let app = app_with(auth(&dir, &format!("# guards\n{GUARD}\n"), Some(ADMIN)));
     let records = setup_records().to_string();
     let gone = json!({"owner": X}).to_string();
+    let branch = json!({"session": S1, "incarnation": A, "branch": 1}).to_string();
     let huge = "x".repeat(4 << 20);
     let wrong = [
         None,
@@ -130,6 +131,7 @@ async fn without_the_token_every_endpoint_is_401_and_nothing_changes() {
             (Method::POST, "/v1/records", records.as_str()),
             (Method::POST, "/v1/resume", &resume_body()),
             (Method::POST, "/v1/owners/gone", gone.as_str()),
+            (Method::POST, "/v1/branch", branch.as_str()),
             (Method::GET, "/metrics", ""),
             (Method::GET, "/nowhere", ""),
             (Method::GET, "/v1/records", ""),
@@ -194,6 +196,25 @@ async fn without_the_token_every_endpoint_is_401_and_nothing_changes() {
     assert_eq!(st, StatusCode::UNAUTHORIZED);
     let (st, _) = call(&app, Method::POST, "/v1/resume", Some(ADMIN), resume_body()).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let (st, _) = call(
+        &app,
+        Method::POST,
+        "/v1/branch",
+        Some(ADMIN),
+        branch.clone(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    // The guard's token asks about a branch's end (the two resumes above made branches 1, 2).
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/v1/branch",
+        Some(GUARD),
+        branch.clone(),
+    )
+    .await;
+    assert_eq!((st, text.as_str()), (StatusCode::OK, r#"{"forked":true}"#));
     let (st, text) = call(
         &app,
         Method::POST,

@@ -108,7 +108,7 @@ async fn records_then_resume() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         v,
-        json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3})
+        json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3, "branch": 1})
     );
     let (st, v) = post(&app, "/v1/resume", resume_body(B, 1)).await;
     assert_eq!(st, StatusCode::OK);
@@ -255,7 +255,7 @@ async fn a_bad_record_is_named_and_the_others_apply() {
     let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
     assert_eq!(
         v,
-        json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3})
+        json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3, "branch": 1})
     );
 
     for (owner, ok) in [
@@ -369,17 +369,17 @@ async fn long_ids_round_trip_over_http() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         v,
-        json!({"verdict": "continue", "owner": X, "expected": [d1500, "e5", d16k], "head": 6})
+        json!({"verdict": "continue", "owner": X, "expected": [d1500, "e5", d16k], "head": 6, "branch": 1})
     );
     let (_, v) = post(&app, "/v1/resume", resume_body(A, 4)).await;
     assert_eq!(
         v,
-        json!({"verdict": "continue", "owner": X, "expected": ["e5", d16k], "head": 6, "resume_id": l1500})
+        json!({"verdict": "continue", "owner": X, "expected": ["e5", d16k], "head": 6, "resume_id": l1500, "branch": 2})
     );
     let (_, v) = post(&app, "/v1/resume", resume_body(A, 6)).await;
     assert_eq!(
         v,
-        json!({"verdict": "continue", "owner": X, "expected": [], "head": 6, "resume_id": l16k})
+        json!({"verdict": "continue", "owner": X, "expected": [], "head": 6, "resume_id": l16k, "branch": 3})
     );
 }
 
@@ -536,7 +536,7 @@ async fn resume_waits_for_in_flight_records() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         v,
-        json!({"verdict": "continue", "owner": X, "expected": ["e3"], "head": 3})
+        json!({"verdict": "continue", "owner": X, "expected": ["e3"], "head": 3, "branch": 1})
     );
     let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
     assert!(
@@ -578,6 +578,12 @@ impl Store for DownStore {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
+    }
+    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<Option<u64>, StoreError> {
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
+    }
+    async fn end_branch(&self, _: &str, _: &str, _: u64, _: u64) -> Result<bool, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     fn changes(&self) -> watch::Receiver<u64> {
@@ -624,6 +630,16 @@ async fn store_failure_is_503() {
         serde_json::from_str::<Value>(&text).unwrap(),
         json!({"status": "unavailable", "store": "down", "detail": "unavailable"})
     );
+    let branch = json!({"session": S1, "incarnation": A, "branch": 1});
+    let (st, body) = post(&app, "/v1/branch", branch).await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "down: unavailable",
+    );
+    assert!(!body.to_string().contains("hunter2"), "{body}");
     // Validation still comes first: bad input is 400 even when the store is down.
     let (st, _) = post(&app, "/v1/resume", json!({"nope": 1})).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
@@ -713,7 +729,7 @@ async fn socket_end_to_end() {
     assert_eq!(st, 200);
     assert_eq!(
         serde_json::from_str::<Value>(&body).unwrap(),
-        json!({"verdict": "continue", "owner": X, "expected": [], "head": 3})
+        json!({"verdict": "continue", "owner": X, "expected": [], "head": 3, "branch": 1})
     );
 
     let (st, _, body) = raw(addr, "POST", "/v1/resume", Some("{\"session\": 5}")).await;
@@ -816,6 +832,12 @@ impl Store for Deaf {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
+    async fn open_branch(&self, s: &str, i: &str, now: u64) -> Result<Option<u64>, StoreError> {
+        self.0.open_branch(s, i, now).await
+    }
+    async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
+        self.0.end_branch(s, i, b, now).await
+    }
     fn changes(&self) -> watch::Receiver<u64> {
         // Sender dropped at once: `changed()` errors immediately, forever.
         watch::channel(0).1
@@ -897,5 +919,181 @@ async fn store_full_is_named_counted_and_explains_the_verdict() {
         "mcp_ownership_sessions 1",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+}
+
+/// `POST /v1/branch`: the store marks the branch ended and answers whether another branch of
+/// the incarnation is open; a bad body is a named 400. Records refused by the arbiter are named
+/// in `rejected` (`forked`, `replay_mismatch`); all of it is counted.
+#[tokio::test]
+async fn branch_endpoint_and_refused_events() {
+    let app = app();
+    post(&app, "/v1/records", setup_records()).await;
+    for want in 1..=2 {
+        let (_, v) = post(&app, "/v1/resume", resume_body(A, 3)).await;
+        assert_eq!(v["branch"], want, "{v}");
+    }
+    let ask = |branch: u64, inc: &str| json!({"session": S1, "incarnation": inc, "branch": branch});
+    for (q, forked) in [(ask(2, A), true), (ask(1, A), false), (ask(1, B), false)] {
+        let (st, v) = post(&app, "/v1/branch", q.clone()).await;
+        assert_eq!((st, v), (StatusCode::OK, json!({"forked": forked})), "{q}");
+    }
+    for (body, error, detail) in [
+        (
+            json!({"session": "XYZ", "incarnation": A, "branch": 1}),
+            "bad_field",
+            "session",
+        ),
+        (
+            json!({"session": S1, "incarnation": "aa", "branch": 1}),
+            "bad_field",
+            "incarnation",
+        ),
+        (
+            json!({"session": S1, "incarnation": A}),
+            "bad_field",
+            "branch",
+        ),
+        (
+            json!({"session": S1, "incarnation": A, "branch": -1}),
+            "bad_field",
+            "branch",
+        ),
+        (
+            ask(1, A).as_object().map_or(json!(null), |o| {
+                let mut o = o.clone();
+                o.insert("extra".into(), json!(1));
+                Value::Object(o)
+            }),
+            "bad_field",
+            "extra",
+        ),
+    ] {
+        let (st, v) = post(&app, "/v1/branch", body.clone()).await;
+        assert_error(st, &v, StatusCode::BAD_REQUEST, error, detail);
+    }
+    let (st, text) = call(
+        &app,
+        Method::POST,
+        "/v1/branch",
+        Some("application/json"),
+        "{",
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{text}");
+    let (st, _) = call(&app, Method::POST, "/v1/branch", Some("text/plain"), "{}").await;
+    assert_eq!(st, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (st, _) = call(&app, Method::GET, "/v1/branch", None, Body::empty()).await;
+    assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
+
+    // Branches 3 and 4 relay at once: 3's next events are refused; then 4 replays another
+    // event at a recorded seq.
+    for _ in 0..2 {
+        post(&app, "/v1/resume", resume_body(A, 3)).await;
+    }
+    let ev = |branch: u64, first: u64, ids: &[&str]| {
+        json!({"type": "events", "session": S1, "incarnation": A, "first_seq": first,
+               "ids": ids, "branch": branch})
+    };
+    let batch = json!({"records": [ev(3, 4, &["e4"]), ev(4, 4, &["e4"]), ev(3, 5, &["e5"]),
+                                   ev(4, 5, &["other"]), ev(4, 6, &["e6"])]});
+    let (st, ack) = post(&app, "/v1/records", batch).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(ack["applied"], 4, "{ack}");
+    let refused: Vec<(u64, &str)> = ack["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["index"].as_u64().unwrap(), r["error"].as_str().unwrap()))
+        .collect();
+    assert_eq!(refused, [(2, "forked")], "{ack}");
+    let batch = json!({"records": [ev(4, 4, &["other"])]});
+    let (_, ack) = post(&app, "/v1/records", batch).await;
+    assert_eq!(ack["rejected"][0]["error"], "replay_mismatch", "{ack}");
+    assert!(
+        ack["rejected"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("records[0]: "),
+        "{ack}"
+    );
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 3)).await;
+    assert_eq!(v["reason"], "owner_unavailable", "{v}");
+
+    let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    for line in [
+        "mcp_ownership_http_requests_total{endpoint=\"branch\",code=\"200\"} 3",
+        "mcp_ownership_http_requests_total{endpoint=\"branch\",code=\"400\"} 6",
+        "mcp_ownership_branch_ends_total{outcome=\"forked\"} 1",
+        "mcp_ownership_branch_ends_total{outcome=\"not_forked\"} 2",
+        "mcp_ownership_branches_total{outcome=\"registered\"} 4",
+        "mcp_ownership_branches_total{outcome=\"store_error\"} 0",
+        "mcp_ownership_events_refused_total{error=\"forked\"} 1",
+        "mcp_ownership_events_refused_total{error=\"replay_mismatch\"} 1",
+        "mcp_ownership_sessions_refused_total 0",
+        "mcp_ownership_records_applied_total{type=\"events\"} 5",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+}
+
+/// A store that answers everything but cannot register branches.
+struct NoBranches(MemoryStore);
+
+impl Store for NoBranches {
+    fn name(&self) -> &'static str {
+        "no-branches"
+    }
+    async fn apply(&self, r: &[Record], now: u64) -> Result<Applied, StoreError> {
+        self.0.apply(r, now).await
+    }
+    async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
+        self.0.snapshot(q, now).await
+    }
+    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<Option<u64>, StoreError> {
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
+    }
+    async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
+        self.0.end_branch(s, i, b, now).await
+    }
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.0.changes()
+    }
+    async fn health(&self) -> Result<(), StoreError> {
+        self.0.health().await
+    }
+    async fn stats(&self, now: u64) -> Result<StoreStats, StoreError> {
+        self.0.stats(now).await
+    }
+    async fn sweep(&self, now: u64) -> Result<usize, StoreError> {
+        self.0.sweep(now).await
+    }
+}
+
+/// A store error while registering the branch never turns a continuation into a refusal: the
+/// verdict continues without a branch, and it is counted.
+#[tokio::test]
+async fn a_branch_the_store_cannot_register_still_continues() {
+    let app = router(AppState::new(
+        NoBranches(MemoryStore::new(Limits::default())),
+        opts(0),
+    ));
+    post(&app, "/v1/records", setup_records()).await;
+    let (st, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(
+        (st, v),
+        (
+            StatusCode::OK,
+            json!({"verdict": "continue", "owner": X, "expected": ["e2", "e3"], "head": 3})
+        )
+    );
+    let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    for line in [
+        "mcp_ownership_branches_total{outcome=\"store_error\"} 1",
+        "mcp_ownership_branches_total{outcome=\"registered\"} 0",
+        "mcp_ownership_store_errors_total{op=\"open_branch\"} 1",
+        "mcp_ownership_verdicts_total{outcome=\"continue\"} 1",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
     }
 }

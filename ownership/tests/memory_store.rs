@@ -37,6 +37,7 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
                     .map(|i| format!("{i:0>width$}", width = ID_BYTES))
                     .collect(),
                 long: Vec::new(),
+                branch: 0,
             },
         ]
     };
@@ -64,8 +65,10 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
     assert_eq!(st.evicted, 0, "{st:?}");
     assert!(refused >= fillers - 100, "{refused} refused: {st:?}");
     assert!(st.sessions > 10, "the cap is not a wipe: {st:?}");
+    // Sessions already open keep growing past the high water mark: the live session's
+    // resumes are continuations, whose branch table (at most 16 entries) it holds too.
     assert!(
-        st.bytes <= (CAP / 100 * mcp_ownership::store::HIGH_WATER_PERCENT) as u64 + 20_000,
+        st.bytes <= (CAP / 100 * mcp_ownership::store::HIGH_WATER_PERCENT) as u64 + 22_000,
         "{st:?}"
     );
     assert_eq!(

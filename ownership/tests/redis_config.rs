@@ -234,9 +234,10 @@ async fn a_full_redis_refuses_new_sessions_first_and_still_answers() {
     let refused = s.apply(&[events(S1, B, 1, 1)], T0 + 1).await;
     assert!(refused.is_err(), "Redis refuses writes: {refused:?}");
     // A resume of the held session still continues: its last-used write is refused, the
-    // lookup is answered read-only and counted.
+    // lookup is answered read-only and counted; its branch is not registered (the write is
+    // refused), so it continues without one.
     assert_eq!(
-        resolve_with(
+        resolve_branched(
             &s,
             &query(S1, A, StreamKind::Get, 2),
             mcp_ownership::ResumeOptions {
@@ -250,6 +251,8 @@ async fn a_full_redis_refuses_new_sessions_first_and_still_answers() {
         cont(OWNER_X, ids(3, 4), 4)
     );
     assert!(s.stats(T0 + 5).await.unwrap().touch_refused >= 1);
+    // A refused branch write is an answer (no number), never a store error.
+    assert_eq!(s.open_branch(S1, A, T0 + 5).await, Ok(None));
     // The stream whose record Redis refused: records_lost, not unknown_stream.
     assert_eq!(
         verdict(&s, S1, B, StreamKind::Get, 1).await,

@@ -252,7 +252,7 @@ async fn http_503_and_metrics_when_redis_is_unreachable() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap(),
-        serde_json::json!({"verdict":"continue","owner":"10.0.0.1:8080","expected":["x2"],"head":2})
+        serde_json::json!({"verdict":"continue","owner":"10.0.0.1:8080","expected":["x2"],"head":2,"branch":1})
     );
     let (_, metrics) = call(&app, "GET", "/metrics", "").await;
     for want in [

@@ -100,21 +100,8 @@ def print_table() -> None:
 
 def read_events(s: h.SSEStream, want: int, timeout: float) -> list[h.Event]:
     """Events (comments skipped) until `want` messages, a control event, the end, or `timeout`."""
-    out: list[h.Event] = []
-    deadline = time.monotonic() + timeout
-    # A socket timeout ends the read: the buffered reader cannot be read again after one.
-    s.conn.sock.settimeout(timeout)
-    while time.monotonic() < deadline:
-        try:
-            ev = s.next_event()
-        except (ConnectionError, OSError, ValueError):
-            break
-        if ev is None:
-            break
-        out.append(ev)
-        if ev.event == "mcp-resume" or len(produced(out)) >= want:
-            break
-    return out
+    return s.read_within(timeout, lambda evs: bool(evs) and (evs[-1].event == "mcp-resume"
+                                                            or len(produced(evs)) >= want))
 
 
 def produced(events: list[h.Event]) -> list[int]:

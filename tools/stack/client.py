@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ class SSEStream(EventReader):
         self.reset = False  # the stream broke (truncated or reset), rather than ending cleanly
         # Set it to a bytearray to keep every body line read from then on (what the client saw).
         self.transcript: bytearray | None = None
+        self.deadline: float | None = None  # while `read_within` runs
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -105,6 +107,11 @@ class SSEStream(EventReader):
         return (self.header("content-type") or "").startswith("text/event-stream")
 
     def _line(self) -> bytes:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no event within the read's time")
+            self.conn.sock.settimeout(left)
         try:
             line = self.resp.readline()
         except (http.client.IncompleteRead, ConnectionError):
@@ -124,6 +131,25 @@ class SSEStream(EventReader):
         out = []
         while (ev := self.next_event()) is not None:
             out.append(ev)
+        return out
+
+    def read_within(self, timeout: float, done=lambda events: False) -> list[Event]:
+        """Events until `done(events)`, the end, or `timeout` seconds: an idle stream gives fewer,
+        never an exception (a socket timeout ends the read; the reader is not used after one)."""
+        out: list[Event] = []
+        # Per line, not per event: a stream of comments (keep-alives) must not outlast it.
+        self.deadline = time.monotonic() + timeout
+        try:
+            while not done(out):
+                try:
+                    ev = self.next_event()
+                except (OSError, ValueError, AttributeError):
+                    break
+                if ev is None:
+                    break
+                out.append(ev)
+        finally:
+            self.deadline = None
         return out
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ use mcp_resume_core::config::Config;
 use mcp_resume_core::cursor::{Key, Keyring};
 use mcp_resume_core::host::MockHost;
 use mcp_resume_core::ownership::StreamKind;
-use mcp_resume_core::records::RecordQueue;
+use mcp_resume_core::records::{RecordQueue, StreamKey};
 use mcp_resume_core::stream::StreamState;
 use std::time::Instant;
 
@@ -80,13 +80,18 @@ fn main() {
         if let Some((first, r)) = s.relayed() {
             ids += r.len();
             if flush_every > 0 {
-                queue.push_events(&mut host, session, incarnation, first, r.iter());
+                let key = StreamKey {
+                    session,
+                    incarnation,
+                    branch: 0,
+                };
+                queue.push_events(&mut host, &key, first, r.iter());
             }
         }
         s.clear_relayed();
         max_held = max_held.max(s.held_bytes());
         if flush_every > 0 && (i + 1) % flush_every == 0 {
-            queue.on_response(&mut host, token, Some(200), None);
+            let _ = queue.on_response(&mut host, token, Some(200), None);
             host.take();
             queue.flush(&mut host);
             token = host.next_token.wrapping_sub(1);

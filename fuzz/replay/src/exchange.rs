@@ -608,7 +608,7 @@ impl Run {
             assert!(eos, "a chunk before the end was held");
             let token = self.exs.get(i).and_then(|x| x.token);
             assert!(token.is_some(), "held without asking");
-            let forked = chunk.len() % 2 == 0;
+            let forked = chunk.len().is_multiple_of(2);
             let answer = format!(r#"{{"forked":{forked}}}"#);
             if let (Some(x), Some(token)) = (self.exs.get_mut(i), token) {
                 x.token = None;

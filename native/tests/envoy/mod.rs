@@ -6,7 +6,8 @@
 
 use mcp_resume_guard_native::abi::{
     ConfigSchedulerPtr, EnvoyBuffer, HttpFilterConfigEnvoyPtr, HttpFilterEnvoyPtr, HttpHeader,
-    ModuleBuffer, CALLOUT_INIT_SUCCESS, CALLOUT_SUCCESS, METRICS_SUCCESS, RECEIVED_REQUEST_BODY,
+    ModuleBuffer, BODY_CONTINUE, BODY_STOP_AND_BUFFER, BUFFERED_RESPONSE_BODY,
+    CALLOUT_INIT_SUCCESS, CALLOUT_SUCCESS, METRICS_SUCCESS, RECEIVED_REQUEST_BODY,
     RECEIVED_RESPONSE_BODY, REQUEST_HEADERS, RESPONSE_HEADERS,
 };
 use std::cell::RefCell;
@@ -110,8 +111,16 @@ pub struct Stream {
     pub response_headers: Headers,
     /// The request body data of the current hook.
     pub request_body: Vec<u8>,
-    /// The response body data of the current hook.
+    /// The response body data of the current hook (reachable during the body hook only).
     pub response_body: Vec<u8>,
+    /// A response body hook is running: its chunk is the received body.
+    pub in_response_body_hook: bool,
+    /// The response body a body hook held (StopIterationAndBuffer), until `continue_encoding`.
+    pub buffered_response_body: Option<Vec<u8>>,
+    /// `continue_encoding` calls.
+    pub encoding_continued: u32,
+    /// Envoy completed the stream and destroyed its filter.
+    pub ended: bool,
     pub upstream_body: Vec<u8>,
     pub client_body: Vec<u8>,
     pub attributes: HashMap<u32, Vec<u8>>,
@@ -141,6 +150,9 @@ pub struct Envoy {
     pub module_config: usize,
     /// Answer the next stream callout inside `http_callout` itself: status, body.
     pub answer_inline: Option<(u32, Vec<u8>)>,
+    /// Complete the stream (stream-complete, then destroy) inside `continue_encoding` and
+    /// `reset_stream`, as Envoy does when that call sends the response's last byte or resets it.
+    pub complete_inline: bool,
     next_callout: u64,
 }
 
@@ -406,7 +418,6 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(
         let mut h = vec![(":status".to_string(), status_code.to_string().into_bytes())];
         h.extend(reply.headers.iter().cloned());
         s.response_headers = h;
-        s.response_body = reply.body.clone();
         s.replies.push(reply.clone());
         s.module_filter
     });
@@ -414,13 +425,49 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(
     let eos = reply.body.is_empty();
     envoy_dynamic_module_on_http_filter_response_headers(filter, f, eos);
     if !eos {
-        let r = envoy_dynamic_module_on_http_filter_response_body(filter, f, true);
-        stream(filter, |s| {
-            if r == mcp_resume_guard_native::abi::BODY_CONTINUE {
-                let b = std::mem::take(&mut s.response_body);
-                s.client_body.extend_from_slice(&b);
-            }
-        });
+        run_response_body(filter, &reply.body, true);
+    }
+}
+
+/// Runs the module's response-body hook on `chunk` as Envoy does: the chunk is the received
+/// body during the hook; what the hook lets continue reaches the client, what it holds
+/// (StopIterationAndBuffer) becomes the buffered body.
+pub unsafe fn run_response_body(filter: HttpFilterEnvoyPtr, chunk: &[u8], eos: bool) -> u32 {
+    let module_filter = stream(filter, |s| {
+        s.response_body = chunk.to_vec();
+        s.in_response_body_hook = true;
+        s.module_filter
+    });
+    let r = envoy_dynamic_module_on_http_filter_response_body(
+        filter,
+        module_filter as *const c_void,
+        eos,
+    );
+    stream(filter, |s| {
+        s.in_response_body_hook = false;
+        let b = std::mem::take(&mut s.response_body);
+        match r {
+            BODY_CONTINUE => s.client_body.extend_from_slice(&b),
+            BODY_STOP_AND_BUFFER => s
+                .buffered_response_body
+                .get_or_insert_with(Vec::new)
+                .extend_from_slice(&b),
+            _ => {}
+        }
+    });
+    r
+}
+
+/// Envoy is done with the stream: the module hears it is complete, then its filter is
+/// destroyed (once).
+pub unsafe fn complete_stream(filter: HttpFilterEnvoyPtr) {
+    let (first, module_filter) = stream(filter, |s| {
+        (!std::mem::replace(&mut s.ended, true), s.module_filter)
+    });
+    if first {
+        let f = module_filter as *const c_void;
+        envoy_dynamic_module_on_http_filter_stream_complete(filter, f);
+        envoy_dynamic_module_on_http_filter_destroy(f);
     }
 }
 
@@ -431,19 +478,43 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_continue_decoding(
     stream(filter, |s| s.continued += 1);
 }
 
+/// The held response body goes out with the end of stream.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_callback_http_filter_continue_encoding(
+    filter: HttpFilterEnvoyPtr,
+) {
+    stream(filter, |s| {
+        s.encoding_continued += 1;
+        if let Some(b) = s.buffered_response_body.take() {
+            s.client_body.extend_from_slice(&b);
+        }
+    });
+    if with(|e| e.complete_inline) {
+        unsafe { complete_stream(filter) };
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_callback_http_filter_reset_stream(
     filter: HttpFilterEnvoyPtr,
     _reason: u32,
     _details: ModuleBuffer,
 ) {
-    stream(filter, |s| s.reset = true);
+    stream(filter, |s| {
+        s.reset = true;
+        s.buffered_response_body = None;
+    });
+    if with(|e| e.complete_inline) {
+        unsafe { complete_stream(filter) };
+    }
 }
 
 fn body_of(s: &mut Stream, body_type: u32) -> Option<&mut Vec<u8>> {
     match body_type {
         RECEIVED_REQUEST_BODY => Some(&mut s.request_body),
-        RECEIVED_RESPONSE_BODY => Some(&mut s.response_body),
+        // Outside the body hook Envoy has no received chunk.
+        RECEIVED_RESPONSE_BODY if s.in_response_body_hook => Some(&mut s.response_body),
+        BUFFERED_RESPONSE_BODY => s.buffered_response_body.as_mut(),
         _ => None,
     }
 }
@@ -518,6 +589,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_append_body(
 ) -> bool {
     let data = bytes(data);
     stream(filter, |s| {
+        if body_type == BUFFERED_RESPONSE_BODY {
+            // Envoy makes the buffered body if there is none yet.
+            s.buffered_response_body
+                .get_or_insert_with(Vec::new)
+                .extend_from_slice(&data);
+            return true;
+        }
         let Some(b) = body_of(s, body_type) else {
             return false;
         };

@@ -8,9 +8,10 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `b` 1 once the incarnation has a branch table |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
+//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), and branch number → `"<open 1/0> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and the newest `BRANCHES_KEPT` numbers from 1; expires and is deleted with the incarnation |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
 //! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
 //! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
@@ -30,6 +31,7 @@ local function fmt(n) return string.format('%d', n) end
 local function ikey(inc) return base .. ':i:' .. inc end
 local function wkey(inc) return base .. ':w:' .. inc end
 local function lkey(inc) return base .. ':l:' .. inc end
+local function bkey(inc) return base .. ':b:' .. inc end
 local function chunked(cmd, key, list, step)
   for j = 1, #list, step do
     redis.call(cmd, key, unpack(list, j, math.min(j + step - 1, #list)))
@@ -37,15 +39,65 @@ local function chunked(cmd, key, list, step)
 end
 local function drop_session()
   local incs = redis.call('ZRANGE', nkey, 0, -1)
-  for _, inc in ipairs(incs) do redis.call('DEL', ikey(inc), wkey(inc), lkey(inc)) end
+  for _, inc in ipairs(incs) do redis.call('DEL', ikey(inc), wkey(inc), lkey(inc), bkey(inc)) end
   redis.call('DEL', skey, nkey)
+end
+"#;
+
+/// An incarnation's branch table (docs/forks.md), for the scripts that arbitrate with it.
+const BRANCHES: &str = r#"
+-- The table of `inc`, or nil: {top, kept = {[number] = {open, first, latest}}}.
+local function branches(inc)
+  local raw = redis.call('HGETALL', bkey(inc))
+  local t = {kept = {}}
+  for j = 1, #raw, 2 do
+    local k, v = raw[j], raw[j + 1]
+    if k == 'n' then
+      t.top = tonumber(v)
+    elseif k ~= 't' then
+      local o, f, l = string.match(v, '^(%d) (%-?%d+) (%-?%d+)$')
+      if o then t.kept[tonumber(k)] = {open = o == '1', first = tonumber(f), latest = tonumber(l)} end
+    end
+  end
+  if not t.top then return nil end
+  return t
+end
+local function put_branch(inc, g, b)
+  local o = '0'
+  if b.open then o = '1' end
+  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest))
+end
+-- Are branch g's events refused: another open, newer branch relayed after g started, or g is
+-- older than every branch kept? A branch's first events never are, nor an ended branch's,
+-- nor a number never handed out.
+local function overtaken(t, g)
+  local b = t.kept[g]
+  if not b then return g < t.top end
+  if not b.open or b.first < 0 then return false end
+  for h, e in pairs(t.kept) do
+    if h > g and e.open and e.latest > b.first then return true end
+  end
+  return false
+end
+-- Mark g ended; is another branch numbered 1 or more still open?
+local function end_branch(inc, t, g)
+  local b = t.kept[g]
+  if b and b.open then
+    b.open = false
+    put_branch(inc, g, b)
+  end
+  for h, e in pairs(t.kept) do
+    if h >= 1 and e.open then return true end
+  end
+  return false
 end
 "#;
 
 /// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, pending_ttl,
 /// type, fields… Returns what it wrote to: `a` an opened session, `p` a pending one (no
-/// `session_open` yet); for a `session_open`: `o` opened now, `k` already open, `f` refused
-/// (no room: ARGV admit was not 1).
+/// `session_open` yet), `n` nothing (`branch_end`); for a `session_open`: `o` opened now, `k`
+/// already open, `f` refused (no room: ARGV admit was not 1). `events` refused by the arbiter
+/// answer `a` or `p`, a space and the rejection's name (`forked`, `replay_mismatch`).
 const APPLY: &str = r#"
 local max_window = tonumber(ARGV[4])
 local max_incs = tonumber(ARGV[5])
@@ -99,7 +151,20 @@ local function touch_inc(inc)
   redis.call('PEXPIRE', ikey(inc), keep_ms)
   redis.call('PEXPIRE', wkey(inc), keep_ms)
   redis.call('PEXPIRE', lkey(inc), keep_ms)
+  redis.call('PEXPIRE', bkey(inc), keep_ms)
   return tk
+end
+
+-- A recorded event's id part and, when it has one, its digest part (after the last LF).
+local function split_recorded(e)
+  local id, d = string.match(e, '^(.*)\n(.*)$')
+  if id then return id, d end
+  return e, nil
+end
+local function diverges(recorded, new)
+  local ri, rd = split_recorded(recorded)
+  local ni, nd = split_recorded(new)
+  return ri ~= ni or (rd ~= nil and nd ~= nil and rd ~= nd)
 end
 
 -- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
@@ -110,7 +175,7 @@ local function evict(keep)
     local victim = c[1]
     if victim == keep then victim = c[2] end
     if not victim then break end
-    redis.call('DEL', ikey(victim), wkey(victim), lkey(victim))
+    redis.call('DEL', ikey(victim), wkey(victim), lkey(victim), bkey(victim))
     redis.call('ZREM', nkey, victim)
   end
 end
@@ -171,19 +236,43 @@ elseif typ == 'st' then
   end
   evict(inc)
 elseif typ == 'ev' then
-  -- ARGV: ..., inc, first_seq, long_kept, n_long, (seq, full id) * n_long, ids...
+  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, (seq, full id) * n_long, ids...
   local inc = ARGV[9]
   local first = tonumber(ARGV[10])
   local long_kept = tonumber(ARGV[11])
-  local n_long = tonumber(ARGV[12])
-  local ids_at = 12 + 2 * n_long
+  local branch = tonumber(ARGV[12])
+  local n_long = tonumber(ARGV[13])
+  local ids_at = 13 + 2 * n_long
   local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
+  local ik, wk = ikey(inc), wkey(inc)
+  local old_head, table_ = 0, nil
+  if n > 0 then
+    local f = redis.call('HMGET', ik, 'h', 'b')
+    old_head = tonumber(f[1] or '0')
+    -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
+    if f[2] == '1' then table_ = branches(inc) end
+    if table_ and overtaken(table_, branch) then return result .. ' forked' end
+    -- Seqs at or below the head recorded with another event: the replica diverged from the
+    -- log, and the incarnation is lost. Appends past the head read nothing.
+    local last = math.min(first + n - 1, old_head)
+    for lo = first, last, 1000 do
+      local fields = {}
+      for s = lo, math.min(lo + 999, last) do fields[#fields + 1] = fmt(s) end
+      local got = redis.call('HMGET', wk, unpack(fields))
+      for i = 1, #fields do
+        if got[i] and diverges(got[i], ARGV[ids_at + lo - first + i]) then
+          redis.call('HSET', ik, 'l', '1')
+          return result .. ' replay_mismatch'
+        end
+      end
+    end
+  end
   if n_long > 0 then
     local lk = lkey(inc)
     for j = 0, n_long - 1 do
-      redis.call('HSET', lk, ARGV[13 + 2 * j], ARGV[14 + 2 * j])
+      redis.call('HSET', lk, ARGV[14 + 2 * j], ARGV[15 + 2 * j])
     end
     -- Only the newest long_kept seqs keep their full id.
     local extra = redis.call('HLEN', lk) - long_kept
@@ -195,10 +284,8 @@ elseif typ == 'ev' then
     redis.call('PEXPIRE', lk, keep_ms)
   end
   if n > 0 then
-    local ik, wk = ikey(inc), wkey(inc)
     -- The owner relayed again: an earlier failure passed.
     redis.call('HDEL', ik, 'ff')
-    local old_head = tonumber(redis.call('HGET', ik, 'h') or '0')
     local head = math.max(old_head, first + n - 1)
     -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
     local floor = head - max_window + 1
@@ -227,8 +314,24 @@ elseif typ == 'ev' then
       end
     end
     redis.call('PEXPIRE', wk, keep_ms)
+    -- The branch's relay order (an ended branch keeps its own).
+    local b = table_ and table_.kept[branch]
+    if b and b.open then
+      local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
+      if b.first < 0 then b.first = tick end
+      b.latest = tick
+      put_branch(inc, branch, b)
+    end
   end
   evict(inc)
+elseif typ == 'be' then
+  -- ARGV: ..., inc, branch. A known branch is marked ended; nothing else is written.
+  local inc = ARGV[9]
+  if redis.call('HGET', ikey(inc), 'b') == '1' then
+    local t = branches(inc)
+    if t then end_branch(inc, t, tonumber(ARGV[10])) end
+  end
+  return 'n'
 elseif typ == 'of' then
   session_for_write('a')
   touch_inc(ARGV[9])
@@ -271,7 +374,7 @@ if not lu or sf[2] == '1' then return {0} end
 -- Idle past the TTL: reads as expired; the sweep (or the next write) frees it.
 if now - tonumber(lu) > ttl then return {3} end
 local st = redis.call('HGET', skey, 'st')
-local ik, wk, lk = ikey(inc), wkey(inc), lkey(inc)
+local ik, wk, lk, bk = ikey(inc), wkey(inc), lkey(inc), bkey(inc)
 local code = 3
 if st == 'a' then code = 1 elseif st == 't' then code = 2 end
 if st == 'a' then
@@ -288,6 +391,7 @@ if st == 'a' then
   try('PEXPIRE', ik, keep_ms)
   try('PEXPIRE', wk, keep_ms)
   try('PEXPIRE', lk, keep_ms)
+  try('PEXPIRE', bk, keep_ms)
   if refused then code = code + 10 end
 end
 local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq')
@@ -356,6 +460,38 @@ for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;
 
+/// A continuation's branch. ARGV: base, now, ttl, mode, inc, branch, keep_ms, kept.
+/// `open`: registers the next branch of an opened incarnation and returns its number (the
+/// table, with branch 0, is made by the first), -1 when the incarnation is not opened, -2 when
+/// Redis refused the write (maxmemory). `end`: marks `branch` ended; returns 1 when another
+/// branch numbered 1 or more is open, else 0.
+const BRANCH: &str = r#"
+local mode, inc = ARGV[4], ARGV[5]
+local ik, bk = ikey(inc), bkey(inc)
+if mode == 'open' then
+  local keep_ms, kept = tonumber(ARGV[7]), tonumber(ARGV[8])
+  if redis.call('HGET', ik, 'o') ~= '1' then return -1 end
+  -- The first write is the one Redis at maxmemory refuses (later ones in the script are let
+  -- through): a refusal is an answer, never a failed resume.
+  local top = redis.pcall('HINCRBY', bk, 'n', 1)
+  if type(top) == 'table' then return -2 end
+  if top == 1 then
+    -- Branch 0, the incarnation's first response, relayed from the start.
+    redis.call('HSET', bk, 't', '0', '0', '1 0 -1')
+    redis.call('HSET', ik, 'b', '1')
+  end
+  redis.call('HSET', bk, fmt(top), '1 -1 -1')
+  -- Branch 0 stays; the continuation `kept` numbers older goes.
+  if top > kept then redis.call('HDEL', bk, fmt(top - kept)) end
+  redis.call('PEXPIRE', bk, keep_ms)
+  return top
+end
+if redis.call('HGET', ik, 'b') ~= '1' then return 0 end
+local t = branches(inc)
+if t and end_branch(inc, t, tonumber(ARGV[6])) then return 1 end
+return 0
+"#;
+
 /// Free one session. ARGV: base, now, ttl, mode. Modes: `free` an opened session idle past
 /// `ttl`; `pending` a pending session that appeared more than `ttl` ago; `evict_pending` a
 /// pending session at once (the pending cap). Returns `{0}` (gone, or not of that kind any
@@ -386,7 +522,11 @@ return 1
 "#;
 
 pub fn apply_script() -> String {
-    format!("{PRELUDE}{APPLY}")
+    format!("{PRELUDE}{BRANCHES}{APPLY}")
+}
+
+pub fn branch_script() -> String {
+    format!("{PRELUDE}{BRANCHES}{BRANCH}")
 }
 
 pub fn snapshot_script() -> String {

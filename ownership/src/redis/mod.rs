@@ -24,7 +24,8 @@
 //!
 //! Here: the store and its keys. `setup`: URL, credentials, TLS. `connection`: links and
 //! reconnects. `pipeline`: running a batch. `records`, `snapshot`, `sweep`: the operations;
-//! `store`: the [`Store`](crate::store::Store) trait over them, health and stats. `lua`: the
+//! `branches`: a continuation's branch (docs/forks.md). `store`: the
+//! [`Store`](crate::store::Store) trait over them, health and stats. `lua`: the
 //! scripts and the key layout. `config`: what `INFO` says this Redis can do.
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -37,6 +38,7 @@ use config::NodeInfo;
 use connection::{ms, Conn, Link};
 use setup::{install_tls_provider, target, Target};
 
+mod branches;
 pub mod config;
 mod connection;
 mod lua;
@@ -89,6 +91,7 @@ pub struct RedisStore {
     snapshot: LoadedScript,
     sweep: LoadedScript,
     owner_gone: LoadedScript,
+    branch: LoadedScript,
     changes: watch::Sender<u64>,
     /// When (caller's clock) this instance last had a write refused or failed; 0: never.
     last_refused: AtomicU64,
@@ -146,6 +149,7 @@ impl RedisStore {
             snapshot: LoadedScript::new(lua::snapshot_script()),
             sweep: LoadedScript::new(lua::sweep_script()),
             owner_gone: LoadedScript::new(lua::owner_gone_script()),
+            branch: LoadedScript::new(lua::branch_script()),
             changes,
             last_refused: AtomicU64::new(0),
             touch_refused: AtomicU64::new(0),
@@ -193,17 +197,18 @@ impl RedisStore {
     }
 
     /// `numkeys` and the keys a script over this session names: the session's hash and set,
-    /// and the incarnation's three keys. Named, so that while a slot migrates Redis runs the
+    /// and the incarnation's four keys. Named, so that while a slot migrates Redis runs the
     /// script only on the node that holds all of them (TRYAGAIN otherwise).
     fn session_keys(&self, c: &mut Cmd, base: &str, incarnation: Option<&str>) {
         match incarnation {
             Some(inc) => c
-                .arg(5)
+                .arg(6)
                 .arg(format!("{base}:s"))
                 .arg(format!("{base}:n"))
                 .arg(format!("{base}:i:{inc}"))
                 .arg(format!("{base}:w:{inc}"))
-                .arg(format!("{base}:l:{inc}")),
+                .arg(format!("{base}:l:{inc}"))
+                .arg(format!("{base}:b:{inc}")),
             None => c.arg(2).arg(format!("{base}:s")).arg(format!("{base}:n")),
         };
     }

@@ -38,7 +38,13 @@ impl RedisStore {
     /// `SCRIPT LOAD` every script (on a Cluster: on every primary; a replica promoted later
     /// answers NOSCRIPT once and gets them then).
     async fn load_scripts(&self, conn: &mut Conn) -> Result<(), StoreError> {
-        for s in [&self.apply, &self.snapshot, &self.sweep, &self.owner_gone] {
+        for s in [
+            &self.apply,
+            &self.snapshot,
+            &self.sweep,
+            &self.owner_gone,
+            &self.branch,
+        ] {
             let mut c = redis::cmd("SCRIPT");
             c.arg("LOAD").arg(&s.code);
             on_every_primary(conn, c)

@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use mcp_resume_core::ownership::{Record, SessionEnd, StreamKind, LONG_IDS_KEPT};
+use mcp_resume_core::ownership::{
+    Record, SessionEnd, StreamKind, LONG_IDS_KEPT, REJECTED_FORKED, REJECTED_MISMATCH,
+};
 use redis::Cmd;
 
 use super::config;
@@ -44,6 +46,11 @@ impl RedisStore {
             | Record::OwnerFailed {
                 session,
                 incarnation,
+            }
+            | Record::BranchEnd {
+                session,
+                incarnation,
+                ..
             } => (session, Some(incarnation.as_str())),
             Record::OwnerGone { .. } => return None,
         };
@@ -94,12 +101,14 @@ impl RedisStore {
                 first_seq,
                 ids,
                 long,
+                branch,
                 ..
             } => {
                 c.arg("ev")
                     .arg(incarnation)
                     .arg(first_seq)
                     .arg(LONG_IDS_KEPT)
+                    .arg(branch)
                     .arg(long.len());
                 for l in long {
                     c.arg(l.seq).arg(l.id.as_bytes());
@@ -113,6 +122,13 @@ impl RedisStore {
             }
             Record::OwnerFailed { incarnation, .. } => {
                 c.arg("of").arg(incarnation);
+            }
+            Record::BranchEnd {
+                incarnation,
+                branch,
+                ..
+            } => {
+                c.arg("be").arg(incarnation).arg(branch);
             }
             Record::OwnerGone { .. } => return None,
         }
@@ -209,7 +225,35 @@ impl RedisStore {
             let Some(session) = session_of(r) else {
                 continue;
             };
-            match as_string(v).as_deref() {
+            let reply = as_string(v);
+            // `events` the arbiter refused: "<a|p> <rejection>" (the session was written to).
+            let (code, rejection) = match reply.as_deref().map(|r| r.split_once(' ')) {
+                Some(Some((code, why))) => (Some(code), Some(why)),
+                _ => (reply.as_deref(), None),
+            };
+            if let Some(why) = rejection {
+                let (error, detail) = match why {
+                    REJECTED_FORKED => (
+                        REJECTED_FORKED,
+                        "the branch was overtaken by a newer one".to_owned(),
+                    ),
+                    REJECTED_MISMATCH => (
+                        REJECTED_MISMATCH,
+                        "a seq is recorded with another event: the replica diverged, the \
+                         incarnation is lost"
+                            .to_owned(),
+                    ),
+                    other => return Err(corrupt("apply", format!("record reply {other:?}"))),
+                };
+                out.refused.push(Refusal {
+                    index: offset + i,
+                    error,
+                    detail,
+                });
+            }
+            match code {
+                // Nothing written (branch_end).
+                Some("n") => {}
                 Some("a" | "k") => opened.push(session),
                 Some("o") => {
                     opened.push(session);
@@ -386,7 +430,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::StreamOpen { session, .. }
         | Record::Events { session, .. }
         | Record::StreamLost { session, .. }
-        | Record::OwnerFailed { session, .. } => Some(session),
+        | Record::OwnerFailed { session, .. }
+        | Record::BranchEnd { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }

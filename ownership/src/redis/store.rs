@@ -173,6 +173,35 @@ impl Store for RedisStore {
         r
     }
 
+    async fn open_branch(
+        &self,
+        session: &str,
+        incarnation: &str,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.bounded(
+            "open_branch",
+            self.opts.op_timeout,
+            self.open_branch_inner(session, incarnation, now_ms),
+        )
+        .await
+    }
+
+    async fn end_branch(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        self.bounded(
+            "end_branch",
+            self.opts.op_timeout,
+            self.end_branch_inner(session, incarnation, branch, now_ms),
+        )
+        .await
+    }
+
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {
         self.bounded(
             "snapshot",

@@ -16,7 +16,8 @@ use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
 use mcp_ownership::store::{Limits, Store, STORE_FULL};
 use mcp_resume_core::ownership::{
-    Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind,
+    Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, REJECTED_FORKED,
+    REJECTED_MISMATCH,
 };
 
 pub const S1: &str = "0123456789abcdef0123456789abcdef";
@@ -78,6 +79,7 @@ pub fn events(session: &str, inc: &str, first: u64, last: u64) -> Record {
         first_seq: first,
         ids: (first..=last).map(id).collect(),
         long: Vec::new(),
+        branch: 0,
     }
 }
 
@@ -104,6 +106,7 @@ pub fn events_with(session: &str, inc: &str, first: u64, replica_ids: &[String])
         first_seq: first,
         ids,
         long,
+        branch: 0,
     };
     r.validate().expect("a guard-built record is valid");
     r
@@ -155,7 +158,23 @@ pub fn query(session: &str, inc: &str, kind: StreamKind, seq: u64) -> ResumeQuer
     }
 }
 
+/// Resolve as the handler does, the continuation's branch left out: the branch cases check
+/// the numbers (through [`resolve_branched`]), every other case the verdict's facts.
 pub async fn resolve_with<S: Store>(
+    s: &S,
+    q: &ResumeQuery,
+    opts: ResumeOptions,
+    now: u64,
+) -> Resolution {
+    let mut r = resolve_branched(s, q, opts, now).await;
+    if let ResumeVerdict::Continue { branch, .. } = &mut r.verdict {
+        *branch = None;
+    }
+    r
+}
+
+/// Resolve as the handler does, the continuation's branch number included.
+pub async fn resolve_branched<S: Store>(
     s: &S,
     q: &ResumeQuery,
     opts: ResumeOptions,
@@ -204,6 +223,7 @@ pub fn cont(owner: &str, expected: Vec<String>, head: u64) -> ResumeVerdict {
         expected,
         head,
         resume_id: None,
+        branch: None,
     }
 }
 
@@ -213,6 +233,7 @@ pub fn cont_from(owner: &str, expected: Vec<String>, head: u64, resume_id: &str)
         expected,
         head,
         resume_id: Some(resume_id.into()),
+        branch: None,
     }
 }
 
@@ -889,6 +910,7 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
             first_seq: 11,
             ids: odd.clone(),
             long: Vec::new(),
+            branch: 0,
         }],
     )
     .await;
@@ -907,6 +929,7 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
         first_seq: 14,
         ids: recorded.clone(),
         long: vec![mcp_resume_core::ownership::LongId { seq: 15, id: long }],
+        branch: 0,
     };
     r.validate().expect("a guard-built record is valid");
     apply(&s, &[r]).await;
@@ -1375,6 +1398,437 @@ pub async fn owner_epochs_expire<S: Store>(make: impl Fn(Limits) -> S) {
     );
 }
 
+// ---------------- branches (docs/forks.md) ----------------
+
+/// A request stream of S1 at OWNER_X.
+pub fn req_stream(inc: &str) -> Record {
+    stream(S1, inc, StreamKind::Request, OWNER_X, 0, false, T0)
+}
+
+/// Events `first ..= last` of S1's `inc` relayed by `branch`, replica ids `r<seq>`.
+pub fn relayed(inc: &str, branch: u64, first: u64, last: u64) -> Record {
+    Record::Events {
+        session: S1.into(),
+        incarnation: inc.into(),
+        first_seq: first,
+        ids: (first..=last).map(id).collect(),
+        long: Vec::new(),
+        branch,
+    }
+}
+
+/// Events of S1's `inc` from `first`, these recorded events, relayed by `branch`.
+pub fn relayed_as(inc: &str, branch: u64, first: u64, recorded: &[String]) -> Record {
+    let r = Record::Events {
+        session: S1.into(),
+        incarnation: inc.into(),
+        first_seq: first,
+        ids: recorded.to_vec(),
+        long: Vec::new(),
+        branch,
+    };
+    r.validate().expect("a guard-built record is valid");
+    r
+}
+
+pub fn branch_end(session: &str, inc: &str, branch: u64) -> Record {
+    Record::BranchEnd {
+        session: session.into(),
+        incarnation: inc.into(),
+        branch,
+    }
+}
+
+/// Apply at T0; per record, the name it was refused with (`None`: applied).
+pub async fn refusals<S: Store>(s: &S, records: &[Record]) -> Vec<Option<&'static str>> {
+    let done = s.apply(records, T0).await.expect("apply");
+    (0..records.len())
+        .map(|i| done.refused.iter().find(|r| r.index == i).map(|r| r.error))
+        .collect()
+}
+
+/// A continuation of S1's request stream `inc` at `seq`, as the handler resolves it: its
+/// branch number (it must continue).
+pub async fn continue_branch<S: Store>(s: &S, inc: &str, seq: u64) -> Option<u64> {
+    let q = query(S1, inc, StreamKind::Request, seq);
+    match resolve_branched(s, &q, no_wait(), T0).await.verdict {
+        ResumeVerdict::Continue { branch, .. } => branch,
+        other => panic!("{inc} at {seq} must continue: {other:?}"),
+    }
+}
+
+const FORKED: Option<&str> = Some(REJECTED_FORKED);
+const MISMATCH: Option<&str> = Some(REJECTED_MISMATCH);
+
+/// Each continuation gets the next number of its incarnation (1, 2, …), in the store's order,
+/// concurrent ones too; a new stream gets none, nor an incarnation not opened.
+pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    assert_eq!(s.open_branch(S1, A, T0).await.unwrap(), None, "no session");
+    apply(
+        &s,
+        &[
+            open(S1),
+            req_stream(A),
+            events(S1, A, 1, 3),
+            req_stream(B),
+            events(S1, B, 1, 1),
+            // Events without their StreamOpen: a placeholder, not opened.
+            events(S1, D, 1, 2),
+        ],
+    )
+    .await;
+    assert_eq!(s.open_branch(S1, C, T0).await.unwrap(), None, "unknown");
+    assert_eq!(s.open_branch(S1, D, T0).await.unwrap(), None, "not opened");
+    for want in 1..=3 {
+        assert_eq!(continue_branch(&s, A, 2).await, Some(want));
+    }
+    assert_eq!(continue_branch(&s, B, 1).await, Some(1), "per incarnation");
+    assert_eq!(continue_branch(&s, A, 3).await, Some(4));
+    // A new stream is no branch: it uses no number.
+    let q = query(S1, A, StreamKind::Request, 9);
+    assert_eq!(
+        resolve_branched(&s, &q, no_wait(), T0).await.verdict,
+        new_stream(Reason::UnknownStream)
+    );
+    assert_eq!(continue_branch(&s, A, 3).await, Some(5));
+    // Concurrent continuations: each its own number, none skipped.
+    let opened =
+        futures_util::future::join_all((0..12).map(|_| s.open_branch(S1, B, T0 + 1))).await;
+    let mut got: Vec<u64> = opened.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    got.sort_unstable();
+    assert_eq!(got, (2..=13).collect::<Vec<u64>>());
+}
+
+/// Two branches relaying at once: each one's first events are accepted, then the older one's
+/// are refused (`forked`) while the newer keeps going; the first response (branch 0) is older
+/// than both. Refused events are not recorded.
+pub async fn older_branch_overtaken_while_both_relay<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let (b1, b2) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 4, 5), relayed(A, b2, 4, 5)]).await,
+        [None, None]
+    );
+    assert_eq!(refusals(&s, &[relayed(A, b1, 6, 6)]).await, [FORKED]);
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed(A, b2, 6, 7),
+                relayed(A, b1, 8, 8),
+                relayed(A, 0, 8, 8)
+            ]
+        )
+        .await,
+        [None, FORKED, FORKED]
+    );
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 5).await,
+        cont(OWNER_X, ids(6, 7), 7)
+    );
+}
+
+/// The order counts, not the mere fact of relaying: an older branch that starts relaying
+/// after the newer one went quiet is followed (the replica handed the stream back) until the
+/// newer one relays again.
+pub async fn older_branch_after_newer_went_quiet<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let (b1, b2) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    assert_eq!(refusals(&s, &[relayed(A, b2, 4, 5)]).await, [None]);
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 4, 5), relayed(A, b1, 6, 6)]).await,
+        [None, None]
+    );
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed(A, b2, 7, 7),
+                relayed(A, b1, 8, 8),
+                relayed(A, b2, 8, 8)
+            ]
+        )
+        .await,
+        [None, FORKED, None]
+    );
+}
+
+/// Ended branches do not compete: after a takeover (the newer relays, ends, then the older
+/// relays) the older is followed; an older branch overtaken by one that then ends is followed
+/// again; an ended branch's late events are applied as data.
+pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let (b1, b2) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    assert_eq!(refusals(&s, &[relayed(A, b2, 4, 5)]).await, [None]);
+    assert!(s.end_branch(S1, A, b2, T0).await.unwrap(), "b1 is open");
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 4, 6), relayed(A, b1, 7, 7)]).await,
+        [None, None]
+    );
+    let b3 = continue_branch(&s, A, 7).await.unwrap();
+    assert_eq!(
+        refusals(&s, &[relayed(A, b3, 8, 8), relayed(A, b1, 8, 8)]).await,
+        [None, FORKED]
+    );
+    apply(&s, &[branch_end(S1, A, b3)]).await;
+    assert_eq!(refusals(&s, &[relayed(A, b1, 9, 9)]).await, [None]);
+    let b4 = continue_branch(&s, A, 9).await.unwrap();
+    assert_eq!(
+        refusals(&s, &[relayed(A, b4, 10, 10), relayed(A, b1, 10, 10)]).await,
+        [None, FORKED]
+    );
+    apply(&s, &[branch_end(S1, A, b1)]).await;
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 11, 11), relayed(A, b4, 11, 12)]).await,
+        [None, None],
+        "late events of an ended branch are data, and overtake nobody"
+    );
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 9).await,
+        cont(OWNER_X, ids(10, 12), 12)
+    );
+}
+
+/// `end_branch` marks the branch ended and answers forked exactly when another branch numbered
+/// 1 or more is open (branch 0 never counts); without a table it writes nothing.
+pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    assert!(!s.end_branch(S1, A, 1, T0).await.unwrap(), "no session");
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    assert!(!s.end_branch(S1, A, 1, T0).await.unwrap(), "no table");
+    let (b1, b2) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    assert_eq!((b1, b2), (1, 2), "ending before registering made no table");
+    assert!(s.end_branch(S1, A, b1, T0).await.unwrap());
+    assert!(s.end_branch(S1, A, b1, T0).await.unwrap(), "idempotent");
+    assert!(!s.end_branch(S1, A, b2, T0).await.unwrap());
+    let b3 = continue_branch(&s, A, 3).await.unwrap();
+    assert!(!s.end_branch(S1, A, b3, T0).await.unwrap());
+    let (b4, b5) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    assert!(s.end_branch(S1, A, 0, T0).await.unwrap(), "b4, b5 open");
+    assert!(s.end_branch(S1, A, b5, T0).await.unwrap(), "b4 open");
+    assert!(!s.end_branch(S1, A, b4, T0).await.unwrap());
+    assert!(
+        !s.end_branch(S1, C, 1, T0).await.unwrap(),
+        "unknown incarnation"
+    );
+    assert!(
+        !s.end_branch(S2, A, 1, T0).await.unwrap(),
+        "unknown session"
+    );
+}
+
+/// A `branch_end` record marks its branch ended (idempotent); one for an unknown session,
+/// incarnation or branch writes nothing.
+pub async fn branch_end_record<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let (b1, b2) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed(A, b1, 4, 4),
+                relayed(A, b2, 4, 5),
+                relayed(A, b1, 5, 5)
+            ]
+        )
+        .await,
+        [None, None, FORKED]
+    );
+    let done = s
+        .apply(&[branch_end(S1, A, b2), branch_end(S1, A, b2)], T0)
+        .await
+        .unwrap();
+    assert!(done.refused.is_empty(), "{done:?}");
+    assert!(!s.end_branch(S1, A, b1, T0).await.unwrap(), "b2 is ended");
+    assert_eq!(refusals(&s, &[relayed(A, b1, 6, 6)]).await, [None]);
+    let before = s.stats(T0).await.unwrap();
+    let done = s
+        .apply(
+            &[
+                branch_end(S2, A, 1),
+                branch_end(S1, C, 1),
+                branch_end(S1, A, 40),
+            ],
+            T0,
+        )
+        .await
+        .unwrap();
+    assert!(done.refused.is_empty(), "{done:?}");
+    let after = s.stats(T0).await.unwrap();
+    assert_eq!(
+        (after.sessions, after.pending, after.incarnations),
+        (before.sessions, before.pending, before.incarnations)
+    );
+    assert_eq!(
+        verdict(&s, S2, A, StreamKind::Request, 1).await,
+        new_stream(Reason::SessionInactive)
+    );
+}
+
+/// An incarnation keeps branch 0 and its newest 16 continuations: an older one is dropped, and
+/// its events count as overtaken; continuations that never relay overtake nobody (branch 0
+/// keeps relaying through any number of them); a number never handed out is not arbitrated.
+pub async fn oldest_branches_dropped<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    for want in 1..=16 {
+        assert_eq!(continue_branch(&s, A, 3).await, Some(want));
+    }
+    assert_eq!(
+        refusals(&s, &[relayed(A, 0, 4, 4), relayed(A, 1, 4, 4)]).await,
+        [None, None],
+        "16 continuations: all kept"
+    );
+    assert_eq!(continue_branch(&s, A, 3).await, Some(17));
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed(A, 1, 5, 5),
+                relayed(A, 2, 4, 5),
+                relayed(A, 99, 6, 6),
+                relayed(A, 0, 6, 6),
+            ]
+        )
+        .await,
+        [FORKED, None, None, FORKED],
+        "17 continuations: 1 dropped; 2 relayed after 0 started"
+    );
+}
+
+/// Events whose seqs are recorded with another event (id, or digest when both have one) are
+/// refused (`replay_mismatch`) and the incarnation is lost; the same events again (a retried
+/// batch), an id without digest, and events straddling or past the head are applied.
+pub async fn divergent_events_refused<S: Store>(make: impl Fn(Limits) -> S) {
+    use mcp_resume_core::ownership::recorded_event;
+    let rec = |name: &str, digest: u64| recorded_event(name, digest);
+    let s = make(Limits::default());
+    let first = vec![rec("e1", 1), rec("e2", 2), rec("e3", 3)];
+    apply(&s, &[open(S1), req_stream(A), relayed_as(A, 0, 1, &first)]).await;
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed_as(A, 0, 1, &first),
+                relayed_as(A, 0, 2, &["e2".into()]),
+                relayed_as(A, 0, 3, &[rec("e3", 3), rec("e4", 4)]),
+                relayed_as(A, 0, 5, &[rec("e5", 5)]),
+            ]
+        )
+        .await,
+        [None, None, None, None]
+    );
+    assert_eq!(
+        refusals(&s, &[relayed_as(A, 0, 5, &[rec("e5", 55), rec("e6", 6)])]).await,
+        [MISMATCH],
+        "another digest at seq 5"
+    );
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 2).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
+    // Another id; and a continuation's replay (a registered branch) is checked the same way.
+    apply(&s, &[req_stream(B), events(S1, B, 1, 3)]).await;
+    let b1 = continue_branch(&s, B, 1).await.unwrap();
+    assert_eq!(
+        refusals(&s, &[relayed_as(B, b1, 2, &[id(2), "x3".into()])]).await,
+        [MISMATCH]
+    );
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 1).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
+}
+
+/// An incarnation's branch table goes with it: evicted, or freed with its session, and made
+/// again, it numbers from 1.
+pub async fn branch_table_goes_with_its_incarnation<S: Store>(make: impl Fn(Limits) -> S) {
+    let ttl = 10_000;
+    let s = make(Limits {
+        max_incarnations_per_session: 1,
+        session_idle_ttl_ms: ttl,
+        ..Limits::default()
+    });
+    let a = [req_stream(A), events(S1, A, 1, 3)];
+    apply(&s, &[open(S1)]).await;
+    apply(&s, &a).await;
+    assert_eq!(continue_branch(&s, A, 3).await, Some(1));
+    assert_eq!(continue_branch(&s, A, 3).await, Some(2));
+    apply(&s, &[req_stream(B), events(S1, B, 1, 1)]).await;
+    apply(&s, &a).await;
+    assert_eq!(continue_branch(&s, A, 3).await, Some(1), "after eviction");
+    assert_eq!(refusals(&s, &[relayed(A, 0, 4, 4)]).await, [None]);
+    // The session idle past its TTL: a write starts afresh.
+    let later = T0 + ttl + 1;
+    apply_at(&s, &[open(S1)], later).await;
+    apply_at(&s, &a, later).await;
+    let q = query(S1, A, StreamKind::Request, 3);
+    let v = resolve_branched(&s, &q, no_wait(), later).await.verdict;
+    assert!(
+        matches!(
+            v,
+            ResumeVerdict::Continue {
+                branch: Some(1),
+                ..
+            }
+        ),
+        "after the session was freed: {v:?}"
+    );
+}
+
+/// Without a branch table (no continuation registered) events of any branch are applied as
+/// they come, and a branch's end writes nothing.
+pub async fn no_branch_table_no_arbitration<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    assert_eq!(
+        refusals(
+            &s,
+            &[
+                relayed(A, 2, 4, 4),
+                relayed(A, 1, 5, 5),
+                relayed(A, 0, 6, 6),
+                relayed(A, 2, 7, 7),
+                branch_end(S1, A, 2),
+            ]
+        )
+        .await,
+        [None, None, None, None, None]
+    );
+    assert!(!s.end_branch(S1, A, 1, T0).await.unwrap());
+    assert_eq!(
+        refusals(&s, &[relayed(A, 1, 8, 8), relayed(A, 2, 9, 9)]).await,
+        [None, None]
+    );
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 3).await,
+        cont(OWNER_X, ids(4, 9), 9)
+    );
+}
+
 fn crate_keep_grace_ms() -> u64 {
     mcp_ownership::redis::KEEP_GRACE.as_millis() as u64
 }
@@ -1407,6 +1861,16 @@ macro_rules! store_suite {
             session_cap_refuses_new_sessions,
             unopened_sessions_cost_nothing,
             owner_epochs_expire,
+            branch_numbers_per_incarnation,
+            older_branch_overtaken_while_both_relay,
+            older_branch_after_newer_went_quiet,
+            ended_branches_do_not_compete,
+            end_branch_answers_forked,
+            branch_end_record,
+            oldest_branches_dropped,
+            divergent_events_refused,
+            no_branch_table_no_arbitration,
+            branch_table_goes_with_its_incarnation,
         );
     };
     ($make:expr; $($case:ident),+ $(,)?) => {

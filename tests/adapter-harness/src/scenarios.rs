@@ -4,11 +4,15 @@
 //! answer reaches the proxy. [`adapter_tests!`](crate::adapter_tests) makes one `#[test]` of each.
 use base64::Engine as _;
 use mcp_resume_core::config::Config;
-use mcp_resume_core::cursor::{session_binding, Cursor, DecodedCursor};
+use mcp_resume_core::cursor::{
+    incarnation_hex, session_binding, session_key, Cursor, DecodedCursor,
+};
 use mcp_resume_core::host::{Stat, CALLOUT_MS};
 use mcp_resume_core::ownership::{
-    Record, RecordBatch, ResumeQuery, StreamKind, RECORDS_PATH, RESUME_PATH,
+    BranchQuery, Reason, Record, RecordBatch, ResumeQuery, StreamKind, BRANCH_PATH, RECORDS_PATH,
+    RESUME_PATH,
 };
+use mcp_resume_core::stream::control_event;
 
 pub use crate::wasm::{header, headers, Headers};
 
@@ -89,6 +93,8 @@ pub trait Proxy: Sized {
     fn resumed(&self, s: u32) -> bool;
     /// The response was reset.
     fn was_reset(&self, s: u32) -> bool;
+    /// The response's end is held: its last body hook stopped it, waiting for the filter.
+    fn held(&self, s: u32) -> bool;
     /// A counter by its full name (`mcp_resume_guard.…`); `None` when not defined.
     fn counter(&self, name: &str) -> Option<i64>;
     /// Samples recorded in a histogram, by its full name.
@@ -224,6 +230,72 @@ fn continue_verdict(expected: &[&str]) -> String {
         "verdict": "continue", "owner": OWNER, "expected": expected, "head": 7 + expected.len(),
     })
     .to_string()
+}
+
+/// A `continue` verdict whose continuation the store registered as branch `branch`.
+fn branch_verdict(expected: &[&str], branch: u64) -> String {
+    serde_json::json!({
+        "verdict": "continue", "owner": OWNER, "expected": expected, "head": 7 + expected.len(),
+        "branch": branch,
+    })
+    .to_string()
+}
+
+/// A GET continuation of incarnation 42 registered as branch 1, its owner's SSE answer begun
+/// with the one expected event `e8`.
+fn branch_one<P: Proxy>(p: &mut P) -> u32 {
+    let s = resume(p, StreamKind::Get, &branch_verdict(&["e8"], 1));
+    assert!(p.resumed(s));
+    p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+    assert_eq!(p.response_headers(s, sse(&[]), false), Flow::Continue);
+    assert_eq!(
+        p.response_body(s, b"id: e8\ndata: 8\n\n", false),
+        Flow::Continue
+    );
+    assert_eq!(ids_in(&p.client_body(s)).len(), 1);
+    s
+}
+
+/// Ends branch 1's response: the end is held and the store asked, from the stream, whether
+/// another branch of incarnation 42 is open; the query's callout.
+fn hold_the_end<P: Proxy>(p: &mut P, s: u32) -> Callout {
+    let before = p.callouts().len();
+    assert_eq!(p.response_body(s, b"", true), Flow::Stop, "the end is held");
+    assert!(p.held(s));
+    let call = stream_callout(p, before);
+    assert_eq!(call.cluster, CLUSTER);
+    assert_eq!(header(&call.headers, ":path"), Some(BRANCH_PATH));
+    assert_eq!(header(&call.headers, ":method"), Some("POST"));
+    let q: BranchQuery = match serde_json::from_slice(&call.body) {
+        Ok(q) => q,
+        Err(e) => unreachable!("{e}: {}", String::from_utf8_lossy(&call.body)),
+    };
+    let want = BranchQuery {
+        session: session_key(SID.as_bytes()),
+        incarnation: incarnation_hex(42),
+        branch: 1,
+    };
+    assert_eq!(q, want);
+    call
+}
+
+/// The `BranchEnd` records among `records`, as branch numbers.
+fn branch_ends(records: &[Record]) -> Vec<u64> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::BranchEnd {
+                session,
+                incarnation,
+                branch,
+            } => {
+                assert_eq!(session, &session_key(SID.as_bytes()));
+                assert_eq!(incarnation, &incarnation_hex(42));
+                Some(*branch)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The records of the batch the tick sends; answers it `{"applied": n}`.
@@ -438,6 +510,77 @@ pub fn the_owner_header_never_passes_on_any_path<P: Proxy>() {
     p.end_stream(s);
 }
 
+/// A registered branch's end is held while the store is asked (from the stream) whether a
+/// newer branch is open; its answer `forked` finishes the held end with the `forked` control
+/// event, after what the client already had, and the stream ends cleanly.
+pub fn a_held_end_is_finished_with_the_forked_event_the_store_asked_for<P: Proxy>() {
+    let mut p: P = start();
+    let s = branch_one(&mut p);
+    let call = hold_the_end(&mut p, s);
+    let before = p.client_body(s);
+    p.callout_answer(call.token, Some(200), br#"{"forked":true}"#);
+    assert!(!p.held(s), "the answer lets the held end go");
+    assert!(!p.was_reset(s));
+    let body = p.client_body(s);
+    assert_eq!(
+        String::from_utf8_lossy(&body[before.len().min(body.len())..]),
+        control_event(Reason::Forked),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(body.starts_with(&before));
+    assert_eq!(count(&p, Stat::Forked), 1);
+    p.end_stream(s);
+    // The store marked the branch ended when it answered: no record repeats it.
+    assert_eq!(branch_ends(&flush(&mut p)), Vec::<u64>::new());
+}
+
+/// The store's `not forked` lets the held end go as the replica sent it (nothing added).
+pub fn a_held_end_the_store_did_not_fork_ends_as_the_replica_ended_it<P: Proxy>() {
+    let mut p: P = start();
+    let s = branch_one(&mut p);
+    let call = hold_the_end(&mut p, s);
+    let before = p.client_body(s);
+    p.callout_answer(call.token, Some(200), br#"{"forked":false}"#);
+    assert!(!p.held(s));
+    assert!(!p.was_reset(s));
+    assert_eq!(p.client_body(s), before);
+    assert_eq!(count(&p, Stat::Forked), 0);
+    p.end_stream(s);
+    assert_eq!(branch_ends(&flush(&mut p)), Vec::<u64>::new());
+}
+
+/// Without the store's answer (a 503) the held end goes on as the replica sent it, and the
+/// branch's end is reported as a record when the stream ends.
+pub fn a_held_end_without_the_stores_answer_is_reported_at_the_streams_end<P: Proxy>() {
+    let mut p: P = start();
+    let s = branch_one(&mut p);
+    let call = hold_the_end(&mut p, s);
+    let before = p.client_body(s);
+    p.callout_answer(call.token, Some(503), b"");
+    assert!(!p.held(s));
+    assert_eq!(p.client_body(s), before);
+    p.end_stream(s);
+    assert_eq!(branch_ends(&flush(&mut p)), vec![1]);
+}
+
+/// The stream's end reaches the exchange however it ends: a registered branch reset before
+/// its response ended is reported as a `BranchEnd` record.
+pub fn a_branch_reset_before_its_end_is_reported_as_ended<P: Proxy>() {
+    let mut p: P = start();
+    let s = branch_one(&mut p);
+    p.end_stream(s);
+    let records = flush(&mut p);
+    assert_eq!(branch_ends(&records), vec![1], "{records:?}");
+    // Its events were recorded as branch 1's.
+    assert!(
+        records
+            .iter()
+            .any(|r| matches!(r, Record::Events { branch: 1, ids, .. } if ids.len() == 1)),
+        "{records:?}"
+    );
+}
+
 /// Every stat and the callout histogram are defined at configuration; a bad configuration is
 /// refused.
 pub fn metrics_are_defined_and_a_bad_config_is_refused<P: Proxy>() {
@@ -476,6 +619,10 @@ macro_rules! adapter_tests {
             an_owner_gone_from_the_cluster_is_told_from_a_busy_one,
             the_tick_flushes_records_as_a_callout,
             the_owner_header_never_passes_on_any_path,
+            a_held_end_is_finished_with_the_forked_event_the_store_asked_for,
+            a_held_end_the_store_did_not_fork_ends_as_the_replica_ended_it,
+            a_held_end_without_the_stores_answer_is_reported_at_the_streams_end,
+            a_branch_reset_before_its_end_is_reported_as_ended,
             metrics_are_defined_and_a_bad_config_is_refused,
         );
     };

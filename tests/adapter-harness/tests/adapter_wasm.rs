@@ -100,6 +100,9 @@ impl Proxy for Wasm {
     fn was_reset(&self, s: u32) -> bool {
         !self.0.stream(s).closed.is_empty()
     }
+    fn held(&self, s: u32) -> bool {
+        self.0.stream(s).held
+    }
     fn counter(&self, name: &str) -> Option<i64> {
         self.0.state().metric(name)
     }

@@ -6,7 +6,6 @@ use wasmi::{Caller, Error, Extern, Linker, Module};
 const OK: i32 = 0;
 const NOT_FOUND: i32 = 1;
 const BAD_ARGUMENT: i32 = 2;
-const CAS_MISMATCH: i32 = 8;
 
 // Map and buffer types of the ABI.
 const REQUEST_HEADERS: i32 = 0;
@@ -148,8 +147,6 @@ const IMPLEMENTED: &[&str] = &[
     "proxy_add_header_map_value",
     "proxy_remove_header_map_value",
     "proxy_get_property",
-    "proxy_get_shared_data",
-    "proxy_set_shared_data",
     "proxy_define_metric",
     "proxy_increment_metric",
     "proxy_record_metric",
@@ -370,32 +367,6 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
                 return Ok(NOT_FOUND);
             };
             give(&mut c, &v, ret_p, ret_n)?;
-            Ok::<i32, Error>(OK)
-        },
-    )?;
-    l.func_wrap(
-        "env",
-        "proxy_get_shared_data",
-        |mut c: C<'_>, kp: i32, kn: i32, ret_p: i32, ret_n: i32, ret_cas: i32| {
-            let key = read_str(&c, kp, kn)?;
-            let Some((v, cas)) = c.data().shared.get(&key).cloned() else {
-                return Ok(NOT_FOUND);
-            };
-            give(&mut c, &v, ret_p, ret_n)?;
-            write_u32(&mut c, ret_cas, cas)?;
-            Ok::<i32, Error>(OK)
-        },
-    )?;
-    l.func_wrap(
-        "env",
-        "proxy_set_shared_data",
-        |mut c: C<'_>, kp: i32, kn: i32, vp: i32, vn: i32, cas: i32| {
-            let (key, value) = (read_str(&c, kp, kn)?, read(&c, vp, vn)?);
-            let slot = c.data_mut().shared.entry(key).or_insert((Vec::new(), 0));
-            if cas != 0 && cas as u32 != slot.1 {
-                return Ok(CAS_MISMATCH);
-            }
-            *slot = (value, slot.1.wrapping_add(1).max(1));
             Ok::<i32, Error>(OK)
         },
     )?;

@@ -4,7 +4,9 @@
 //!
 //! Envoy's behaviour that the guard relies on is kept: a local reply is sent after the hook that
 //! asked for it returns, and passes through this filter's response hooks; a body chunk a hook
-//! lets continue reaches the client as the hook left it.
+//! lets continue reaches the client as the hook left it; a response whose last body hook
+//! answered Pause is held (the module may append to it from a callout's answer) until the
+//! module continues it, after that call returns.
 mod imports;
 mod state;
 
@@ -201,6 +203,7 @@ impl Vm {
     }
 
     /// One response body chunk; what the hook lets continue is appended to `client_body`.
+    /// Paused at the end of stream, the body is held (`Stream::held`).
     pub fn response_body(&mut self, ctx: u32, chunk: &[u8], eos: bool) -> Result<Action> {
         let s = self.stream_mut(ctx);
         s.response_body.extend_from_slice(chunk);
@@ -211,12 +214,31 @@ impl Vm {
             (ctx as i32, n, i32::from(eos)),
         )?;
         let a = Self::action(a);
+        let s = self.stream_mut(ctx);
         if a == Action::Continue {
-            let s = self.stream_mut(ctx);
+            let b = std::mem::take(&mut s.response_body);
+            s.client_body.extend_from_slice(&b);
+        } else if eos {
+            s.held = true;
+        }
+        Ok(a)
+    }
+
+    /// A held response the module continued (`proxy_continue_stream`) goes out now, with the end
+    /// of stream; one it closed is dropped (as Envoy does after the VM call that asked).
+    fn release_held(&mut self, ctx: u32, continued: usize, closed: usize) {
+        let s = self.stream_mut(ctx);
+        if !s.held {
+            return;
+        }
+        if s.closed.iter().skip(closed).any(|t| *t == 1) {
+            s.held = false;
+            s.response_body.clear();
+        } else if s.continued.iter().skip(continued).any(|t| *t == 1) {
+            s.held = false;
             let b = std::mem::take(&mut s.response_body);
             s.client_body.extend_from_slice(&b);
         }
-        Ok(a)
     }
 
     /// The answer to callout `token` (`None` headers: the callout failed without a response).
@@ -234,6 +256,10 @@ impl Vm {
             .find(|c| c.token == token)
             .map_or(self.root, |c| c.context);
         let sent = self.stream(ctx).local_replies.len();
+        let (continued, closed) = (
+            self.stream(ctx).continued.len(),
+            self.stream(ctx).closed.len(),
+        );
         self.state_mut().call_response = Some((headers.unwrap_or_default(), body.to_vec()));
         self.enter(self.root);
         // Envoy passes the root context; the module switches to the stream that asked.
@@ -244,6 +270,7 @@ impl Vm {
         self.state_mut().call_response = None;
         r?;
         if ctx != self.root {
+            self.release_held(ctx, continued, closed);
             self.deliver_local_reply(ctx, sent)?;
         }
         Ok(())
@@ -255,11 +282,12 @@ impl Vm {
         self.call::<i32, ()>("proxy_on_tick", self.root as i32)
     }
 
-    /// The stream ends: `proxy_on_done`, `proxy_on_log`, `proxy_on_delete`.
+    /// The stream ends, however (complete, reset, client gone), in Envoy's order: the access
+    /// log (`proxy_on_log`), then the filter's destruction (`proxy_on_done`, `proxy_on_delete`).
     pub fn end_stream(&mut self, ctx: u32) -> Result<()> {
         self.enter(ctx);
-        self.call::<i32, i32>("proxy_on_done", ctx as i32)?;
         self.call::<i32, ()>("proxy_on_log", ctx as i32)?;
+        self.call::<i32, i32>("proxy_on_done", ctx as i32)?;
         self.call::<i32, ()>("proxy_on_delete", ctx as i32)?;
         self.state_mut().streams.remove(&ctx);
         Ok(())

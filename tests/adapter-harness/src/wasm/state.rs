@@ -1,5 +1,5 @@
 //! What the test host holds: the streams as the proxy sees them, and everything the module asked
-//! of the host (callouts, local replies, metrics, logs, shared data, the tick period).
+//! of the host (callouts, local replies, metrics, logs, the tick period).
 use std::collections::HashMap;
 
 /// Headers in the order the proxy keeps them; values are bytes, names lowercase.
@@ -66,6 +66,9 @@ pub struct Stream {
     pub closed: Vec<u32>,
     /// `proxy_get_buffer_bytes` reads of the request body.
     pub request_body_reads: u32,
+    /// The response's end is held: its last body hook answered Pause at the end of stream, so
+    /// `response_body` waits for `proxy_continue_stream` (or `proxy_close_stream`).
+    pub held: bool,
 }
 
 /// A metric defined by the module.
@@ -90,7 +93,6 @@ pub struct HostState {
     pub next_token: u32,
     /// The callout answer being delivered: headers and body.
     pub call_response: Option<(Headers, Vec<u8>)>,
-    pub shared: HashMap<String, (Vec<u8>, u32)>,
     pub metrics: Vec<Metric>,
     pub logs: Vec<(u32, String)>,
     pub tick_ms: Option<u32>,

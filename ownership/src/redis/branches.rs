@@ -1,0 +1,77 @@
+//! A continuation's branch (docs/forks.md): numbered, and ended, by one script over the
+//! incarnation's branch table.
+use super::pipeline::Placed;
+use super::reply::as_i64;
+use super::{corrupt, RedisStore};
+use crate::store::{StoreError, BRANCHES_KEPT};
+
+/// What the `open` script answers for an incarnation that is not opened.
+const NOT_OPENED: i64 = -1;
+/// What the `open` script answers when Redis refused the write (maxmemory).
+const REFUSED: i64 = -2;
+
+impl RedisStore {
+    /// One run of the branch script for (session, incarnation) in `mode` (`open`, `end`).
+    async fn branch_run(
+        &self,
+        session: &str,
+        incarnation: &str,
+        mode: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Result<i64, StoreError> {
+        let base = self.session_base(session);
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&self.branch.sha);
+        self.session_keys(&mut c, &base, Some(incarnation));
+        c.arg(&base)
+            .arg(now_ms)
+            .arg(self.limits.session_idle_ttl_ms)
+            .arg(mode)
+            .arg(incarnation)
+            .arg(branch)
+            .arg(self.keep_ms())
+            .arg(BRANCHES_KEPT);
+        let reply = self
+            .exec("branch", &[Placed { key: base, cmd: c }], false)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| corrupt("branch", "empty reply"))?;
+        as_i64(&reply).ok_or_else(|| corrupt("branch", format!("reply {reply:?}")))
+    }
+
+    pub(super) async fn open_branch_inner(
+        &self,
+        session: &str,
+        incarnation: &str,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        match self
+            .branch_run(session, incarnation, "open", 0, now_ms)
+            .await?
+        {
+            NOT_OPENED | REFUSED => Ok(None),
+            n => u64::try_from(n)
+                .map(Some)
+                .map_err(|_| corrupt("branch", format!("number {n}"))),
+        }
+    }
+
+    pub(super) async fn end_branch_inner(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        match self
+            .branch_run(session, incarnation, "end", branch, now_ms)
+            .await?
+        {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(corrupt("branch", format!("end answer {n}"))),
+        }
+    }
+}
