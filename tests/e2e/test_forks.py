@@ -98,33 +98,24 @@ def resume(session: str, port: int, cursor: str, start: float, deadline: float, 
         return
     s.transcript = bytearray()
     b.status, b.header = s.status, s.header("mcp-resume")
+    times: list[float] = []
+
+    def stop_at_control(evs) -> bool:
+        times.extend([time.monotonic()] * (len(evs) - len(times)))  # each event's arrival
+        return bool(evs) and control_reason(evs[-1]) is not None
+
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                b.end = "open"
-                break
-            (s.conn.sock or s.resp.fp.raw._sock).settimeout(left)
-            try:
-                ev = s.next_event()
-            except TimeoutError:
-                b.end = "open"
-                break
-            except OSError as e:
-                b.end = f"error:{type(e).__name__}"
-                break
-            if ev is None:
-                b.end = "reset" if s.reset else "clean"
-                break
-            reason = control_reason(ev)
-            if reason is not None:
-                b.end = f"control:{reason}"
-                break
-            if ev.event == "message":
-                b.events.append((time.monotonic(), ev))
+        evs = s.read_within(max(0.0, deadline - time.monotonic()), stop_at_control)
     finally:
         b.transcript = bytes(s.transcript)
         s.close()
+    b.events = [(t, ev) for t, ev in zip(times, evs) if ev.event == "message"]
+    if evs and control_reason(evs[-1]) is not None:
+        b.end = f"control:{control_reason(evs[-1])}"
+    elif s.ended:
+        b.end = "reset" if s.reset else "clean"
+    else:
+        b.end = "open"
 
 
 def check(b: Branch, cursor: str, deadline: float, keep_s: float) -> None:
