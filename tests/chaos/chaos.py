@@ -12,7 +12,6 @@ goes to stdout and to --report.
 from __future__ import annotations
 
 import argparse
-import base64
 import collections
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 import stack.client as h
 from stack.envoy import access_log
 from stack.procs import ADMIN_PORT, BIN, ENVOY_PORT, HOST, OWNERSHIP_PORT, REDIS_PORT, ROOT, RUNS, rss_kib
+from stack.resume import control_reason, cursor_fields, header_reason
 from stack.services import ledger
 from stack.topology import Stack
 
@@ -76,45 +76,6 @@ class Tally:
         with self.lock:
             self.violations.append((time.time(), kind, detail[:400]))
         print(f"VIOLATION {kind}: {detail[:400]}", flush=True)
-
-
-def cursor_fields(cursor: str) -> tuple[int, int] | None:
-    """(incarnation, seq) of a guard cursor; the layout is the guard's own (core/src/cursor.rs)."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    except (ValueError, TypeError):
-        return None
-    if len(raw) < 19 + 2 + 16:
-        return None
-    inc = int.from_bytes(raw[10:18], "big")
-    seq, shift, i = 0, 0, 19
-    while i < len(raw):
-        b = raw[i]
-        seq |= (b & 0x7F) << shift
-        i += 1
-        if not b & 0x80:
-            return inc, seq
-        shift += 7
-    return None
-
-
-def control_reason(ev: h.Event | None) -> str | None:
-    if ev is not None and ev.event == "mcp-resume":
-        try:
-            return ev.json().get("reason", "?")
-        except ValueError:
-            return "?"
-    return None
-
-
-def header_reason(value: str | None) -> str | None:
-    if not value:
-        return None
-    for part in value.split(";"):
-        k, _, v = part.strip().partition("=")
-        if k == "reason":
-            return v
-    return "?"
 
 
 # ---- scenario clients ------------------------------------------------------------------------------
@@ -228,10 +189,10 @@ class Streamer(Scenario):
                 forks = 2 if self.rng.random() < 0.1 else 1
                 if forks == 2:
                     self.t.inc("forks")
-                # A fork's two resumes go through one Envoy: fork claims are per Envoy (README,
-                # "Forks: newest wins"); across gateways an overlap shows up at the next resume.
-                port = self.envoy()
-                opened = [self.resume(cursor, port) for _ in range(forks)]
+                # A fork's two resumes go one through each Envoy, in either order: the store arbitrates
+                # the branches of a stream whatever gateway each crossed (docs/forks.md).
+                ports = self.rng.sample(ENVOY_PORTS, 2) if forks == 2 else [self.envoy()]
+                opened = [self.resume(cursor, port) for port in ports]
                 results = [self.take_resume(s, reason, cursor, last_payload, forks == 2)
                            for s, reason in opened]
                 if forks == 2 and any(results) and any(r == [] for r in results):

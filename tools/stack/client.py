@@ -95,6 +95,8 @@ class SSEStream(EventReader):
         self.events: list[Event] = []
         self.ended = False
         self.reset = False  # the stream broke (truncated or reset), rather than ending cleanly
+        # Set it to a bytearray to keep every body line read from then on (what the client saw).
+        self.transcript: bytearray | None = None
         self.deadline: float | None = None  # while `read_within` runs
 
     def header(self, name: str) -> str | None:
@@ -121,6 +123,8 @@ class SSEStream(EventReader):
             # http.client's state tells them apart: after the last chunk no chunk is pending (None).
             if (self.resp.chunked and self.resp.chunk_left is not None) or self.resp.length:
                 self.reset = True
+        if self.transcript is not None:
+            self.transcript += line
         return line
 
     def read_all(self) -> list[Event]:

@@ -16,7 +16,7 @@
 //!
 //! See README.md beside this crate for the CLI and the endpoints.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -74,6 +74,11 @@ OPTIONS:
                            (`e<num>.xxx…`, for long-id tests) [default: 0]
     --produce-while-away N a standalone stream whose client went away keeps producing
                            N more events into the ring [default: 0]
+    --hand-over            one standalone stream per session, fed to its newest reader:
+                           every GET and every resume takes it over, and the previous
+                           reader's response ends cleanly
+    --contiguity           a resume's answer starts with the contiguity assertion
+                           (docs/contiguity-extension.md, version 1)
     -h, --help             print this help
 
 ENDPOINTS:
@@ -98,6 +103,10 @@ pub struct Config {
     pub owner_headers: Vec<String>,
     /// Minimum length of an SSE event id (0: `e<num>` as is).
     pub id_pad: usize,
+    /// One standalone stream per session, handed to its newest reader (`--hand-over`).
+    pub hand_over: bool,
+    /// Resumes start with the contiguity assertion (`--contiguity`).
+    pub contiguity: bool,
 }
 
 impl Config {
@@ -113,6 +122,8 @@ impl Config {
             owner_headers: vec!["x-mcp-owner".to_string()],
             id_pad: 0,
             produce_while_away: 0,
+            hand_over: false,
+            contiguity: false,
         }
     }
 }
@@ -135,6 +146,8 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
     let mut owner_headers: Vec<String> = Vec::new();
     let mut id_pad: usize = 0;
     let mut produce_while_away: u64 = 0;
+    let mut hand_over = false;
+    let mut contiguity = false;
 
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -144,6 +157,17 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
         };
         if flag == "-h" || flag == "--help" {
             return Ok(Cli::Help);
+        }
+        if flag == "--hand-over" || flag == "--contiguity" {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            *(if flag == "--hand-over" {
+                &mut hand_over
+            } else {
+                &mut contiguity
+            }) = true;
+            continue;
         }
         let mut value = || -> Result<String, String> {
             match inline.clone() {
@@ -235,6 +259,8 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
         owner_headers,
         id_pad,
         produce_while_away,
+        hand_over,
+        contiguity,
     }))
 }
 
@@ -269,12 +295,34 @@ struct Log {
     ring: VecDeque<RingEvent>,
 }
 
+/// A session's standalone stream under `--hand-over`, fed to its newest reader.
+struct Live {
+    /// The producer task that feeds it (a stopped producer must not remove its successor).
+    producer: u64,
+    reader: Option<mpsc::UnboundedSender<String>>,
+    /// Live events the current reader still takes (`?limit=N`).
+    left: Option<u64>,
+}
+
+/// What the naive replay made of a cursor (the contiguity assertion says so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplayFrom {
+    /// The cursor is in the ring: every later event of the session follows.
+    Found,
+    /// Not in the ring, but later events of the session survive: replayed, with a gap.
+    Tail,
+    /// Not in the ring and nothing after it (or not one of our ids): nothing replayed.
+    Unknown,
+}
+
 struct Inner {
     cfg: Config,
     replica_header: HeaderValue,
     log: Mutex<Log>,
     seen: Mutex<Vec<Seen>>,
     streams: AtomicU64,
+    /// Standalone streams by session (`--hand-over`); locked before `log`.
+    live: Mutex<HashMap<String, Live>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -305,6 +353,7 @@ impl AppState {
                 }),
                 seen: Mutex::new(Vec::new()),
                 streams: AtomicU64::new(0),
+                live: Mutex::new(HashMap::new()),
                 shutdown,
             }),
         })
@@ -364,7 +413,7 @@ impl AppState {
     }
 
     /// The naive resumption: what to replay for `last_event_id` on `session`.
-    fn naive_replay(&self, session: &str, last_event_id: &str) -> Vec<String> {
+    fn naive_replay(&self, session: &str, last_event_id: &str) -> (Vec<String>, ReplayFrom) {
         let mut log = lock(&self.inner.log);
         // Ids are per-process, so another session may own the same id here: look it up in
         // this session's events only (what replica 2 of docs/problem.md does: it finds nothing).
@@ -374,16 +423,17 @@ impl AppState {
             .position(|e| e.id == last_event_id && e.session == session)
         {
             // Found: replay everything after it for the session, whatever stream it came from.
-            return log
+            let replay = log
                 .ring
                 .iter()
                 .skip(pos + 1)
                 .filter(|e| e.session == session)
                 .map(|e| e.sse.clone())
                 .collect();
+            return (replay, ReplayFrom::Found);
         }
         let Some(k) = parse_event_id(last_event_id) else {
-            return Vec::new();
+            return (Vec::new(), ReplayFrom::Unknown);
         };
         // Replay whatever survives after it: the silent gap of a trimmed ring.
         let tail: Vec<String> = log
@@ -396,10 +446,117 @@ impl AppState {
             // Not ours: "resume" numbering right after it from our own counter (docs/problem.md:
             // "began emitting new events starting at e8 from its own fresh counter").
             log.counter = k;
+            (tail, ReplayFrom::Unknown)
         } else {
             log.counter = log.counter.max(k);
+            (tail, ReplayFrom::Tail)
         }
-        tail
+    }
+
+    /// The naive replay of `last_event_id` into `tx`, after the contiguity assertion with
+    /// `--contiguity` (complete when the cursor was found: every later event of the session
+    /// is taken for the stream's, which holds for a session with one stream at a time).
+    fn send_replay(&self, session: &str, last_event_id: &str, tx: &mpsc::UnboundedSender<String>) {
+        let (replay, from) = self.naive_replay(session, last_event_id);
+        // The receiver is still in hand: these sends cannot fail.
+        if self.inner.cfg.contiguity {
+            let _ = tx.send(contiguity_assertion(last_event_id, from, replay.len()));
+        }
+        for chunk in replay {
+            let _ = tx.send(chunk);
+        }
+    }
+
+    /// `--hand-over`: the session's standalone stream, now fed to this new reader (after the
+    /// replay of `last_event_id`, if any); the previous reader's response ends cleanly. The
+    /// replay and the switch happen under one lock, so no event falls between them.
+    fn attach(&self, session: &str, last_event_id: Option<&str>, limit: Option<u64>) -> Response {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut live = lock(&self.inner.live);
+        if let Some(leid) = last_event_id {
+            self.send_replay(session, leid, &tx);
+        }
+        if limit == Some(0) {
+            // Exactly the replay: not a reader of the stream.
+            return sse_response(rx);
+        }
+        match live.get_mut(session) {
+            Some(l) => {
+                // Dropping the previous sender ends that response once it has sent what it holds.
+                l.reader = Some(tx);
+                l.left = limit;
+            }
+            None => {
+                let producer = self.inner.streams.fetch_add(1, Ordering::Relaxed) + 1;
+                live.insert(
+                    session.to_string(),
+                    Live {
+                        producer,
+                        reader: Some(tx),
+                        left: limit,
+                    },
+                );
+                self.spawn_handed(session.to_string(), producer);
+            }
+        }
+        sse_response(rx)
+    }
+
+    /// The producer of a `--hand-over` stream: a notification every `--tick-ms` to whichever
+    /// reader the session's entry holds; with no reader, `--produce-while-away` more events
+    /// into the ring, then it stops (and so on shutdown).
+    fn spawn_handed(&self, session: String, producer: u64) {
+        let state = self.clone();
+        let tick = Duration::from_millis(self.inner.cfg.tick_ms);
+        let away_budget = self.inner.cfg.produce_while_away;
+        let mut shutdown = self.inner.shutdown.subscribe();
+        tokio::spawn(async move {
+            let mut n: u64 = 0;
+            let mut away: Option<u64> = None;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(tick) => {}
+                    _ = shutdown.wait_for(|v| *v) => break,
+                }
+                let mut live = lock(&state.inner.live);
+                let Some(l) = live.get_mut(&session).filter(|l| l.producer == producer) else {
+                    return;
+                };
+                if l.reader.as_ref().is_some_and(|r| r.is_closed()) {
+                    l.reader = None;
+                }
+                if l.reader.is_some() {
+                    away = None;
+                } else {
+                    let left = away.get_or_insert(away_budget);
+                    if *left == 0 {
+                        live.remove(&session);
+                        return;
+                    }
+                    *left -= 1;
+                }
+                n += 1;
+                let msg = live_message(&state.inner.cfg.name, producer, n);
+                let sse = state.emit(&session, "get", &msg);
+                let Some(l) = live.get_mut(&session) else {
+                    return;
+                };
+                if let Some(r) = l.reader.take() {
+                    let _ = r.send(sse);
+                    let left = l.left.map(|x| x.saturating_sub(1));
+                    l.left = left;
+                    // The reader's `?limit` is reached: its response ends.
+                    if left != Some(0) {
+                        l.reader = Some(r);
+                    }
+                }
+            }
+            // Shut down: the reader's response ends.
+            let mut live = lock(&state.inner.live);
+            if live.get(&session).is_some_and(|l| l.producer == producer) {
+                live.remove(&session);
+            }
+        });
     }
 
     fn record(&self, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) {
@@ -460,14 +617,7 @@ impl AppState {
                     continue;
                 }
                 n += 1;
-                let msg = json!({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/message",
-                    "params": {
-                        "level": "info",
-                        "data": {"replica": state.inner.cfg.name, "stream": stream_no, "n": n}
-                    }
-                });
+                let msg = live_message(&state.inner.cfg.name, stream_no, n);
                 let sse = state.emit(&session, "get", &msg);
                 match away.as_mut() {
                     Some(left) => *left -= 1,
@@ -480,6 +630,36 @@ impl AppState {
             }
         });
     }
+}
+
+/// The notification a standalone stream sends every tick.
+fn live_message(replica: &str, stream_no: u64, n: u64) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/message",
+        "params": {
+            "level": "info",
+            "data": {"replica": replica, "stream": stream_no, "n": n}
+        }
+    })
+}
+
+/// The contiguity assertion (docs/contiguity-extension.md, version 1) for a replay of `count`
+/// events after `cursor`.
+fn contiguity_assertion(cursor: &str, from: ReplayFrom, count: usize) -> String {
+    let mut params =
+        json!({"v": 1, "after": cursor, "complete": from == ReplayFrom::Found, "count": count});
+    match from {
+        ReplayFrom::Found => {}
+        ReplayFrom::Tail => params["reason"] = json!("not_contiguous"),
+        ReplayFrom::Unknown => params["reason"] = json!("unknown_cursor"),
+    }
+    let msg = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/mcp-resume-guard/replay",
+        "params": params,
+    });
+    format!("id: {cursor}\nevent: message\ndata: {msg}\n\n")
 }
 
 fn parse_event_id(id: &str) -> Option<u64> {
@@ -752,12 +932,11 @@ async fn mcp(
     if let (Some(sid), true, Some(leid)) = (&session, known, headers.get("last-event-id")) {
         if method == Method::GET || method == Method::POST {
             let leid = String::from_utf8_lossy(leid.as_bytes()).into_owned();
-            let replay = state.naive_replay(sid, &leid);
-            let (tx, rx) = mpsc::unbounded_channel();
-            for chunk in replay {
-                // The receiver is still in hand: this cannot fail.
-                let _ = tx.send(chunk);
+            if state.inner.cfg.hand_over {
+                return state.attach(sid, Some(&leid), limit);
             }
+            let (tx, rx) = mpsc::unbounded_channel();
+            state.send_replay(sid, &leid, &tx);
             state.spawn_live(sid.clone(), tx, limit);
             return sse_response(rx);
         }
@@ -766,6 +945,7 @@ async fn mcp(
     match method {
         Method::POST => handle_post(&state, session.filter(|_| known), &body).await,
         Method::GET => match session.filter(|_| known) {
+            Some(sid) if state.inner.cfg.hand_over => state.attach(&sid, None, limit),
             Some(sid) => {
                 let (tx, rx) = mpsc::unbounded_channel();
                 state.spawn_live(sid, tx, limit);

@@ -806,6 +806,124 @@ async fn shutdown_ends_open_streams() {
     assert!(!r.ids().is_empty());
 }
 
+/// Reads an open response until its body holds `needle` (5 s at most).
+async fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(got).contains(needle) {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            n > 0,
+            "ended before {needle:?}: {}",
+            String::from_utf8_lossy(got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// `--hand-over`: a resume takes the session's stream over; the previous reader's response
+/// ends cleanly and the stream goes on, same stream and count, on the new reader.
+#[tokio::test]
+async fn hand_over_gives_the_stream_to_the_newest_reader() {
+    let dir = temp_dir("hand-over");
+    let mut cfg = Config::new("r1", &dir);
+    cfg.hand_over = true;
+    let r1 = Replica::with(cfg).await;
+    let (_, sid) = initialize(r1.addr, "2025-06-18").await;
+    let mut a = TcpStream::connect(r1.addr).await.unwrap();
+    a.write_all(request_text(r1.addr, "GET", "/mcp", &[("Mcp-Session-Id", &sid)], None).as_bytes())
+        .await
+        .unwrap();
+    let mut got_a = Vec::new();
+    read_until(&mut a, &mut got_a, "id: e2\n").await;
+    let addr = r1.addr;
+    let sid2 = sid.clone();
+    let b = tokio::spawn(async move {
+        http(
+            addr,
+            "GET",
+            "/mcp?limit=3",
+            &[("Mcp-Session-Id", &sid2), ("Last-Event-ID", "e2")],
+            None,
+        )
+        .await
+    });
+    // The old reader's response ends, with the chunked terminator (a clean end).
+    tokio::time::timeout(Duration::from_secs(5), a.read_to_end(&mut got_a))
+        .await
+        .expect("the old reader's response did not end")
+        .unwrap();
+    assert!(
+        got_a.ends_with(b"0\r\n\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got_a)
+    );
+    let b = b.await.unwrap();
+    let ns: Vec<(u64, u64)> = b
+        .events()
+        .iter()
+        .map(|(_, v)| {
+            let d = &v["params"]["data"];
+            (d["stream"].as_u64().unwrap(), d["n"].as_u64().unwrap())
+        })
+        .collect();
+    // The replay (whatever the old reader was sent after e2), then 3 live events: one stream,
+    // counting on from n = 3.
+    assert!(ns.len() >= 3, "{ns:?}");
+    assert!(ns.iter().all(|(s, _)| *s == ns[0].0), "{ns:?}");
+    assert_eq!(
+        ns.iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+        (3..3 + ns.len() as u64).collect::<Vec<_>>()
+    );
+    // Nobody reads it now: it stops.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let c = r1.state.counter();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(r1.state.counter(), c, "the producer must have stopped");
+}
+
+/// `--contiguity`: a resume's answer starts with the assertion, complete when the cursor is
+/// in the ring, `complete: false` when it is not.
+#[tokio::test]
+async fn contiguity_assertion_leads_every_resume() {
+    let dir = temp_dir("contiguity");
+    let mut cfg = Config::new("r1", &dir);
+    cfg.contiguity = true;
+    let r1 = Replica::with(cfg).await;
+    let (_, sid) = initialize(r1.addr, "2025-06-18").await;
+    let r = ledger_append(r1.addr, &sid, 1, "x", 3, &[]).await;
+    assert_eq!(r.ids(), ids(1..=4));
+    let resume = |cursor: &'static str| {
+        let sid = sid.clone();
+        async move {
+            http(
+                r1.addr,
+                "GET",
+                "/mcp?limit=0",
+                &[("Mcp-Session-Id", &sid), ("Last-Event-ID", cursor)],
+                None,
+            )
+            .await
+        }
+    };
+    let r = resume("e2").await;
+    let evs = r.events();
+    assert_eq!(r.ids(), ["e2", "e3", "e4"]);
+    assert_eq!(evs[0].1["method"], "notifications/mcp-resume-guard/replay");
+    assert_eq!(
+        evs[0].1["params"],
+        json!({"v": 1, "after": "e2", "complete": true, "count": 2})
+    );
+    let r = resume("x9").await;
+    assert_eq!(r.ids(), ["x9"]);
+    assert_eq!(
+        r.events()[0].1["params"],
+        json!({"v": 1, "after": "x9", "complete": false, "count": 0, "reason": "unknown_cursor"})
+    );
+}
+
 #[test]
 fn cli_parses_and_rejects() {
     let args = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
@@ -832,6 +950,19 @@ fn cli_parses_and_rejects() {
     assert_eq!(cfg.tick_ms, 50);
     assert_eq!(cfg.path, "/mcp");
     assert_eq!(cfg.owner_headers, ["x-mcp-owner"]);
+    assert!(!cfg.hand_over && !cfg.contiguity);
+
+    let Cli::Run(cfg) = parse_args(args(
+        "--listen 127.0.0.1:0 --name r2 --state-dir /tmp/y --hand-over --contiguity",
+    ))
+    .unwrap() else {
+        panic!("expected a config");
+    };
+    assert!(cfg.hand_over && cfg.contiguity);
+    assert!(parse_args(args(
+        "--listen 127.0.0.1:0 --name r2 --state-dir /tmp/y --hand-over=yes"
+    ))
+    .is_err());
 
     assert!(matches!(parse_args(args("--help")), Ok(Cli::Help)));
     assert!(parse_args(args("--name r1 --state-dir /tmp/x")).is_err());
