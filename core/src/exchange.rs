@@ -17,8 +17,8 @@ use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSIO
 use crate::host::{CalloutFailure, Host, Stat};
 use crate::jsonrpc::{RequestIdScanner, Scan};
 use crate::ownership::{
-    check_version, BranchAnswer, BranchQuery, Reason, Record, ResumeQuery, ResumeVerdict,
-    SessionEnd, StreamKind, BRANCH_PATH, RESUME_PATH,
+    check_version, post_headers, BranchAnswer, BranchQuery, Reason, Record, ResumeQuery,
+    ResumeVerdict, SessionEnd, StreamKind, BRANCH_PATH, RESUME_PATH,
 };
 use crate::records::{Overtaken, RecordQueue, StreamKey};
 use crate::stream::{control_event, Flow, StreamState};
@@ -659,15 +659,7 @@ impl Exchange {
         let query = self.branch_query()?;
         let body = serde_json::to_vec(&query).ok()?;
         let o = &w.config.ownership;
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", BRANCH_PATH),
-            (":authority", o.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        if let Some(a) = &w.auth {
-            headers.push(("authorization", a.as_str()));
-        }
+        let headers = post_headers(BRANCH_PATH, &o.authority, w.auth.as_deref());
         // `None`: the end goes on; `on_stream_end` still reports it as a record.
         host.dispatch(&o.cluster, &headers, &body, o.timeout_ms)
     }
@@ -952,15 +944,7 @@ impl Exchange {
             Err(_) => return self.callout_failed(w, host, &cursor, CalloutFailure::Encode),
         };
         let o = &w.config.ownership;
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", RESUME_PATH),
-            (":authority", o.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        if let Some(a) = &w.auth {
-            headers.push(("authorization", a.as_str()));
-        }
+        let headers = post_headers(RESUME_PATH, &o.authority, w.auth.as_deref());
         match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
             Some(token) => {
                 host.count(Stat::Callouts, 1);

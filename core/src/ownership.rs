@@ -697,6 +697,25 @@ pub struct ErrorBody {
     pub detail: String,
 }
 
+/// The headers of a JSON POST to the ownership service at `path` (with the guard's
+/// `authorization`, when it has a token).
+pub fn post_headers<'a>(
+    path: &'a str,
+    authority: &'a str,
+    authorization: Option<&'a str>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut h = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", authority),
+        ("content-type", "application/json"),
+    ];
+    if let Some(a) = authorization {
+        h.push(("authorization", a));
+    }
+    h
+}
+
 pub const RESUME_PATH: &str = "/v1/resume";
 pub const RECORDS_PATH: &str = "/v1/records";
 pub const BRANCH_PATH: &str = "/v1/branch";

@@ -15,8 +15,8 @@
 use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
-    check_incarnation, check_seq, check_session, digest_hex, recorded_id, FieldError, LongId,
-    Reason, Record, RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
+    check_incarnation, check_seq, check_session, digest_hex, post_headers, recorded_id, FieldError,
+    LongId, Reason, Record, RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
     MAX_RECORDED_EVENT_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH, REJECTED_FORKED,
     REJECTED_MISMATCH,
 };
@@ -474,15 +474,7 @@ impl RecordQueue {
             host.count(Stat::RecordsDropped, batch.len() as u64);
             return;
         }
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", RECORDS_PATH),
-            (":authority", self.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        if let Some(a) = &self.auth {
-            headers.push(("authorization", a.as_str()));
-        }
+        let headers = post_headers(RECORDS_PATH, &self.authority, self.auth.as_deref());
         match host.dispatch(&self.cluster, &headers, &body, self.timeout_ms) {
             Some(token) => self.in_flight = Some((token, batch)),
             None => self.failed(host, batch),
