@@ -198,8 +198,14 @@ class Streamer(Scenario):
                 if forks == 2 and any(results) and any(r == [] for r in results):
                     # One branch continued, the other ended empty: the loser must be told (`forked`),
                     # never just ended. (Both empty: the replica ended the stream, as it may.)
+                    with self.t.lock:
+                        recent = [(round(time.monotonic() - t, 1), k) for t, k in self.t.fault_log[-3:]]
+                    branches = [{"gateway": port, "status": s.status if s else None,
+                                 "events": None if r is None else len(r), "reset": s.reset if s else None}
+                                for port, (s, _), r in zip(ports, opened, results)]
                     self.t.violation("silent_empty_fork", f"cursor {cursor[:24]}… one branch continued, "
-                                     "the other ended with no event and no signal")
+                                     f"the other ended with no event and no signal: {branches}; "
+                                     f"faults (s ago, kind): {recent}")
                 events = next((e for e in reversed(results) if e), None)
                 if events is None:
                     cursor, last_payload = None, None
