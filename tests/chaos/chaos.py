@@ -206,6 +206,14 @@ class Streamer(Scenario):
                     self.t.violation("silent_empty_fork", f"cursor {cursor[:24]}… one branch continued, "
                                      f"the other ended with no event and no signal: {branches}; "
                                      f"faults (s ago, kind): {recent}")
+                if any(reason in ("session_inactive", "records_lost") for _, reason in opened):
+                    # The store no longer knows the session (a Redis Cluster restarted without
+                    # persistence loses it for good): start over as an application would, so later
+                    # resumes exercise live sessions again.
+                    self.t.inc("sessions_started_over")
+                    self.connect()
+                    cursor, last_payload = None, None
+                    continue
                 events = next((e for e in reversed(results) if e), None)
                 if events is None:
                     cursor, last_payload = None, None
@@ -347,6 +355,10 @@ class Caller(Scenario):
                     r.close()
                     if r.status == 404:
                         self.t.signal("session_404")
+                    if reason in ("session_inactive", "records_lost"):
+                        # The store no longer knows the session: start over (see Streamer).
+                        self.t.inc("sessions_started_over")
+                        self.connect()
                     break  # explicit: the result will not come; never re-issue a side effect
                 self.t.inc("continuations")
                 before = len(progress)
