@@ -170,11 +170,16 @@ impl Branches {
     }
 
     /// Mark `g` ended; is another branch numbered 1 or more still open?
-    fn end(&mut self, g: u64) -> bool {
+    ///
+    /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
+    /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
+    fn end(&mut self, g: u64, told: bool) -> bool {
+        let forked = self.kept.iter().any(|(h, b)| *h >= 1 && *h != g && b.open);
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
+            b.cut |= told && forked;
         }
-        self.kept.iter().any(|(h, b)| *h >= 1 && b.open)
+        forked
     }
 }
 
@@ -646,7 +651,7 @@ impl Inner {
                 incarnation,
                 branch,
             } => {
-                self.end_branch(session, incarnation, *branch);
+                self.end_branch(session, incarnation, *branch, false);
             }
         }
         Ok(())
@@ -661,9 +666,9 @@ impl Inner {
         s.incarnations.get_mut(incarnation)?.branches.as_mut()
     }
 
-    fn end_branch(&mut self, session: &str, incarnation: &str, branch: u64) -> bool {
+    fn end_branch(&mut self, session: &str, incarnation: &str, branch: u64, told: bool) -> bool {
         self.branches_mut(session, incarnation)
-            .is_some_and(|b| b.end(branch))
+            .is_some_and(|b| b.end(branch, told))
     }
 
     /// The next branch of an opened incarnation of an active session (`None` otherwise).
@@ -848,11 +853,12 @@ fn arbitrate(
         // the first response's records (in flight when the continuation was decided) or an
         // ended branch's, it is a divergence.
         if let Some(b) = inc.branches.as_mut().filter(|_| branch >= 1) {
-            let rival = b
-                .writer
-                .filter(|h| *h >= 1 && *h != branch && b.kept.get(h).is_some_and(|x| x.open));
-            if let Some(h) = rival {
-                return if branch > h { Ok(()) } else { overtaken(b) };
+            let rival = b.writer.filter(|h| *h >= 1 && *h != branch);
+            match rival.and_then(|h| b.kept.get(&h).map(|x| (h, x.open, x.cut))) {
+                Some((h, true, _)) => return if branch > h { Ok(()) } else { overtaken(b) },
+                // The writer lost a fork (cut): its records give way to the survivor's.
+                Some((_, false, true)) => return Ok(()),
+                _ => {}
             }
         }
         inc.lost = true;
@@ -927,7 +933,7 @@ impl Store for MemoryStore {
         branch: u64,
         _now_ms: u64,
     ) -> Result<bool, StoreError> {
-        Ok(self.lock().end_branch(session, incarnation, branch))
+        Ok(self.lock().end_branch(session, incarnation, branch, true))
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

@@ -98,6 +98,16 @@ class SSEStream(EventReader):
         # Set it to a bytearray to keep every body line read from then on (what the client saw).
         self.transcript: bytearray | None = None
         self.deadline: float | None = None  # while `read_within` runs
+        # A chunked body ends cleanly only with its terminal chunk; http.client reads a connection
+        # closed before (even before the first chunk) as an empty end, so the trailer read marks it.
+        self.terminal = False
+        read_trailer = resp._read_and_discard_trailer
+
+        def trailer():
+            self.terminal = True
+            return read_trailer()
+
+        resp._read_and_discard_trailer = trailer
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -119,9 +129,8 @@ class SSEStream(EventReader):
             self.reset = True
         if not line:
             self.ended = True
-            # A connection closed between two chunks (or short of a length) reads as a clean end;
-            # http.client's state tells them apart: after the last chunk no chunk is pending (None).
-            if (self.resp.chunked and self.resp.chunk_left is not None) or self.resp.length:
+            # A connection closed short of the terminal chunk (or of a length) reads as a clean end.
+            if (self.resp.chunked and not self.terminal) or self.resp.length:
                 self.reset = True
         if self.transcript is not None:
             self.transcript += line

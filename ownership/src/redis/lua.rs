@@ -83,16 +83,20 @@ local function overtaken(t, g)
   return false
 end
 -- Mark g ended; is another branch numbered 1 or more still open?
-local function end_branch(inc, t, g)
+-- told: the guard asked at the branch's end and tells its client `forked` on a yes: that branch
+-- lost a fork, so it is cut (its records give way to the survivor's).
+local function end_branch(inc, t, g, told)
+  local forked = false
+  for h, e in pairs(t.kept) do
+    if h >= 1 and h ~= g and e.open then forked = true end
+  end
   local b = t.kept[g]
-  if b and b.open then
+  if b and (b.open or (told and forked and not b.cut)) then
     b.open = false
+    if told and forked then b.cut = true end
     put_branch(inc, g, b)
   end
-  for h, e in pairs(t.kept) do
-    if h >= 1 and e.open then return true end
-  end
-  return false
+  return forked
 end
 "#;
 
@@ -285,12 +289,14 @@ elseif typ == 'ev' then
       -- ways (a fork, not a lost log); the newer one is followed, the older one cut. Against
       -- the first response's records or an ended branch's, it is a divergence.
       local h = table_ and branch >= 1 and table_.writer
-      local rival = h and h >= 1 and h ~= branch and table_.kept[h] and table_.kept[h].open
-      if not rival then
+      local w = h and h >= 1 and h ~= branch and table_.kept[h]
+      if w and w.open then
+        if branch < h then return cut() end
+      elseif not (w and w.cut) then
         redis.call('HSET', ik, 'l', '1')
         return result .. ' replay_mismatch'
       end
-      if branch < h then return cut() end
+      -- Else the writer lost a fork (cut): its records give way to the survivor's.
     end
   end
   if n_long > 0 then
@@ -354,7 +360,7 @@ elseif typ == 'be' then
   local inc = ARGV[9]
   if redis.call('HGET', ikey(inc), 'b') == '1' then
     local t = branches(inc)
-    if t then end_branch(inc, t, tonumber(ARGV[10])) end
+    if t then end_branch(inc, t, tonumber(ARGV[10]), false) end
   end
   return 'n'
 elseif typ == 'of' then
@@ -513,7 +519,7 @@ if mode == 'open' then
 end
 if redis.call('HGET', ik, 'b') ~= '1' then return 0 end
 local t = branches(inc)
-if t and end_branch(inc, t, tonumber(ARGV[6])) then return 1 end
+if t and end_branch(inc, t, tonumber(ARGV[6]), true) then return 1 end
 return 0
 "#;
 

@@ -1845,6 +1845,31 @@ pub async fn diverging_open_continuations_are_a_fork<S: Store>(make: impl Fn(Lim
         .await,
         [None, MISMATCH]
     );
+    // A branch told `forked` at its end lost the fork: its records give way to the survivor's.
+    // One that ended otherwise (a reset, a client gone) is no rival: a divergence from its
+    // records is a loss.
+    for (told, want) in [(true, None), (false, MISMATCH)] {
+        let inc = if told { D } else { "00000000000000ee" };
+        apply(&s, &[req_stream(inc), events(S1, inc, 1, 3)]).await;
+        let (e1, e2) = (
+            continue_branch(&s, inc, 3).await.unwrap(),
+            continue_branch(&s, inc, 3).await.unwrap(),
+        );
+        assert_eq!(
+            refusals(&s, &[relayed_as(inc, e1, 4, &["x4".into()])]).await,
+            [None]
+        );
+        if told {
+            assert!(s.end_branch(S1, inc, e1, T0).await.unwrap(), "e2 is open");
+        } else {
+            apply(&s, &[branch_end(S1, inc, e1)]).await;
+        }
+        assert_eq!(
+            refusals(&s, &[relayed_as(inc, e2, 4, &["y4".into()])]).await,
+            [want],
+            "told: {told}"
+        );
+    }
 }
 
 /// An incarnation's branch table goes with it: evicted, or freed with its session, and made
