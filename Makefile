@@ -183,9 +183,11 @@ check: rust-targets check-venv
 	@echo "make check: green (make test runs everything)"
 
 # ---- benchmarks ------------------------------------------------------------
-# `make bench`: bare Envoy vs the proxy-wasm floor vs the guard (Wasm and native); writes BENCHMARKS.md and
-# bench/plots/*.png (full run, <= 15 min). `BENCH_QUICK=1 make bench` (< 2 min, debug builds)
-# writes target/bench-smoke/ instead; `make test` runs it as a smoke test (no timing checks).
+# `make bench`: bare Envoy vs the proxy-wasm floors vs the guard, and the native floors vs the native guard:
+# CPU time, and instructions per request/chunk/event under callgrind (valgrind); writes BENCHMARKS.md and
+# bench/plots/*.png (full run, <= 25 min). `BENCH_QUICK=1 make bench` (< 3 min, debug builds, callgrind
+# on the guard alone with tiny counts) writes target/bench-smoke/ instead; `make test` runs it as a smoke
+# test (no timing checks).
 MATPLOTLIB_VERSION ?= 3.9.2
 BENCH_TARGET ?= target
 BENCH_PROFILE = $(if $(BENCH_QUICK),debug,release)
@@ -203,6 +205,7 @@ $(VENV)/.bench-stamp: $(VENV)/.stamp
 
 bench-tools: venv $(VENV)/.bench-stamp rust-targets
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends wrk; }
+	@command -v valgrind >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends valgrind; }
 
 bench: bench-tools wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_CARGO) -p mcp-bench -p mcp-ownership
@@ -212,7 +215,7 @@ bench: bench-tools wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) FLOOR_MODE=hdr cargo build --release --target wasm32-wasip1 -p bench-floor-filter
 	cp $(BENCH_TARGET)/wasm32-wasip1/release/bench_floor_filter.wasm $(BENCH_OUT)/floor-headers.wasm
 	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build --release --target wasm32-wasip1 -p bench-floor-filter
-	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_NATIVE_CARGO) -p mcp-resume-guard-native
+	CARGO_TARGET_DIR=$(BENCH_TARGET) cargo build $(BENCH_NATIVE_CARGO) -p mcp-resume-guard-native -p bench-floor-native
 	$(PY) bench/run.py $(if $(BENCH_QUICK),--quick) --copy-wasm $(BENCH_OUT)/floor-copy.wasm \
 	  --native-dir $(BENCH_TARGET)/$(BENCH_NATIVE_PROFILE) \
 	  --bin-dir $(BENCH_TARGET)/$(BENCH_PROFILE) --ownership $(BENCH_TARGET)/$(BENCH_PROFILE)/mcp-ownership \

@@ -28,6 +28,8 @@ from stack.envoy import config_holder, envoy_config, guard_filter, hcm
 from stack.procs import CLK_TCK, HOST, PORT_OFFSET, ROOT, Proc, cpu_ticks, rss_kib
 from stack.services import start_redis
 
+import instructions
+
 P = PORT_OFFSET
 BIN_DIR = Path(".")
 CONFIGS = ["bare", "floor", "guard"]
@@ -49,11 +51,13 @@ def rss(pid):
 EXTRA_WASM: dict[str, Path] = {}
 # The directory holding libmcp_resume_guard_native.so, when the native column is measured.
 NATIVE_DIR: Path | None = None
+# The native floors (bench/floor-native, by filter_name): an empty dynamic module and a body copy.
+NATIVE_FLOORS = {"native-empty": "empty", "native-copy": "copy"}
 
 
-def envoy_cfg(kind, guard_wasm, floor_wasm):
+def envoy_cfg(kind, guard_wasm, floor_wasm, ports=None):
     # envoy.yaml reads its key from MCP_GUARD_KEY_1; the bench signs with the stack's literal test key.
-    port, admin = PORTS[kind]
+    port, admin = ports or PORTS[kind]
     ports = {"listener_port": port, "admin_port": admin, "replica_ports": [JSON_UP], "ownership_ports": [OWN]}
     cfg = envoy_config(guard=kind != "bare", base="envoy.yaml",
                        wasm=EXTRA_WASM.get(kind, guard_wasm), **ports)
@@ -63,6 +67,14 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
         # The dynamic-module filter of envoy/envoy-native.yaml with this config's plugin JSON.
         n = guard_filter(envoy_config(base="envoy-native.yaml", **ports))
         config_holder(n)["value"] = config_holder(g)["value"]
+        hcm_["http_filters"] = [n if f is g else f for f in hcm_["http_filters"]]
+    elif kind in NATIVE_FLOORS:
+        # bench/floor-native (libbench_floor_native.so, next to the native guard): its filter_name is the mode.
+        n = copy.deepcopy(guard_filter(envoy_config(base="envoy-native.yaml", **ports)))
+        n["name"] = "bench_floor"
+        n["typed_config"]["dynamic_module_config"]["name"] = "bench_floor_native"
+        n["typed_config"]["filter_name"] = NATIVE_FLOORS[kind]
+        config_holder(n)["value"] = ""
         hcm_["http_filters"] = [n if f is g else f for f in hcm_["http_filters"]]
     elif kind == "floor" or (kind in EXTRA_WASM and not kind.startswith("guard")):
         c = g["typed_config"]["config"]
@@ -93,9 +105,10 @@ def envoy_cfg(kind, guard_wasm, floor_wasm):
     return cfg
 
 
-def Envoy(kind, run_dir, envoy_bin, guard_wasm, floor_wasm):
-    """Envoy with configuration `kind` (bare, floor, guard, native or an extra .wasm), not started."""
-    e = stack_envoy.Envoy(f"envoy-{kind}", envoy_cfg(kind, guard_wasm, floor_wasm), run_dir=run_dir,
+def Envoy(kind, run_dir, envoy_bin, guard_wasm, floor_wasm, ports=None, name=None):
+    """Envoy with configuration `kind` (bare, floor, guard, native, a native floor or an extra .wasm),
+    not started."""
+    e = stack_envoy.Envoy(name or f"envoy-{kind}", envoy_cfg(kind, guard_wasm, floor_wasm, ports), run_dir=run_dir,
                           envoy_bin=envoy_bin, native_dir=NATIVE_DIR)
     e.kind = kind
     return e
@@ -110,10 +123,16 @@ wrk.headers["accept"] = "application/json, text/event-stream"
 wrk.headers["mcp-session-id"] = "bench-session"
 wrk.headers["mcp-protocol-version"] = "2025-06-18"
 """
+# Every GET opens a stream of its own session (as clients do), so the guard's per-session work is paid.
 WRK_GET = """wrk.method = "GET"
 wrk.headers["accept"] = "text/event-stream"
-wrk.headers["mcp-session-id"] = "bench-session"
 wrk.headers["mcp-protocol-version"] = "2025-06-18"
+local n = 0
+request = function()
+  n = n + 1
+  wrk.headers["mcp-session-id"] = "bench-session-" .. n
+  return wrk.format()
+end
 """
 
 UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
@@ -224,11 +243,37 @@ def summarize(runs, key, extra=()):
             out[c][e] = med([r.get(e) for r in rs])
     # Ratios round by round, then the median (the pairs ran back to back).
     for a, b in (("guard", "floor"), ("floor", "bare"), ("guard", "bare"), ("copy", "floor"), ("guard", "copy"),
-                 ("native", "floor"), ("native", "guard"), ("native", "bare"),
+                 ("guard", "headers"), ("native", "floor"), ("native", "guard"), ("native", "bare"),
                  *[(x, "floor") for x in EXTRA_WASM if x != "copy"]):
         if a in runs and b in runs:
             ratios = [x[key] / y[key] for x, y in zip(runs[a], runs[b]) if x[key] and y[key]]
             out[f"{a}/{b}"] = med(ratios)
+            # The spread over rounds: what one CPU ratio alone can tell.
+            out[f"{a}/{b}_range"] = [min(ratios), max(ratios)] if ratios else None
+    return out
+
+
+# Extra bytes per million body bytes the guard writes (ids rewritten into longer cursors), by event size:
+# the copy fixtures write back as many (`x-bench-pad-ppm`, bench/floor-filter and bench/floor-native).
+PAD_PPM: dict[int, int] = {}
+
+
+def calibrate_pad(envoys, sizes, events=200):
+    """PAD_PPM from one stream per size through the guard and bare Envoy; then checks that the copy
+    fixture writes back as many bytes as the guard (within 1 %)."""
+    out = {}
+    for size in sizes:
+        _, g = instructions.b2_stream(envoys["guard"].listener_port, size, 0, events, 0)
+        _, b = instructions.b2_stream(envoys["bare"].listener_port, size, 0, events, 0)
+        PAD_PPM[size] = max(round((g - b) * 1e6 / b), 0)
+        out[str(size)] = {"guard_bytes_per_event": g / events, "bare_bytes_per_event": b / events,
+                          "pad_ppm": PAD_PPM[size]}
+        if "copy" in envoys:
+            _, c = instructions.b2_stream(envoys["copy"].listener_port, size, 0, events, PAD_PPM[size])
+            out[str(size)]["copy_bytes_per_event"] = c / events
+            if abs(c - g) > 0.01 * g:
+                raise RuntimeError(f"copy fixture writes {c} bytes for the guard's {g} ({size} B events)")
+    log("pad", out)
     return out
 
 
@@ -245,6 +290,7 @@ def b2(envoys, bin_dir, rounds, secs, sizes, mode, conns):
                                             "--path", f"/mcp?size={size}&rate={rate}",
                                             "--conns", conns, "--secs", secs, "--pid", e.pid,
                                             "--header", "x-bench:sse",
+                                            "--header", f"x-bench-pad-ppm:{PAD_PPM.get(size, 0)}",
                                             "--header", "mcp-protocol-version:2025-06-18"], secs + 30)
                 if r["errors"] or r["opened"] != conns:
                     raise RuntimeError(f"B2 {mode} {size} {c}: {r}")
@@ -284,6 +330,39 @@ def b2_flat(envoys, bin_dir, secs):
         out["guard_last_third_over_first_third"] = statistics.mean(g[-third:]) / statistics.mean(g[:third])
     log("B2 flat", out.get("guard_last_third_over_first_third"))
     return out
+
+
+# Every configuration measured in instructions: the Wasm floors and guard, the native floors and guard.
+CG_CONFIGS = ["bare", "floor", "headers", "copy", "guard", "native-empty", "native-copy", "native"]
+
+
+def callgrind(run_dir, envoy_bin, guard_wasm, floor_wasm, quick):
+    """Instructions per request, chunk and event for every configuration (bench/instructions.py); in quick
+    mode the guard alone, with tiny counts (the smoke run checks the method, not the figures)."""
+    have = set(CONFIGS) | set(EXTRA_WASM)
+    if NATIVE_DIR and (NATIVE_DIR / "libbench_floor_native.so").exists():
+        have |= set(NATIVE_FLOORS)
+    kinds = ["guard"] if quick else [k for k in CG_CONFIGS if k in have]
+    out_dir = run_dir / "callgrind"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res = {"configs": kinds, "quick": quick, "phases": {}}
+    t0 = time.monotonic()
+    for i, kind in enumerate(kinds):
+        e = Envoy(kind, out_dir, envoy_bin, guard_wasm, floor_wasm, ports=(14300 + P + 2 * i, 14301 + P + 2 * i),
+                  name=f"cg-{kind}")
+        cg = instructions.Callgrind(e, out_dir, envoy_bin)
+        cg.start()
+        try:
+            for phase, r in instructions.measure_config(cg, quick, PAD_PPM, log).items():
+                res["phases"].setdefault(phase, {})[kind] = r
+        finally:
+            cg.stop()
+    res["duration_s"] = time.monotonic() - t0
+    COMMANDS.append("Instructions: valgrind " + " ".join(instructions.VALGRIND[1:])
+                    + " --callgrind-out-file=… envoy -c <config> --concurrency 1; callgrind_control --zero / "
+                    "--dump around each phase (bench/instructions.py)")
+    log("callgrind done in", round(res["duration_s"]), "s")
+    return res
 
 
 def b3(envoys, bin_dir, rounds, secs, config="guard"):
@@ -448,6 +527,53 @@ def verdict(ok):
     return "**met**" if ok else "**not met**"
 
 
+PHASE_LABELS = {"b1_post": "B1 POST → JSON, per request", "b1_get": "B1 GET → SSE, per request",
+                "paced_100": "B2 paced 100 B, per chunk", "paced_1024": "B2 paced 1 KiB, per chunk",
+                "bulk_100": "B2 bulk 100 B, per event", "bulk_1024": "B2 bulk 1 KiB, per event",
+                "bulk_16384": "B2 bulk 16 KiB, per event"}
+
+
+def instructions_section(res, a):
+    ins = res.get("instructions")
+    if not ins:
+        return
+    kinds = ins["configs"]
+    a("## Instructions")
+    a("")
+    a("User-space instructions of Envoy's worker thread (callgrind, `--concurrency 1`, `bench/instructions.py`): "
+      "each configuration in its own Envoy under `valgrind --tool=callgrind`, instrumentation switched on after "
+      "startup; per phase the counters are zeroed, the phase runs, and a dump gives each thread's count. B1: "
+      "N requests on one keep-alive connection after a warm-up, divided by N (GETs each with their own session). "
+      "B2: one stream of N events and one of 2N, (I(2N) − I(N)) / N, so the stream's setup cancels; paced "
+      f"streams send one event per chunk at {instructions.PACED_RATE}/s. Thousands of instructions "
+      + ("(quick mode: the guard alone, tiny counts)." if ins.get("quick") else "."))
+    a("")
+    a("| benchmark | N | " + " | ".join(kinds) + " |")
+    a("| --- | --- | " + " | ".join("---" for _ in kinds) + " |")
+    for phase, label in PHASE_LABELS.items():
+        r = ins["phases"].get(phase, {})
+        if r:
+            n = next(iter(r.values()))["n"]
+            a(f"| {label} | {n} | " + " | ".join(fmt(r[k]["per_unit"] / 1000, 2) if k in r else "–"
+                                                for k in kinds) + " |")
+    a("")
+    a("*bare*: no filter; *floor*: the empty Rust proxy-wasm filter (`bench/floor-filter`); *headers*: the same "
+      "built with `FLOOR_MODE=hdr` (reads the request and response header maps, as any inspecting filter must); "
+      "*copy*: built with `FLOOR_MODE=getset` (reads every response body chunk into the VM and writes it back, "
+      "padded to as many bytes as the guard writes); *native-empty* / *native-copy*: the same two floors as an "
+      "Envoy dynamic module (`bench/floor-native`): a module that does nothing, and one that copies each chunk out "
+      "of Envoy's slices and writes it back, padded likewise; *guard* / *native*: the guard's two builds.")
+    pad = res.get("pad")
+    if pad:
+        a("")
+        a("The guard rewrites ids into longer cursors; the copy fixtures add the same bytes as an SSE comment line "
+          "(`x-bench-pad-ppm`, measured from the guard's output at the start of the run): bytes per event, "
+          "bare / guard / copy fixture: "
+          + "; ".join(f"{z} B: {fmt(v['bare_bytes_per_event'], 0)} / {fmt(v['guard_bytes_per_event'], 0)} / "
+                      f"{fmt(v.get('copy_bytes_per_event'), 0)}" for z, v in pad.items()) + ".")
+    a("")
+
+
 def write_report(res, path, plots_rel):
     m = res["machine"]
     L = []
@@ -484,11 +610,18 @@ def write_report(res, path, plots_rel):
     a("")
     a("## Targets")
     a("")
-    a("| target | measured | status |")
-    a("| --- | --- | --- |")
-    for row in res["targets"]:
-        a(f"| {row[0]} | {row[1]} | {verdict(row[2]) if row[2] is not None else 'reported'} |")
+    a("Judged on instructions (callgrind, *Instructions* below): the same work gives the same count run after run, "
+      "where CPU time on this shared machine moves the unchanged fixtures by 1.04–1.30×. The CPU column is the "
+      "wall-clock benchmarks' ratio over the same floor (the native one over *bare*: it has no empty-module "
+      "column), median of per-round ratios with the min–max over rounds.")
     a("")
+    a("| target | measured (instructions) | CPU time | status |")
+    a("| --- | --- | --- | --- |")
+    for row in res["targets"]:
+        a(f"| {row[0]} | {row[1]} | {row[3] if len(row) > 3 else ''} | "
+          f"{verdict(row[2]) if row[2] is not None else 'reported'} |")
+    a("")
+    instructions_section(res, a)
     b1 = res["b1"]
     a("## B1 — requests without a cursor")
     a("")
@@ -735,46 +868,65 @@ def plots(res, out_dir):
     plt.close(fig)
 
 
+# The targets (instruction ratios): (label, phase, Wasm floor, Wasm limit, native limit over the empty module).
+TARGETS = [
+    ("B1 POST→JSON per request", "b1_post", "headers", 1.05, 1.05),
+    ("B1 GET→SSE per request", "b1_get", "headers", 1.15, 1.08),
+    ("B2 paced 100 B per chunk", "paced_100", "copy", 1.10, 1.15),
+    ("B2 paced 1 KiB per chunk", "paced_1024", "copy", 1.10, 1.15),
+    ("B2 bulk 100 B per event", "bulk_100", "floor", 10, 6.5),
+    ("B2 bulk 1 KiB per event", "bulk_1024", "copy", 1.5, 1.5),
+    ("B2 bulk 16 KiB per event", "bulk_16384", "copy", 1.1, 1.1),
+]
+FLOOR_NAMES = {"headers": "header-reading fixture", "copy": "copy fixture", "floor": "empty filter",
+               "bare": "bare", "native-empty": "empty module", "native-copy": "native copy fixture"}
+
+
+def cpu_of(res, phase):
+    """The CPU-time results of the benchmark an instruction phase repeats."""
+    if phase.startswith("b1"):
+        return res.get("b1", {}).get({"b1_post": "post_json", "b1_get": "get_sse"}[phase], {})
+    mode, size = phase.split("_")
+    return res.get(f"b2_{mode}", {}).get(size, {})
+
+
+def cpu_ratio(r, pair):
+    v, rng = r.get(pair), r.get(f"{pair}_range")
+    if v is None:
+        return "–"
+    return f"{fmt(v, 3)}× ({fmt(rng[0], 2)}–{fmt(rng[1], 2)})" if rng else f"{fmt(v, 3)}×"
+
+
 def targets(res):
+    """Rows (target, instructions, CPU time, met): met is judged on instructions alone."""
     t = []
+    phases = res.get("instructions", {}).get("phases", {})
 
-    def ratio(r, pair, lim, what):
-        v = r.get(pair)
-        t.append((f"{what}: {pair.replace('/', ' ≤ ' + str(lim) + '× ', 1)} CPU", f"{fmt(v, 3)}×",
-                  v is not None and v <= lim))
+    def ir(phase, kind):
+        return phases.get(phase, {}).get(kind, {}).get("per_unit")
 
-    for kind, label, lim in (("post_json", "POST→JSON", 1.05), ("get_sse", "GET→SSE", 1.10)):
-        r = res["b1"][kind]
-        ratio(r, "guard/floor", lim, f"B1 {label} per request")
-        if r.get("headers/floor"):
-            # The floor built with FLOOR_MODE=hdr: only reads both header maps, as any inspecting filter must.
-            t[-1] = (*t[-1][:1], f"{t[-1][1]} (header-reading fixture: {fmt(r['headers/floor'], 3)}×)", *t[-1][2:])
-        p = r.get("fixed_p99_ratio") or 99
-        t.append((f"B1 {label}: p99 within 10% of floor (2000 req/s)",
-                  f"{fmt(p, 3)}× ({fmt(r['guard']['fixed_p99_us'], 0)} vs {fmt(r['floor']['fixed_p99_us'], 0)} µs)",
-                  p <= 1.10))
-        if "native" in r:
-            ratio(r, "native/bare", 1.05, f"B1 {label} per request")
-    for size, r in res["b2_paced"].items():
-        copy = f" (copy-only fixture: {fmt(r.get('copy/floor'), 3)}×)" if r.get("copy/floor") else ""
-        v = r["guard/floor"]
-        t.append((f"B2 paced {size} B per event: guard ≤ 1.1× floor CPU", f"{fmt(v, 3)}×{copy}",
-                  v is not None and v <= 1.10))
-        if "native" in r:
-            ratio(r, "native/bare", 1.05, f"B2 paced {size} B per event")
-    for size, r in res["b2_bulk"].items():
-        lim = {"100": 6, "1024": 1.5, "16384": 1.1}.get(size)
-        copy = f" (copy-only fixture: {fmt(r.get('copy/floor'), 3)}×)" if r.get("copy/floor") else ""
-        v = r["guard/floor"]
-        t.append((f"B2 bulk {size} B per event: " + (f"guard ≤ {lim}× floor CPU" if lim else "guard/floor, reported"),
-                  f"{fmt(v, 3)}×{copy}", None if lim is None else (v or 99) <= lim))
-        if "native" in r:
-            nl = {"1024": 1.3}.get(size)
-            if nl:
-                ratio(r, "native/bare", nl, f"B2 bulk {size} B per event")
-            else:
-                t.append((f"B2 bulk {size} B per event: native/bare, reported", f"{fmt(r.get('native/bare'), 3)}×",
-                          None))
+    for label, phase, floor, wlim, nlim in TARGETS:
+        cpu = cpu_of(res, phase)
+        for guard, fl, lim, extra in (("guard", floor, wlim, ()),
+                                      ("native", "native-empty", nlim, ("bare", "native-copy"))):
+            g, f = ir(phase, guard), ir(phase, fl)
+            if guard == "native" and g is None and "native" not in cpu:
+                continue
+            v = g / f if g and f else None
+            also = "".join(f"; ×{FLOOR_NAMES[x]} {fmt(g / ir(phase, x), 3)}" for x in extra
+                           if g and ir(phase, x))
+            measured = (f"{fmt(v, 3)}× ({fmt(g / 1000, 1)}k vs {fmt(f / 1000, 1)}k instr{also})" if v else "–")
+            cpu_pair = f"{guard}/{fl}" if guard == "guard" else "native/bare"
+            t.append((f"{label}, {'Wasm' if guard == 'guard' else 'native'}: ≤ {lim}× {FLOOR_NAMES[fl]}",
+                      measured, None if v is None else v <= lim,
+                      f"{cpu_pair.replace('/', ' / ')}: {cpu_ratio(cpu, cpu_pair)}"))
+    for kind, label in (("post_json", "POST→JSON"), ("get_sse", "GET→SSE")):
+        r = res.get("b1", {}).get(kind)
+        if r:
+            p = r.get("fixed_p99_ratio") or 99
+            t.append((f"B1 {label}: p99 within 10% of floor (2000 req/s)",
+                      f"{fmt(p, 3)}× ({fmt(r['guard']['fixed_p99_us'], 0)} vs {fmt(r['floor']['fixed_p99_us'], 0)} µs)",
+                      p <= 1.10, ""))
     fl = res.get("b2_flat", {}).get("guard_last_third_over_first_third")
     t.append(("B2 cost per event flat in stream length (last/first third ≤ 1.10)", fmt(fl, 3),
               None if fl is None else fl <= 1.10))
@@ -819,7 +971,7 @@ def main():
     ap.add_argument("--out", required=True, type=Path, help="directory for results.json and run logs")
     ap.add_argument("--report", required=True, type=Path)
     ap.add_argument("--plots", required=True, type=Path)
-    ap.add_argument("--only", default="", help="comma list of b1,b2,b3,b4,b5 (debugging)")
+    ap.add_argument("--only", default="", help="comma list of b1,b2,b2p,b2b,cg,b3,b4,b5 (debugging)")
     ap.add_argument("--extra", action="append", default=[],
                     help="NAME=floor-like.wasm: an extra configuration (experiments, with --only)")
     ap.add_argument("--rounds", type=int, default=0)
@@ -882,12 +1034,18 @@ def main():
         if want("b1"):
             res["b1"] = b1(envoys, rounds, 1 if quick else 2, run_dir)
         sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else [100, 1024, 16384]
+        if want("b2") or want("b2p") or want("b2b"):
+            res["pad"] = calibrate_pad(envoys, sizes)
         if want("b2") or want("b2p"):
             res["b2_paced"] = b2(envoys, bin_dir, rounds, secs, sizes, "paced", 20)
         if want("b2") or want("b2b"):
             res["b2_bulk"] = b2(envoys, bin_dir, rounds, secs, sizes, "bulk", 2)
         if want("b2"):
             res["b2_flat"] = b2_flat(envoys, bin_dir, 3 if quick else 9)
+        if want("cg"):
+            if not PAD_PPM:
+                res["pad"] = calibrate_pad(envoys, sizes)
+            res["instructions"] = callgrind(run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve(), quick)
         redis_ok = has_redis(a.ownership)
         if want("b3"):
             res["b3"] = b3(envoys, bin_dir, rounds, secs if quick else 2.0)

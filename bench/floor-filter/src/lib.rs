@@ -10,6 +10,11 @@
 //! `hdr` (read the request and response header maps), `prop` (read `upstream.address`), `time`
 //! (read the clock), comma-separated with the modes above (`getset,hdr`).
 //! The default build, the floor, does none of these.
+//!
+//! The `getset` build is the bench's *copy* fixture, which writes back as many bytes as the guard
+//! does: the guard rewrites ids into longer cursors, so the request header `x-bench-pad-ppm`
+//! (extra bytes per million body bytes, measured by bench/run.py from the guard's output) adds
+//! that many bytes, as an SSE comment line (`:xxx…\n`) after a chunk that ends a line.
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
@@ -29,7 +34,10 @@ impl Context for FloorRoot {}
 
 impl RootContext for FloorRoot {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Pass))
+        Some(Box::new(Pass {
+            pad_ppm: 0,
+            owed: 0,
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -37,7 +45,12 @@ impl RootContext for FloorRoot {
     }
 }
 
-struct Pass;
+struct Pass {
+    /// Extra bytes per million body bytes (`x-bench-pad-ppm`, copy fixture only).
+    pad_ppm: u64,
+    /// Pad owed, in millionths of a byte.
+    owed: u64,
+}
 
 impl Context for Pass {}
 
@@ -47,6 +60,14 @@ fn flag(f: &str) -> bool {
 
 impl HttpContext for Pass {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
+        if flag("getset") {
+            if let Ok(Some(v)) = proxy_wasm::hostcalls::get_map_value(
+                proxy_wasm::types::MapType::HttpRequestHeaders,
+                "x-bench-pad-ppm",
+            ) {
+                self.pad_ppm = v.parse().unwrap_or(0);
+            }
+        }
         if flag("hdr") {
             let _ = proxy_wasm::hostcalls::get_map_bytes(
                 proxy_wasm::types::MapType::HttpRequestHeaders,
@@ -80,7 +101,15 @@ impl HttpContext for Pass {
             size,
         );
         if flag("getset") {
-            if let Ok(Some(b)) = body {
+            if let Ok(Some(mut b)) = body {
+                let owed = self
+                    .owed
+                    .saturating_add((size as u64).saturating_mul(self.pad_ppm));
+                let pad = pad_after(&b, owed);
+                if pad > 0 {
+                    push_pad(&mut b, pad);
+                }
+                self.owed = owed.saturating_sub((pad as u64).saturating_mul(1_000_000));
                 let _ = proxy_wasm::hostcalls::set_buffer(
                     proxy_wasm::types::BufferType::HttpResponseBody,
                     0,
@@ -90,5 +119,38 @@ impl HttpContext for Pass {
             }
         }
         Action::Continue
+    }
+}
+
+/// The pad the copy fixture adds after `chunk`: whole bytes owed, written only when `chunk` ends
+/// a line (so the comment line starts at a line start) and at least 2 (`:` and `\n`).
+fn pad_after(chunk: &[u8], owed: u64) -> usize {
+    let whole = usize::try_from(owed / 1_000_000).unwrap_or(usize::MAX);
+    if whole >= 2 && chunk.last() == Some(&b'\n') {
+        whole
+    } else {
+        0
+    }
+}
+
+/// The pad bytes: an SSE comment line of `n` bytes (`n` ≥ 2).
+fn push_pad(out: &mut Vec<u8>, n: usize) {
+    out.push(b':');
+    out.resize(out.len() + n.saturating_sub(2), b'x');
+    out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pads_whole_bytes_as_a_comment_line_after_a_line_end() {
+        assert_eq!(pad_after(b"id: 1\n\n", 36_500_000), 36);
+        assert_eq!(pad_after(b"data: x", 36_500_000), 0);
+        assert_eq!(pad_after(b"\n", 1_999_999), 0);
+        let mut out = b"id: 1\ndata: x\n\n".to_vec();
+        push_pad(&mut out, 4);
+        assert_eq!(out, b"id: 1\ndata: x\n\n:xx\n");
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! * POST → `200 application/json` with a small JSON-RPC result. Without `mcp-session-id`
 //!   in the request (an `initialize`), it answers with a new `mcp-session-id`.
-//! * GET → `200 text/event-stream`, `content-length` framed: a priming event
+//! * GET → `200 text/event-stream`, chunked (as SSE replicas send; a `content-length` would be
+//!   removed by the guard alone, and the configurations would not do the same work): a priming event
 //!   (`id: <n>` + empty data, as the MCP SDKs send) unless `?prime=0`, then the response ends.
 //!   A GET with `last-event-id` (a resumption) or `?prime=0` gets a single comment.
 //!
@@ -47,7 +48,7 @@ fn main() -> std::io::Result<()> {
                         };
                         out.extend_from_slice(
                             format!(
-                                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ncontent-length: {}\r\n\r\n{body}",
+                                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
                                 body.len()
                             )
                             .as_bytes(),
