@@ -55,7 +55,7 @@ NATIVE_DIR: Path | None = None
 NATIVE_FLOORS = {"native-empty": "empty", "native-copy": "copy"}
 
 
-def envoy_cfg(kind, guard_wasm, floor_wasm, ports=None):
+def envoy_cfg(kind, guard_wasm, floor_wasm, ports=None, flush_ms=None):
     # envoy.yaml reads its key from MCP_GUARD_KEY_1; the bench signs with the stack's literal test key.
     port, admin = ports or PORTS[kind]
     ports = {"listener_port": port, "admin_port": admin, "replica_ports": [JSON_UP], "ownership_ports": [OWN]}
@@ -63,6 +63,10 @@ def envoy_cfg(kind, guard_wasm, floor_wasm, ports=None):
                        wasm=EXTRA_WASM.get(kind, guard_wasm), **ports)
     hcm_ = hcm(cfg)
     g = guard_filter(cfg)
+    if flush_ms is not None and g is not None:
+        pc = json.loads(config_holder(g)["value"])
+        pc["ownership"]["flush_ms"] = flush_ms
+        config_holder(g)["value"] = json.dumps(pc)
     if kind == "native":
         # The dynamic-module filter of envoy/envoy-native.yaml with this config's plugin JSON.
         n = guard_filter(envoy_config(base="envoy-native.yaml", **ports))
@@ -105,10 +109,11 @@ def envoy_cfg(kind, guard_wasm, floor_wasm, ports=None):
     return cfg
 
 
-def Envoy(kind, run_dir, envoy_bin, guard_wasm, floor_wasm, ports=None, name=None):
+def Envoy(kind, run_dir, envoy_bin, guard_wasm, floor_wasm, ports=None, name=None, flush_ms=None):
     """Envoy with configuration `kind` (bare, floor, guard, native, a native floor or an extra .wasm),
     not started."""
-    e = stack_envoy.Envoy(name or f"envoy-{kind}", envoy_cfg(kind, guard_wasm, floor_wasm, ports), run_dir=run_dir,
+    e = stack_envoy.Envoy(name or f"envoy-{kind}", envoy_cfg(kind, guard_wasm, floor_wasm, ports, flush_ms),
+                          run_dir=run_dir,
                           envoy_bin=envoy_bin, native_dir=NATIVE_DIR)
     e.kind = kind
     return e
@@ -348,8 +353,11 @@ def callgrind(run_dir, envoy_bin, guard_wasm, floor_wasm, quick):
     res = {"configs": kinds, "quick": quick, "phases": {}}
     t0 = time.monotonic()
     for i, kind in enumerate(kinds):
+        # Records leave on a timer (flush_ms), so how many flushes a phase holds depends on how fast it runs,
+        # and under callgrind it runs ~50x slower: the longest flush_ms keeps them out of the counts (a phase
+        # that holds one anyway is measured again, instructions.Callgrind.measure).
         e = Envoy(kind, out_dir, envoy_bin, guard_wasm, floor_wasm, ports=(14300 + P + 2 * i, 14301 + P + 2 * i),
-                  name=f"cg-{kind}")
+                  name=f"cg-{kind}", flush_ms=instructions.FLUSH_MS)
         cg = instructions.Callgrind(e, out_dir, envoy_bin)
         cg.start()
         try:
@@ -602,7 +610,8 @@ def write_report(res, path, plots_rel):
     a("Envoy runs with `--concurrency 1`; *bare* = no Wasm filter, *floor* = the empty Rust proxy-wasm filter "
       "`bench/floor-filter`, *guard* = `mcp_resume_guard.wasm` with the config of `envoy/envoy.yaml` and the "
       "ownership service (embedded store) running" + (", *native* = the same guard as an Envoy dynamic module "
-      "(`libmcp_resume_guard_native.so`, `envoy/envoy-native.yaml`; its floor is *bare*: no VM"
+      "(`libmcp_resume_guard_native.so`, `envoy/envoy-native.yaml`; in CPU time its floor is *bare*, in "
+      "instructions the native floors of `bench/floor-native`"
       + ("; a debug build in quick mode" if res.get("quick") else "") + ")"
       if "native" in res.get("b1", {}).get("post_json", {}) else "") + ". The Envoys have the same listener, routes, "
       "`stateful_session` and clusters. CPU = utime+stime of the Envoy process from `/proc/<pid>/stat` "
