@@ -571,6 +571,12 @@ def instructions_section(res, a):
       "padded to as many bytes as the guard writes); *native-empty* / *native-copy*: the same two floors as an "
       "Envoy dynamic module (`bench/floor-native`): a module that does nothing, and one that copies each chunk out "
       "of Envoy's slices and writes it back, padded likewise; *guard* / *native*: the guard's two builds.")
+    sized = [(PHASE_LABELS[p].split(",")[0], r) for p, r in ins["phases"].items() if p.startswith(("paced", "bulk"))]
+    if sized:
+        a("")
+        a("Bytes per event written to the client in these phases (the copy fixtures must match the guard): "
+          + "; ".join(f"{label}: " + ", ".join(f"{k} {fmt(r[k].get('bytes_per_event'), 0)}" for k in kinds if k in r)
+                      for label, r in sized) + ".")
     pad = res.get("pad")
     if pad:
         a("")
