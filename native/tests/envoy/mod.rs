@@ -128,6 +128,8 @@ pub struct Stream {
     pub continued: u32,
     pub reset: bool,
     pub request_body_reads: u32,
+    /// Header maps the module changed, as they were, scribbled over (see [`moved`]).
+    pub stale: Vec<Headers>,
 }
 
 /// A metric defined on the config.
@@ -379,6 +381,20 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_increment_cou
     update(id, value, false)
 }
 
+/// Envoy may move a map's bytes when a header changes: the map gets fresh copies, and its old
+/// bytes are scribbled over and returned (kept, so a view the module still holds reads `#`s,
+/// not freed memory, and the scenarios fail).
+fn moved(h: &mut Headers) -> Headers {
+    let fresh = h.clone();
+    let mut old = std::mem::replace(h, fresh);
+    for (k, v) in &mut old {
+        v.fill(b'#');
+        // SAFETY: `#` keeps the name valid UTF-8.
+        unsafe { k.as_bytes_mut().fill(b'#') };
+    }
+    old
+}
+
 fn header_map(s: &mut Stream, kind: u32) -> Option<&mut Headers> {
     match kind {
         REQUEST_HEADERS => Some(&mut s.request_headers),
@@ -431,6 +447,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_set_header(
         let Some(h) = header_map(s, header_type) else {
             return false;
         };
+        let old = moved(h);
+        s.stale.push(old);
+        let Some(h) = header_map(s, header_type) else {
+            return false;
+        };
         match value {
             None => h.retain(|(k, _)| *k != key),
             Some(v) => match h.iter().position(|(k, _)| *k == key) {
@@ -470,6 +491,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(
     let module_filter = stream(filter, |s| {
         let mut h = vec![(":status".to_string(), status_code.to_string().into_bytes())];
         h.extend(reply.headers.iter().cloned());
+        let old = moved(&mut s.response_headers);
+        s.stale.push(old);
         s.response_headers = h;
         s.replies.push(reply.clone());
         s.module_filter
