@@ -124,10 +124,23 @@ impl Metrics {
     }
 }
 
-/// The host as seen from one callback. `body_size` is the size of the body chunk being handled.
+/// The host as seen from one callback. `body_size` is the size of the body chunk being handled,
+/// `received` that chunk as read (`None` outside a body callback or when it could not be read).
 pub struct ProxyHost<'m> {
     pub metrics: &'m Metrics,
     pub body_size: usize,
+    pub received: Option<&'m [u8]>,
+}
+
+impl<'m> ProxyHost<'m> {
+    /// The host outside a response body callback.
+    pub fn new(metrics: &'m Metrics) -> Self {
+        ProxyHost {
+            metrics,
+            body_size: 0,
+            received: None,
+        }
+    }
 }
 
 impl Host for ProxyHost<'_> {
@@ -193,7 +206,8 @@ impl Host for ProxyHost<'_> {
     }
 
     fn replace_body_chunk(&mut self, body: &[u8]) {
-        if body.is_empty() && self.body_size == 0 {
+        // A chunk the exchange left as it came goes on without a write.
+        if (body.is_empty() && self.body_size == 0) || self.received == Some(body) {
             return;
         }
         if let Err(s) = hc::set_buffer(BufferType::HttpResponseBody, 0, self.body_size, body) {

@@ -51,10 +51,7 @@ impl Context for Guard {
             None
         };
         let body = host::call_body(body);
-        let mut h = ProxyHost {
-            metrics: m,
-            body_size: 0,
-        };
+        let mut h = ProxyHost::new(m);
         w.borrow_mut()
             .on_records_response(&mut h, token, status, body.as_deref());
     }
@@ -80,10 +77,7 @@ impl RootContext for Guard {
 
     fn on_tick(&mut self) {
         if let (Some(w), Some(m)) = (&self.worker, &self.metrics) {
-            let mut h = ProxyHost {
-                metrics: m,
-                body_size: 0,
-            };
+            let mut h = ProxyHost::new(m);
             w.borrow_mut().on_tick(&mut h);
         }
     }
@@ -116,10 +110,7 @@ impl Context for Filter {
             None
         };
         let body = host::call_body(body);
-        let mut h = ProxyHost {
-            metrics: &self.metrics,
-            body_size: 0,
-        };
+        let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
         self.exchange
             .on_callout_response(&mut w, &mut h, token, status, body.as_deref());
@@ -128,10 +119,7 @@ impl Context for Filter {
     /// Envoy calls this once, when it destroys the stream's filter (`onDestroy`), whatever
     /// ended the stream; `on_log` runs only for a completed request's access log.
     fn on_done(&mut self) -> bool {
-        let mut h = ProxyHost {
-            metrics: &self.metrics,
-            body_size: 0,
-        };
+        let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
         self.exchange.on_stream_end(&mut w, &mut h);
         true
@@ -141,10 +129,7 @@ impl Context for Filter {
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
         let headers = host::header_map(MapType::HttpRequestHeaders);
-        let mut h = ProxyHost {
-            metrics: &self.metrics,
-            body_size: 0,
-        };
+        let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
         action(
             self.exchange
@@ -161,10 +146,7 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_headers(&mut self, _n: usize, eos: bool) -> Action {
-        let mut h = ProxyHost {
-            metrics: &self.metrics,
-            body_size: 0,
-        };
+        let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
         if !self.exchange.wants_response_headers() {
             // No map read: only the owner header goes.
@@ -186,6 +168,7 @@ impl HttpContext for Filter {
         let mut h = ProxyHost {
             metrics: &self.metrics,
             body_size: size,
+            received: chunk.as_deref(),
         };
         let mut w = self.worker.borrow_mut();
         // Pause (at the end) is StopIterationAndBuffer: Envoy holds the body until the

@@ -6,8 +6,11 @@
 //! verdict, session-lifecycle and stream records, opening or continuing a stream, owner
 //! failure, cuts.
 //!
-//! Headers arrive as one slice of `(name, value)` pairs per direction (names as the proxy keeps
-//! them, values as raw bytes), read once per direction.
+//! Headers arrive as one slice of [`HeaderField`]s per direction (names as the proxy keeps them,
+//! values as raw bytes), read once per direction. They may be views into the proxy's own header
+//! map: every value the exchange keeps is copied, and the slice is read completely before the
+//! first host call of the hook (a header the host sets, removes or replaces with a local reply
+//! may move what a view points to).
 use crate::config::{Config, Policy};
 use crate::cursor::{
     incarnation_hex, session_binding_and_key, session_key, DecodedCursor,
@@ -60,6 +63,12 @@ pub struct Worker {
     scratch: Vec<u8>,
     /// Events rewritten since the last tick, added to the stat once per tick.
     rewritten: u64,
+    /// Streams opened since the last tick, added to the stat once per tick.
+    opened: u64,
+    /// The worker's clock, read from the host at most once per tick ([`Worker::clock_ms`]).
+    clock_ms: Option<u64>,
+    /// Incarnation ids ([`Worker::next_incarnation`]), seeded once from the host's randomness.
+    incarnations: Option<Incarnations>,
     /// Branches the store refused events of (the store arbitrates forks for every gateway;
     /// this is the worker's copy of its answers, read by the branches' next chunk).
     overtaken: Vec<Overtaken>,
@@ -73,6 +82,9 @@ impl Worker {
             config,
             scratch: Vec::new(),
             rewritten: 0,
+            opened: 0,
+            clock_ms: None,
+            incarnations: None,
             overtaken: Vec::new(),
         }
     }
@@ -82,13 +94,34 @@ impl Worker {
         self.config.ownership.flush_ms
     }
 
-    /// Periodic work: stats batched in the VM, and the next record batch.
+    /// Periodic work: stats batched in the worker, and the next record batch.
     pub fn on_tick<H: Host>(&mut self, host: &mut H) {
-        let n = std::mem::take(&mut self.rewritten);
-        if n > 0 {
-            host.count(Stat::EventsRewritten, n);
+        // The next use reads the host's clock again.
+        self.clock_ms = None;
+        for (stat, n) in [
+            (Stat::EventsRewritten, std::mem::take(&mut self.rewritten)),
+            (Stat::StreamsOpened, std::mem::take(&mut self.opened)),
+        ] {
+            if n > 0 {
+                host.count(stat, n);
+            }
         }
         self.records.flush(host);
+    }
+
+    /// The time as of the first use since the last tick: one clock read per tick however
+    /// many streams open. Only for what a tick's precision serves (a record's `opened_ms`,
+    /// which stores keep for information); latencies read the host's clock.
+    fn clock_ms<H: Host>(&mut self, host: &H) -> u64 {
+        *self.clock_ms.get_or_insert_with(|| host.now_ms())
+    }
+
+    /// A new incarnation id: unique on this worker, unpredictable across workers and gateways
+    /// (the host's randomness seeds the worker once), with no host call per stream.
+    fn next_incarnation<H: Host>(&mut self, host: &mut H) -> u64 {
+        self.incarnations
+            .get_or_insert_with(|| Incarnations::seeded(host.random_u64()))
+            .next_id()
     }
 
     /// The answer to a record batch (`status` `None`: no response headers).
@@ -119,6 +152,45 @@ impl Worker {
     /// Records waiting to be sent.
     pub fn queued_records(&self) -> usize {
         self.records.len()
+    }
+}
+
+/// A worker's incarnation ids: splitmix64 (a Weyl sequence of odd step through a bijective
+/// mix) from a random start. Distinct for 2^64 ids on one worker; ids of two workers meet only
+/// if their random starts fall within as many steps of each other. Incarnation ids are not
+/// secrets (every cursor shows its own); they name a stream's lives within its session.
+#[derive(Debug, Clone, Copy)]
+struct Incarnations {
+    state: u64,
+}
+
+impl Incarnations {
+    fn seeded(seed: u64) -> Incarnations {
+        Incarnations { state: seed }
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// One header as the proxy gives it: its name and its value's raw bytes. Tuples of owned or
+/// borrowed strings are headers; an adapter may pass views into the proxy's own map instead.
+pub trait HeaderField {
+    fn name(&self) -> &[u8];
+    fn value(&self) -> &[u8];
+}
+
+impl<K: AsRef<str>, V: AsRef<[u8]>> HeaderField for (K, V) {
+    fn name(&self) -> &[u8] {
+        self.0.as_ref().as_bytes()
+    }
+    fn value(&self) -> &[u8] {
+        self.1.as_ref()
     }
 }
 
@@ -155,32 +227,96 @@ struct RequestView<'h> {
 }
 
 impl<'h> RequestView<'h> {
-    fn read<K: AsRef<str>, V: AsRef<[u8]>>(h: &'h [(K, V)], owner_header: &str) -> Self {
+    fn read<F: HeaderField>(h: &'h [F], owner_header: &str) -> Self {
+        let owner_header = owner_header.as_bytes();
         let mut r = RequestView::default();
-        for (k, v) in h {
-            let (k, v) = (k.as_ref(), v.as_ref());
+        for f in h {
+            let (k, v) = (f.name(), f.value());
             let first = |slot: &mut Option<&'h [u8]>, n: &mut usize| {
                 *n += 1;
                 slot.get_or_insert(v);
             };
-            if k.eq_ignore_ascii_case(":path") {
+            if k.eq_ignore_ascii_case(b":path") {
                 r.path.get_or_insert(v);
-            } else if k.eq_ignore_ascii_case(":method") {
+            } else if k.eq_ignore_ascii_case(b":method") {
                 r.method.get_or_insert(v);
-            } else if k.eq_ignore_ascii_case("mcp-session-id") {
+            } else if k.eq_ignore_ascii_case(b"mcp-session-id") {
                 first(&mut r.session_id, &mut r.session_ids);
-            } else if k.eq_ignore_ascii_case("last-event-id") {
+            } else if k.eq_ignore_ascii_case(b"last-event-id") {
                 first(&mut r.last_event_id, &mut r.last_event_ids);
-            } else if k.eq_ignore_ascii_case("mcp-protocol-version") {
+            } else if k.eq_ignore_ascii_case(b"mcp-protocol-version") {
                 first(&mut r.version, &mut r.versions);
             } else if k.eq_ignore_ascii_case(owner_header) {
                 r.owner_header = true;
-            } else if k.eq_ignore_ascii_case("accept-encoding") {
+            } else if k.eq_ignore_ascii_case(b"accept-encoding") {
                 r.accept_encoding.get_or_insert(v);
             }
         }
         r
     }
+}
+
+/// What the exchange reads of the response headers, from one pass over the map.
+#[derive(Default)]
+struct ResponseView {
+    owner_header: bool,
+    /// `:status` (0 when absent or not a number).
+    status: u32,
+    /// `Mcp-Session-Id`, copied; `None` when absent or repeated.
+    session_id: Option<Vec<u8>>,
+    /// The first `Content-Type` is `text/event-stream`.
+    is_sse: bool,
+    /// The first `Content-Encoding` names anything but identity.
+    encoded: bool,
+    content_length: bool,
+}
+
+impl ResponseView {
+    fn read<F: HeaderField>(h: &[F], owner_header: &str) -> Self {
+        let owner_header = owner_header.as_bytes();
+        let mut r = ResponseView::default();
+        let (mut status, mut sid, mut sids, mut ct, mut ce) = (None, None, 0, None, None);
+        for f in h {
+            let (k, v) = (f.name(), f.value());
+            if k.eq_ignore_ascii_case(b":status") {
+                status.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case(b"mcp-session-id") {
+                sids += 1;
+                sid.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case(b"content-type") {
+                ct.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case(b"content-encoding") {
+                ce.get_or_insert(v);
+            } else if k.eq_ignore_ascii_case(b"content-length") {
+                r.content_length = true;
+            } else if k.eq_ignore_ascii_case(owner_header) {
+                r.owner_header = true;
+            }
+        }
+        r.status = status
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        r.session_id = sid.filter(|_| sids == 1).map(<[u8]>::to_vec);
+        r.is_sse = ct.is_some_and(is_event_stream);
+        r.encoded = encoded(ce);
+        r
+    }
+}
+
+/// Is a `Content-Type` value `text/event-stream` (leading whitespace and case aside)?
+fn is_event_stream(ct: &[u8]) -> bool {
+    const SSE: &[u8] = b"text/event-stream";
+    let t = ct.trim_ascii_start();
+    if t.first().is_some_and(|b| !b.is_ascii()) {
+        // Unicode whitespace may lead it: the text's own rules decide.
+        return lossy(ct)
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("text/event-stream");
+    }
+    t.get(..SSE.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(SSE))
 }
 
 /// The callout as a small state machine keyed by its token.
@@ -242,13 +378,6 @@ impl Default for Exchange {
     fn default() -> Self {
         Exchange::new()
     }
-}
-
-/// The first value of `name` (lowercase, as proxies keep header names).
-fn header<'h, K: AsRef<str>, V: AsRef<[u8]>>(h: &'h [(K, V)], name: &str) -> Option<&'h [u8]> {
-    h.iter()
-        .find(|(k, _)| k.as_ref().eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_ref())
 }
 
 fn lossy(v: &[u8]) -> String {
@@ -314,11 +443,11 @@ impl Exchange {
     /// Order: the owner header is removed on every path, before the path is matched; then only
     /// MCP paths go on. A request whose headers cannot be read may carry a cursor or a pin, so it
     /// is answered locally (`host_error`).
-    pub fn on_request_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
+    pub fn on_request_headers<H: Host, F: HeaderField>(
         &mut self,
         w: &mut Worker,
         host: &mut H,
-        headers: Option<&[(K, V)]>,
+        headers: Option<&[F]>,
     ) -> Action {
         let Some(headers) = headers else {
             host.remove_request_header(&w.config.owner_header);
@@ -330,53 +459,65 @@ impl Exchange {
             return Action::Pause;
         };
         let cfg = &w.config;
+        // Everything read from the headers (copied where kept), before the first host call.
         let h = RequestView::read(headers, &cfg.owner_header);
+        let owner_header = h.owner_header;
+        let path = h.path.map(String::from_utf8_lossy).unwrap_or_default();
+        let mcp = cfg.is_mcp_path(&path);
+        let identity = h.accept_encoding == Some(&b"identity"[..]);
+        // `None`: no cursor; `Some(None)`: a cursor among repeated headers.
+        let mut local = None;
+        if mcp {
+            self.req.method = h.method.map(lossy).unwrap_or_default();
+            // A repeated session id is ambiguous: nothing is recorded or bound for it.
+            self.req.session_id = h
+                .session_id
+                .filter(|_| h.session_ids == 1)
+                .map(<[u8]>::to_vec);
+            self.req.protocol_version = h.version.map(lossy);
+            local = h.last_event_id.map(|last_event_id| {
+                // Which value would the replica read? Not a question to guess at.
+                let unique = h.last_event_ids == 1 && h.session_ids <= 1 && h.versions <= 1;
+                unique.then(|| {
+                    let req = CursorRequest {
+                        is_get: self.req.method == "GET",
+                        last_event_id,
+                        session_id: self.req.session_id.as_deref(),
+                        protocol_version: self.req.protocol_version.as_deref(),
+                    };
+                    check_locally(&cfg.keyring, &req)
+                })
+            });
+        }
         // Only the guard may pin a replica, on any path: a client must not choose its pod.
-        if h.owner_header {
+        if owner_header {
             host.remove_request_header(&cfg.owner_header);
             host.count(Stat::OwnerHeaderRemoved, 1);
         }
-        let path = h.path.map(String::from_utf8_lossy).unwrap_or_default();
-        if !cfg.is_mcp_path(&path) {
+        if !mcp {
             return Action::Continue;
         }
         self.req.mcp = true;
-        self.req.method = h.method.map(lossy).unwrap_or_default();
         // The guard must read every SSE answer: replicas are asked for identity encoding (an
         // encoded SSE answer is refused, `encoded_stream`). A compressor belongs after the guard.
-        if h.accept_encoding != Some(&b"identity"[..]) {
+        if !identity {
             host.set_request_header("accept-encoding", "identity");
         }
         if self.req.method == "POST" {
             self.req.id_scan = Some(Box::default());
         }
-        // A repeated session id is ambiguous: nothing is recorded or bound for it.
-        self.req.session_id = h
-            .session_id
-            .filter(|_| h.session_ids == 1)
-            .map(<[u8]>::to_vec);
-        self.req.protocol_version = h.version.map(lossy);
-        let Some(last_event_id) = h.last_event_id else {
+        let Some(local) = local else {
             return Action::Continue;
         };
         host.count(Stat::CursorsSeen, 1);
-        if h.last_event_ids > 1 || h.session_ids > 1 || h.versions > 1 {
-            // Which value would the replica read? Not a question to guess at.
-            return self.refuse(w, host, Reason::DuplicateHeader, None, None);
-        }
-        let req = CursorRequest {
-            is_get: self.req.method == "GET",
-            last_event_id,
-            session_id: self.req.session_id.as_deref(),
-            protocol_version: self.req.protocol_version.as_deref(),
-        };
-        match check_locally(&cfg.keyring, &req) {
-            LocalVerdict::Refuse {
+        match local {
+            None => self.refuse(w, host, Reason::DuplicateHeader, None, None),
+            Some(LocalVerdict::Refuse {
                 reason,
                 kind,
                 request_id,
-            } => self.refuse(w, host, reason, kind, request_id.as_deref()),
-            LocalVerdict::Ask(cursor) => {
+            }) => self.refuse(w, host, reason, kind, request_id.as_deref()),
+            Some(LocalVerdict::Ask(cursor)) => {
                 let sid = self.req.session_id.clone().unwrap_or_default();
                 self.ask(w, host, cursor, &sid)
             }
@@ -443,11 +584,11 @@ impl Exchange {
 
     /// The response headers, or `None` when the host could not read them; `end_of_stream`:
     /// the response has no body (headers only).
-    pub fn on_response_headers<H: Host, K: AsRef<str>, V: AsRef<[u8]>>(
+    pub fn on_response_headers<H: Host, F: HeaderField>(
         &mut self,
         w: &mut Worker,
         host: &mut H,
-        headers: Option<&[(K, V)]>,
+        headers: Option<&[F]>,
         end_of_stream: bool,
     ) -> Action {
         if !self.wants_response_headers() {
@@ -463,21 +604,14 @@ impl Exchange {
             self.reject(w, host, Reason::HostError);
             return Action::Continue;
         };
+        // Everything read from the headers (copied where kept), before the first host call.
+        let h = ResponseView::read(headers, &w.config.owner_header);
+        let status = h.status;
+        self.req.response_session_id = h.session_id;
         // stateful_session echoes the chosen host to clients; the owner never leaks.
-        if header(headers, &w.config.owner_header).is_some() {
+        if h.owner_header {
             host.remove_response_header(&w.config.owner_header);
         }
-        let status = header(headers, ":status")
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(0);
-        let sids = headers
-            .iter()
-            .filter(|(k, _)| k.as_ref().eq_ignore_ascii_case("mcp-session-id"))
-            .count();
-        self.req.response_session_id = header(headers, "mcp-session-id")
-            .filter(|_| sids == 1)
-            .map(<[u8]>::to_vec);
         if let Phase::Continuing { cursor, owner, .. } = &self.phase {
             // Strict stateful_session answers 503 when the owner is down or gone; a 4xx is the
             // owner's own answer (404: session gone) and passes through.
@@ -491,16 +625,8 @@ impl Exchange {
         self.record_session(w, host, status);
         // The body is final now: a POST's id not found yet is not coming.
         self.req.id_scan = None;
-        let is_sse = header(headers, "content-type")
-            .map(|ct| {
-                lossy(ct)
-                    .trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("text/event-stream")
-            })
-            .unwrap_or(false);
-        let sse_ok = is_sse && (200..300).contains(&status);
-        if sse_ok && encoded(header(headers, "content-encoding")) {
+        let sse_ok = h.is_sse && (200..300).contains(&status);
+        if sse_ok && h.encoded {
             // Its ids cannot be read, rewritten or checked: never relayed.
             let (kind, request_id) = self.stream_identity();
             self.refuse_response(w, host, Reason::EncodedStream, kind, request_id.as_deref());
@@ -535,7 +661,7 @@ impl Exchange {
         if sse_ok {
             self.control_pending = self.refusal.map(|r| r.reason);
             // The rewritten body's length differs; most SSE answers have none to remove.
-            if header(headers, "content-length").is_some() {
+            if h.content_length {
                 host.remove_response_header("content-length");
             }
             self.open_stream(w, host);
@@ -1072,39 +1198,45 @@ impl Exchange {
             .or(self.req.response_session_id.as_deref())
     }
 
-    /// A 2xx SSE response: open (or continue) an incarnation and start rewriting.
+    /// A 2xx SSE response: open (or continue) an incarnation and start rewriting. A new
+    /// incarnation costs one host call (the owner's address): its id comes from the worker's
+    /// generator, its time from the worker's clock, its stat from the worker's tally.
     fn open_stream<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
         // One SHA-256 of the session id gives both the cursor binding and the store key.
         let has_sid = self.session_id().is_some();
         let (binding, skey) = session_binding_and_key(self.session_id().unwrap_or_default());
-        let cfg = &w.config;
-        let max_hold = cfg.max_event_hold_bytes;
-        let stream = match &self.phase {
+        let max_hold = w.config.max_event_hold_bytes;
+        let (stream, inc_hex) = match &self.phase {
             Phase::Continuing {
                 cursor, expected, ..
-            } => StreamState::continuation(
-                cursor,
-                expected.clone(),
-                cfg.suppress_cursor_echo,
-                max_hold,
-            )
-            .with_contiguity(cfg.contiguity),
+            } => {
+                let cfg = &w.config;
+                let s = StreamState::continuation(
+                    cursor,
+                    expected.clone(),
+                    cfg.suppress_cursor_echo,
+                    max_hold,
+                )
+                .with_contiguity(cfg.contiguity);
+                (s, has_sid.then(|| incarnation_hex(cursor.incarnation)))
+            }
             _ => {
                 let kind = if self.req.method == "GET" {
                     StreamKind::Get
                 } else {
                     StreamKind::Request
                 };
-                let inc = host.random_u64();
-                if let (true, Some(owner)) = (has_sid, host.upstream_address()) {
+                let inc = w.next_incarnation(host);
+                let inc_hex = has_sid.then(|| incarnation_hex(inc));
+                if let (Some(hex), Some(owner)) = (&inc_hex, host.upstream_address()) {
                     let r = Record::StreamOpen {
                         session: skey.clone(),
-                        incarnation: incarnation_hex(inc),
+                        incarnation: hex.clone(),
                         kind,
                         owner,
-                        retention: cfg.retention,
+                        retention: w.config.retention,
                         supersedes: kind == StreamKind::Get,
-                        opened_ms: host.now_ms(),
+                        opened_ms: w.clock_ms(host),
                         // Too long for the cursor: the store keeps it for the refusal.
                         request_id: self.req.request_id.clone().filter(|r| {
                             kind == StreamKind::Request && r.len() > MAX_EMBEDDED_REQUEST_ID_BYTES
@@ -1112,17 +1244,19 @@ impl Exchange {
                     };
                     Self::push_record(w, host, r);
                 }
-                host.count(Stat::StreamsOpened, 1);
+                w.opened += 1;
                 let request_id = match kind {
                     StreamKind::Request => self.req.request_id.clone(),
                     StreamKind::Get => None,
                 };
-                StreamState::fresh(binding, inc, kind, max_hold).with_request_id(request_id)
+                let s =
+                    StreamState::fresh(binding, inc, kind, max_hold).with_request_id(request_id);
+                (s, inc_hex)
             }
         };
         // Without a session nothing is recorded: such a stream cannot be resumed anyway.
-        if has_sid {
-            self.record_keys = Some((skey, incarnation_hex(stream.incarnation())));
+        if let Some(hex) = inc_hex {
+            self.record_keys = Some((skey, hex));
         }
         self.stream = Some(stream);
     }

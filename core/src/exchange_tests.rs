@@ -167,6 +167,84 @@ fn a_fresh_stream_is_rewritten_and_recorded() {
     assert_eq!(host.stat(Stat::EventsRewritten), 2);
 }
 
+/// Opens an SSE GET stream of session `sid` on `w`.
+fn open_get(w: &mut Worker, host: &mut MockHost, sid: &str) -> Exchange {
+    let mut ex = Exchange::new();
+    let h = hdrs(&[
+        (":method", "GET"),
+        (":path", "/mcp"),
+        ("mcp-session-id", sid),
+    ]);
+    assert_eq!(rq(&mut ex, w, host, &h), Action::Continue);
+    rs(&mut ex, w, host, &sse_ok());
+    assert!(ex.wants_body());
+    ex
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn stream_setup_asks_the_host_for_time_and_randomness_once_per_worker_tick() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    for sid in ["s-1", "s-2", "s-3"] {
+        open_get(&mut w, &mut host, sid);
+    }
+    // Incarnations come from the worker's generator, seeded once; the time from its clock.
+    assert_eq!(host.random_draws, 1);
+    assert_eq!(host.clock_reads.get(), 1);
+    // The stat is batched: added once per tick.
+    assert_eq!(host.stat(Stat::StreamsOpened), 0);
+    let t0 = host.now_ms;
+    assert_eq!(opened_ms(drain_records(&mut w, &mut host)), [t0, t0, t0]);
+    assert_eq!(host.stat(Stat::StreamsOpened), 3);
+    // The tick makes the clock stale: the next stream reads it once more.
+    let (reads, draws) = (host.clock_reads.get(), host.random_draws);
+    host.now_ms += 10;
+    open_get(&mut w, &mut host, "s-4");
+    open_get(&mut w, &mut host, "s-5");
+    assert_eq!(host.clock_reads.get(), reads + 1);
+    assert_eq!(host.random_draws, draws);
+    let t1 = t0 + 10;
+    assert_eq!(opened_ms(drain_records(&mut w, &mut host)), [t1, t1]);
+}
+
+fn opened_ms(records: Vec<Record>) -> Vec<u64> {
+    records
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::StreamOpen { opened_ms, .. } => Some(opened_ms),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn incarnations_are_distinct_per_worker_and_differ_between_workers() {
+    let incarnations = |rng: u64| {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        host.rng = rng;
+        for i in 0..200 {
+            open_get(&mut w, &mut host, &format!("s-{}", i % 3));
+        }
+        drain_records(&mut w, &mut host)
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::StreamOpen { incarnation, .. } => Some(incarnation),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let a = incarnations(1);
+    let b = incarnations(2);
+    assert_eq!(a.len(), 200);
+    let mut all: Vec<&String> = a.iter().chain(&b).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 400, "an incarnation id repeated");
+}
+
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn a_continued_cursor_goes_to_the_owner_with_the_replica_id() {
@@ -368,7 +446,7 @@ fn a_pin_is_never_honoured_on_any_path_and_no_response_carries_it() {
     let c = cursor(&w, 42, 7, "e7");
     let verdict = format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":7}}"#);
     let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
-    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None, false);
+    ex.on_response_headers::<_, (String, Vec<u8>)>(&mut w, &mut host, None, false);
     assert!(removed_resp(&host.effects, "x-mcp-owner"));
     host.take();
     ex.on_response_headers_unread(&mut w, &mut host);
@@ -836,7 +914,7 @@ fn host_failures_fail_closed() {
     // Request headers that cannot be read: answered locally, cursor and pin removed.
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
-    let a = ex.on_request_headers::<_, String, Vec<u8>>(&mut w, &mut host, None);
+    let a = ex.on_request_headers::<_, (String, Vec<u8>)>(&mut w, &mut host, None);
     assert_eq!(a, Action::Pause);
     assert!(removed_req(&host.effects, "last-event-id"));
     assert!(removed_req(&host.effects, "x-mcp-owner"));
@@ -858,7 +936,7 @@ fn host_failures_fail_closed() {
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
     rq(&mut ex, &mut w, &mut host, &get(&[]));
-    ex.on_response_headers::<_, String, Vec<u8>>(&mut w, &mut host, None, false);
+    ex.on_response_headers::<_, (String, Vec<u8>)>(&mut w, &mut host, None, false);
     assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("host_error")));
 }
 

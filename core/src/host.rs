@@ -290,6 +290,10 @@ pub struct MockHost {
     pub effects: Vec<Effect>,
     pub stats: HashMap<Stat, u64>,
     pub callout_ms: Vec<u64>,
+    /// How often the clock was read (`now_ms`).
+    pub clock_reads: std::cell::Cell<u64>,
+    /// How often randomness was drawn (`random_u64`).
+    pub random_draws: u64,
 }
 
 impl MockHost {
@@ -341,9 +345,11 @@ fn owned(h: &[(&str, &str)]) -> Vec<(String, String)> {
 
 impl Host for MockHost {
     fn now_ms(&self) -> u64 {
+        self.clock_reads.set(self.clock_reads.get() + 1);
         self.now_ms
     }
     fn random_u64(&mut self) -> u64 {
+        self.random_draws += 1;
         // splitmix64: deterministic, well spread.
         self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.rng;

@@ -151,6 +151,9 @@ pub struct FilterHost<'a> {
     /// inline resumes or finishes the stream by that hook's return, not by re-entering Envoy.
     pub inline: bool,
     pub out: Outcome,
+    /// The response body chunk of the running body hook, as read (Envoy's until it is
+    /// replaced): what replacing it drains, and what an unchanged chunk is compared with.
+    pub received: Option<&'a [u8]>,
 }
 
 impl FilterHost<'_> {
@@ -295,12 +298,21 @@ impl Host for FilterHost<'_> {
         if !self.stream_open() {
             return;
         }
-        // SAFETY: the live filter inside its response-body hook; the chunk was copied out
-        // before it is drained.
+        // A chunk the exchange left as it came goes on untouched (no drain, no append).
+        let received = self.received.take();
+        if received == Some(body) {
+            return;
+        }
+        // SAFETY: the live filter inside its response-body hook; the exchange read the chunk
+        // (`received`, whose views end here) before replacing it.
         unsafe {
             let t = abi::RECEIVED_RESPONSE_BODY;
-            let size = abi::envoy_dynamic_module_callback_http_get_body_size(self.filter, t);
-            let drained = abi::envoy_dynamic_module_callback_http_drain_body(self.filter, t, size);
+            let size = match received {
+                Some(r) => r.len(),
+                None => abi::envoy_dynamic_module_callback_http_get_body_size(self.filter, t),
+            };
+            let drained = size == 0
+                || abi::envoy_dynamic_module_callback_http_drain_body(self.filter, t, size);
             let appended = body.is_empty()
                 || abi::envoy_dynamic_module_callback_http_append_body(
                     self.filter,

@@ -5,7 +5,7 @@ use crate::abi::{self, ConfigSchedulerPtr, EnvoyBuffer, HttpFilterConfigEnvoyPtr
 use crate::abi::{HttpFilterEnvoyPtr, HttpHeader};
 use crate::host::{self, ConfigHost, FilterHost, Metrics, Outcome};
 use mcp_resume_core::config::Config;
-use mcp_resume_core::exchange::{Action, Exchange, Worker};
+use mcp_resume_core::exchange::{Action, Exchange, HeaderField, Worker};
 use mcp_resume_core::host::{Host, LogLevel, Stat};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -255,9 +255,14 @@ pub struct Filter {
 }
 
 thread_local! {
-    /// One copy buffer per worker thread for the response chunk being rewritten.
+    /// One copy buffer per worker thread, for a body chunk Envoy holds in several slices.
     static CHUNK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// One header list per worker thread: views into the map being read.
+    static HEADERS: RefCell<Vec<EnvoyHeader>> = const { RefCell::new(Vec::new()) };
 }
+
+/// The header list is dropped after a map that grew it beyond this many headers.
+const HEADERS_KEEP: usize = 256;
 
 /// The chunk buffer is dropped after a chunk that grew it beyond this.
 const CHUNK_KEEP_BYTES: usize = 1 << 20;
@@ -292,6 +297,7 @@ impl Filter {
             metrics: &g.metrics,
             inline,
             out: Outcome::default(),
+            received: None,
         }
     }
 
@@ -307,10 +313,11 @@ impl Filter {
         let Ok(mut ex) = self.exchange.try_borrow_mut() else {
             return abi::HEADERS_CONTINUE;
         };
-        let headers = read_headers(envoy, abi::REQUEST_HEADERS);
         let mut h = self.host(envoy, true);
         let mut w = self.guard().worker(self.worker);
-        let mut action = ex.on_request_headers(&mut w, &mut h, headers.as_deref());
+        let mut action = with_headers(envoy, abi::REQUEST_HEADERS, |headers| {
+            ex.on_request_headers(&mut w, &mut h, headers)
+        });
         if let Some((id, status, body)) = self.inline_answer.borrow_mut().take() {
             if let Ok(token) = u32::try_from(id) {
                 ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
@@ -352,7 +359,7 @@ impl Filter {
         };
         if ex.wants_request_body() {
             with_chunk(envoy, abi::RECEIVED_REQUEST_BODY, |chunk| {
-                ex.on_request_body(chunk, eos);
+                ex.on_request_body(chunk, eos)
             });
         }
         abi::BODY_CONTINUE
@@ -366,8 +373,9 @@ impl Filter {
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
         if ex.wants_response_headers() {
-            let headers = read_headers(envoy, abi::RESPONSE_HEADERS);
-            ex.on_response_headers(&mut w, &mut h, headers.as_deref(), eos);
+            with_headers(envoy, abi::RESPONSE_HEADERS, |headers| {
+                ex.on_response_headers(&mut w, &mut h, headers, eos)
+            });
         } else {
             // No map read: only the owner header goes.
             ex.on_response_headers_unread(&mut w, &mut h);
@@ -386,22 +394,24 @@ impl Filter {
         if !ex.wants_body() {
             return abi::BODY_CONTINUE;
         }
-        let mut h = self.host(envoy, true);
         let mut w = self.guard().worker(self.worker);
-        let mut action = Action::Continue;
         // A chunk that cannot be read is the exchange's to fail closed on.
-        with_chunk(envoy, abi::RECEIVED_RESPONSE_BODY, |chunk| {
-            action = ex.on_response_body(&mut w, &mut h, chunk, eos);
-        });
-        // The callout of a held end, answered inline: the end is finished in this chunk.
-        if let Some((id, status, body)) = self.inline_answer.borrow_mut().take() {
-            if let Ok(token) = u32::try_from(id) {
-                ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+        let (action, out) = with_chunk(envoy, abi::RECEIVED_RESPONSE_BODY, |chunk| {
+            let mut h = self.host(envoy, true);
+            h.received = chunk;
+            let action = ex.on_response_body(&mut w, &mut h, chunk, eos);
+            // The callout of a held end, answered inline: the end is finished in this chunk.
+            if let Some((id, status, body)) = self.inline_answer.borrow_mut().take() {
+                if let Ok(token) = u32::try_from(id) {
+                    ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+                }
             }
-        }
-        if h.out.reset {
+            (action, h.out)
+        });
+        let h = out;
+        if h.reset {
             abi::BODY_STOP_NO_BUFFER
-        } else if action == Action::Pause && !h.out.released {
+        } else if action == Action::Pause && !h.released {
             // Held until the callout's answer finishes it (`continue_encoding`).
             abi::BODY_STOP_AND_BUFFER
         } else {
@@ -465,73 +475,112 @@ impl Filter {
     }
 }
 
-/// All headers of one map, copied: Envoy's buffers may move once a header is set or removed.
-/// `None` when Envoy could not give them (a request or response always has pseudo-headers, so
-/// an empty map is a failure too).
-fn read_headers(envoy: HttpFilterEnvoyPtr, kind: u32) -> Option<Vec<(String, Vec<u8>)>> {
-    // SAFETY: the live filter of the running hook; `raw` has room for `n` headers.
-    unsafe {
-        let n = abi::envoy_dynamic_module_callback_http_get_headers_size(envoy, kind);
-        if n == 0 {
-            return None;
-        }
-        let mut raw = vec![
-            HttpHeader {
-                key_ptr: std::ptr::null(),
-                key_length: 0,
-                value_ptr: std::ptr::null(),
-                value_length: 0,
-            };
-            n
-        ];
-        if !abi::envoy_dynamic_module_callback_http_get_headers(envoy, kind, raw.as_mut_ptr()) {
-            return None;
-        }
-        Some(
-            raw.iter()
-                .map(|h| {
-                    let (k, v) = h.key_value();
-                    (String::from_utf8_lossy(k).into_owned(), v.to_vec())
-                })
-                .collect(),
-        )
+/// A header of Envoy's map, read in place: its bytes are Envoy's, valid during the hook that read
+/// them until the map changes (the exchange reads the whole slice before its first host call).
+#[repr(transparent)]
+struct EnvoyHeader(HttpHeader);
+
+impl HeaderField for EnvoyHeader {
+    fn name(&self) -> &[u8] {
+        // SAFETY: filled by Envoy in this hook (see the type's documentation).
+        unsafe { self.0.key_value().0 }
+    }
+    fn value(&self) -> &[u8] {
+        // SAFETY: as for the name.
+        unsafe { self.0.key_value().1 }
     }
 }
 
-/// Runs `f` on this hook's chunk of body `t` (`None` when Envoy could not give it), read into
-/// the worker's buffer (or a fresh one if that is in use).
-fn with_chunk(envoy: HttpFilterEnvoyPtr, t: u32, f: impl FnOnce(Option<&[u8]>)) {
-    CHUNK.with(|c| {
+const NO_HEADER: EnvoyHeader = EnvoyHeader(HttpHeader {
+    key_ptr: std::ptr::null(),
+    key_length: 0,
+    value_ptr: std::ptr::null(),
+    value_length: 0,
+});
+
+/// Runs `f` on the headers of one map, as views into Envoy's map (the exchange copies what it
+/// keeps), listed in the worker's buffer (or a fresh one if that is in use). `None` when Envoy
+/// could not give them (a request or response always has pseudo-headers, so an empty map is a
+/// failure too).
+fn with_headers<T>(
+    envoy: HttpFilterEnvoyPtr,
+    kind: u32,
+    f: impl FnOnce(Option<&[EnvoyHeader]>) -> T,
+) -> T {
+    HEADERS.with(|c| {
         let mut own = Vec::new();
         let mut shared = c.try_borrow_mut();
         let buf = match shared.as_deref_mut() {
             Ok(b) => b,
             Err(_) => &mut own,
         };
-        let read = read_body(envoy, t, buf);
-        f(read.then_some(&buf[..]));
-        if buf.capacity() > CHUNK_KEEP_BYTES {
+        buf.clear();
+        // SAFETY: the live filter of the running hook; `buf` has room for `n` headers.
+        let read = unsafe {
+            let n = abi::envoy_dynamic_module_callback_http_get_headers_size(envoy, kind);
+            buf.resize_with(n, || NO_HEADER);
+            n > 0
+                && abi::envoy_dynamic_module_callback_http_get_headers(
+                    envoy,
+                    kind,
+                    buf.as_mut_ptr().cast::<HttpHeader>(),
+                )
+        };
+        let r = f(read.then_some(&buf[..]));
+        // The views must not outlive the hook.
+        buf.clear();
+        if buf.capacity() > HEADERS_KEEP {
             *buf = Vec::new();
         }
-    });
+        r
+    })
 }
 
-/// The data just received (this hook's chunk) of body `t`, copied into `out`.
-fn read_body(envoy: HttpFilterEnvoyPtr, t: u32, out: &mut Vec<u8>) -> bool {
-    out.clear();
-    // SAFETY: the live filter inside its response-body hook; `raw` has room for `n` slices.
+/// Slices of a body chunk read into a stack array; a chunk in more slices than this is listed
+/// in a `Vec`.
+const STACK_SLICES: usize = 8;
+
+/// Runs `f` on this hook's chunk of body `t` (`None` when Envoy could not give it): the chunk
+/// in place when Envoy holds it in one slice, otherwise copied once into the worker's buffer
+/// (or a fresh one if that is in use).
+fn with_chunk<T>(envoy: HttpFilterEnvoyPtr, t: u32, f: impl FnOnce(Option<&[u8]>) -> T) -> T {
+    // SAFETY: the live filter inside its body hook; the slices are Envoy's, valid during the
+    // hook until the body changes (the exchange reads the chunk before it replaces it).
     unsafe {
         let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(envoy, t);
         if n == 0 {
-            return true;
+            return f(Some(&[]));
         }
-        let mut raw = vec![EnvoyBuffer::NULL; n];
-        if !abi::envoy_dynamic_module_callback_http_get_body_chunks(envoy, t, raw.as_mut_ptr()) {
-            return false;
+        let mut stack = [EnvoyBuffer::NULL; STACK_SLICES];
+        let mut heap = Vec::new();
+        let slices: &mut [EnvoyBuffer] = if n <= STACK_SLICES {
+            stack.get_mut(..n).unwrap_or_default()
+        } else {
+            heap.resize(n, EnvoyBuffer::NULL);
+            &mut heap
+        };
+        if !abi::envoy_dynamic_module_callback_http_get_body_chunks(envoy, t, slices.as_mut_ptr()) {
+            return f(None);
         }
-        for b in &raw {
-            out.extend_from_slice(b.bytes());
+        if let [one] = slices {
+            return f(Some(one.bytes()));
         }
+        CHUNK.with(|c| {
+            let mut own = Vec::new();
+            let mut shared = c.try_borrow_mut();
+            let buf = match shared.as_deref_mut() {
+                Ok(b) => b,
+                Err(_) => &mut own,
+            };
+            buf.clear();
+            for b in slices.iter() {
+                buf.extend_from_slice(b.bytes());
+            }
+            let r = f(Some(&buf[..]));
+            if buf.capacity() > CHUNK_KEEP_BYTES {
+                *buf = Vec::new();
+            }
+            r
+        })
     }
-    true
 }

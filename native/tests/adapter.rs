@@ -402,3 +402,201 @@ fn a_held_ends_callout_answered_inline_finishes_it_in_the_hook() {
     assert_eq!(p.counter("mcp_resume_guard.forked"), Some(1));
     p.end_stream(s);
 }
+
+/// Counts the module's allocations on a thread while [`envoy::COUNTING`] is on, except inside
+/// the mock's own bookkeeping.
+struct CountingAllocator;
+
+fn counted() {
+    let _ = envoy::COUNTING.try_with(|c| {
+        if c.get() && envoy::QUIET.try_with(|q| q.get()).unwrap_or(1) == 0 {
+            let _ = envoy::ALLOCATIONS.try_with(|a| a.set(a.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        counted();
+        std::alloc::System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        std::alloc::System.dealloc(p, l)
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        counted();
+        std::alloc::System.alloc_zeroed(l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        counted();
+        std::alloc::System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// ABI calls and allocations of what `f` makes the module do.
+#[derive(Debug, PartialEq, Eq)]
+struct Cost {
+    calls: u32,
+    allocations: u64,
+}
+
+fn cost(f: impl FnOnce()) -> (Cost, String) {
+    with(|e| e.calls.clear());
+    envoy::ALLOCATIONS.with(|a| a.set(0));
+    envoy::COUNTING.with(|c| c.set(true));
+    f();
+    envoy::COUNTING.with(|c| c.set(false));
+    let c = Cost {
+        calls: with(|e| e.abi_calls()),
+        allocations: envoy::ALLOCATIONS.with(|a| a.get()),
+    };
+    (c, with(|e| e.call_list()))
+}
+
+/// A POST whose JSON answer the guard passes: its cost in ABI calls and allocations.
+fn post(p: &mut Native, sid: &str) -> (Cost, String) {
+    let s = p.new_stream();
+    let req = scenarios::headers(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        (":authority", "mcp.example"),
+        (":scheme", "http"),
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-session-id", sid),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("user-agent", "bench"),
+    ]);
+    let body = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo"}}"#;
+    let resp = scenarios::headers(&[
+        (":status", "200"),
+        ("content-type", "application/json"),
+        ("content-length", "40"),
+        ("date", "Wed, 02 Dec 2026 11:00:00 GMT"),
+        ("server", "replica"),
+    ]);
+    let c = cost(|| {
+        assert_eq!(p.request_headers(s, req, false), Flow::Continue);
+        assert_eq!(p.request_body(s, body, true), Flow::Continue);
+        assert_eq!(p.response_headers(s, resp, false), Flow::Continue);
+        assert_eq!(
+            p.response_body(s, br#"{"jsonrpc":"2.0","id":7,"result":{}}"#, true),
+            Flow::Continue
+        );
+    });
+    p.end_stream(s);
+    c
+}
+
+/// An SSE GET: the stream's setup (request and response headers), a chunk the guard rewrites,
+/// and a chunk it leaves as it came; each chunk in `slices` slices.
+fn sse_get(p: &mut Native, sid: &str, slices: usize) -> [(Cost, String); 3] {
+    envoy::BODY_SLICES.with(|b| b.set(slices));
+    let s = p.new_stream();
+    let req = scenarios::headers(&[
+        (":method", "GET"),
+        (":path", "/mcp"),
+        (":authority", "mcp.example"),
+        (":scheme", "http"),
+        ("accept", "text/event-stream"),
+        ("mcp-session-id", sid),
+        ("mcp-protocol-version", "2025-06-18"),
+        ("user-agent", "bench"),
+    ]);
+    let resp = scenarios::headers(&[
+        (":status", "200"),
+        ("content-type", "text/event-stream"),
+        ("cache-control", "no-cache"),
+        ("date", "Wed, 02 Dec 2026 11:00:00 GMT"),
+    ]);
+    p.set_attribute(s, Attribute::UpstreamAddress, scenarios::OWNER);
+    let setup = cost(|| {
+        assert_eq!(p.request_headers(s, req, true), Flow::Continue);
+        assert_eq!(p.response_headers(s, resp, false), Flow::Continue);
+    });
+    let rewritten = cost(|| {
+        assert_eq!(
+            p.response_body(s, b"id: e1\ndata: a\n\n", false),
+            Flow::Continue
+        );
+    });
+    let unchanged = cost(|| {
+        assert_eq!(
+            p.response_body(s, b": keep-alive\n\n", false),
+            Flow::Continue
+        );
+    });
+    let body = p.client_body(s);
+    assert_eq!(scenarios::ids_in(&body).len(), 1);
+    assert!(body.ends_with(b"\n\n: keep-alive\n\n"), "{body:?}");
+    p.end_stream(s);
+    envoy::BODY_SLICES.with(|b| b.set(2));
+    [setup, rewritten, unchanged]
+}
+
+/// What a POST, an SSE GET's setup and its chunks cost in ABI calls and allocations, once the
+/// worker is warm (another stream went first). Counted, so a change in either direction shows:
+/// headers are read in place (only kept values copied), a chunk in one slice is parsed where
+/// Envoy holds it, and a chunk the guard leaves as it came is not written back.
+#[test]
+fn abi_calls_and_allocations_per_request_and_chunk() {
+    scenarios::on_big_stack(costs);
+}
+
+fn costs() {
+    let mut p = <Native>::start(&scenarios::config()).unwrap();
+    post(&mut p, "s-0");
+    sse_get(&mut p, "s-0", 1);
+    let post = post(&mut p, "s-1");
+    let [setup, rewritten, unchanged] = sse_get(&mut p, "s-1", 1);
+    let [_, rewritten2, unchanged2] = sse_get(&mut p, "s-2", 2);
+    eprintln!("POST: {:?} {}", post.0, post.1);
+    eprintln!("SSE GET setup: {:?} {}", setup.0, setup.1);
+    eprintln!(
+        "rewritten chunk, one slice: {:?} {}",
+        rewritten.0, rewritten.1
+    );
+    eprintln!(
+        "unchanged chunk, one slice: {:?} {}",
+        unchanged.0, unchanged.1
+    );
+    eprintln!(
+        "rewritten chunk, two slices: {:?} {}",
+        rewritten2.0, rewritten2.1
+    );
+    eprintln!(
+        "unchanged chunk, two slices: {:?} {}",
+        unchanged2.0, unchanged2.1
+    );
+    // Unchanged: its slices listed, nothing drained or appended, nothing copied.
+    assert!(
+        !unchanged.1.contains("drain") && !unchanged.1.contains("append"),
+        "{}",
+        unchanged.1
+    );
+    assert_eq!(
+        unchanged.0,
+        Cost {
+            calls: 2,
+            allocations: 0
+        },
+        "{}",
+        unchanged.1
+    );
+    assert!(
+        !unchanged2.1.contains("drain") && !unchanged2.1.contains("append"),
+        "{}",
+        unchanged2.1
+    );
+    // Rewritten: list, drain, append (the size is the chunk's own).
+    assert_eq!(rewritten.0.calls, 4, "{}", rewritten.1);
+    assert_eq!(rewritten2.0.calls, 4, "{}", rewritten2.1);
+    // Headers read in place: per map two calls, and only what the exchange keeps is copied.
+    assert_eq!(setup.0.calls, 6, "{}", setup.1);
+    assert!(setup.0.allocations <= 10, "{:?}", setup.0);
+    assert!(post.0.allocations <= 8, "{:?}", post.0);
+}

@@ -10,7 +10,7 @@ use mcp_resume_guard_native::abi::{
     CALLOUT_INIT_SUCCESS, CALLOUT_SUCCESS, METRICS_SUCCESS, RECEIVED_REQUEST_BODY,
     RECEIVED_RESPONSE_BODY, REQUEST_HEADERS, RESPONSE_HEADERS,
 };
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::raw::c_char;
@@ -128,6 +128,10 @@ pub struct Stream {
     pub continued: u32,
     pub reset: bool,
     pub request_body_reads: u32,
+    /// Header maps the module changed, as they were, scribbled over (see [`moved`]).
+    pub stale: Vec<Headers>,
+    /// Body bytes the module drained, scribbled over.
+    pub stale_bodies: Vec<Vec<u8>>,
 }
 
 /// A metric defined on the config.
@@ -153,11 +157,48 @@ pub struct Envoy {
     /// Complete the stream (stream-complete, then destroy) inside `continue_encoding` and
     /// `reset_stream`, as Envoy does when that call sends the response's last byte or resets it.
     pub complete_inline: bool,
+    /// Callbacks the module called, by name (without `envoy_dynamic_module_callback_`).
+    pub calls: HashMap<&'static str, u32>,
     next_callout: u64,
+}
+
+impl Envoy {
+    /// Callbacks called since the counts were last cleared, in all.
+    pub fn abi_calls(&self) -> u32 {
+        self.calls.values().sum()
+    }
+
+    /// The calls, sorted by name, as `name×n`.
+    pub fn call_list(&self) -> String {
+        let mut v: Vec<_> = self.calls.iter().map(|(k, n)| format!("{k}×{n}")).collect();
+        v.sort();
+        v.join(" ")
+    }
 }
 
 thread_local! {
     static ENVOY: RefCell<Envoy> = RefCell::new(Envoy::default());
+    /// Allocations are counted on this thread (by the test binary's allocator).
+    pub static COUNTING: Cell<bool> = const { Cell::new(false) };
+    /// Inside the mock's own bookkeeping: its allocations are not the module's.
+    pub static QUIET: Cell<u32> = const { Cell::new(0) };
+    /// How many slices Envoy keeps a body chunk in (when it has as many bytes).
+    pub static BODY_SLICES: Cell<usize> = const { Cell::new(2) };
+    /// Allocations (and reallocations) the module made while counting.
+    pub static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Runs `f` as the mock's own work: its allocations are not counted.
+pub fn quiet<T>(f: impl FnOnce() -> T) -> T {
+    QUIET.with(|q| q.set(q.get() + 1));
+    let r = f();
+    QUIET.with(|q| q.set(q.get() - 1));
+    r
+}
+
+/// Counts one call of a callback.
+fn hit(name: &'static str) {
+    with(|e| *e.calls.entry(name).or_default() += 1);
 }
 
 /// Scheduler events committed by the module's tick thread, from any thread.
@@ -166,7 +207,7 @@ pub static COMMITS: AtomicU64 = AtomicU64::new(0);
 pub static DELETED: AtomicU64 = AtomicU64::new(0);
 
 pub fn with<T>(f: impl FnOnce(&mut Envoy) -> T) -> T {
-    ENVOY.with(|e| f(&mut e.borrow_mut()))
+    quiet(|| ENVOY.with(|e| f(&mut e.borrow_mut())))
 }
 
 fn stream<T>(filter: HttpFilterEnvoyPtr, f: impl FnOnce(&mut Stream) -> T) -> T {
@@ -177,24 +218,26 @@ unsafe fn bytes(b: ModuleBuffer) -> Vec<u8> {
     if b.ptr.is_null() {
         return Vec::new();
     }
-    std::slice::from_raw_parts(b.ptr.cast::<u8>(), b.length).to_vec()
+    quiet(|| std::slice::from_raw_parts(b.ptr.cast::<u8>(), b.length).to_vec())
 }
 
 unsafe fn text(b: ModuleBuffer) -> String {
-    String::from_utf8_lossy(&bytes(b)).into_owned()
+    quiet(|| String::from_utf8_lossy(&bytes(b)).into_owned())
 }
 
 unsafe fn header_list(h: *const HttpHeader, n: usize) -> Headers {
     if h.is_null() {
         return Vec::new();
     }
-    std::slice::from_raw_parts(h, n)
-        .iter()
-        .map(|h| {
-            let (k, v) = h.key_value();
-            (String::from_utf8_lossy(k).into_owned(), v.to_vec())
-        })
-        .collect()
+    quiet(|| {
+        std::slice::from_raw_parts(h, n)
+            .iter()
+            .map(|h| {
+                let (k, v) = h.key_value();
+                (String::from_utf8_lossy(k).into_owned(), v.to_vec())
+            })
+            .collect()
+    })
 }
 
 fn envoy_buffer(b: &[u8]) -> EnvoyBuffer {
@@ -213,17 +256,20 @@ pub fn raw_headers(h: &Headers) -> Vec<HttpHeader> {
 
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer) {
+    hit("log");
     let m = text(message);
     with(|e| e.logs.push((level, m)));
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_callback_is_validation_mode() -> bool {
+    hit("is_validation_mode");
     false
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_callback_get_concurrency() -> u32 {
+    hit("get_concurrency");
     2
 }
 
@@ -231,6 +277,7 @@ pub extern "C" fn envoy_dynamic_module_callback_get_concurrency() -> u32 {
 pub extern "C" fn envoy_dynamic_module_callback_http_filter_get_worker_index(
     _filter: HttpFilterEnvoyPtr,
 ) -> u32 {
+    hit("http_filter_get_worker_index");
     1
 }
 
@@ -258,6 +305,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_define_counte
     _label_names_length: usize,
     id: *mut usize,
 ) -> u32 {
+    hit("http_filter_config_define_counter");
     define(name, id, false)
 }
 
@@ -269,6 +317,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_define_histog
     _label_names_length: usize,
     id: *mut usize,
 ) -> u32 {
+    hit("http_filter_config_define_histogram");
     define(name, id, true)
 }
 
@@ -294,6 +343,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_increment_counter(
     _label_values_length: usize,
     value: u64,
 ) -> u32 {
+    hit("http_filter_increment_counter");
     update(id, value, false)
 }
 
@@ -305,6 +355,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_record_histogram_val
     _label_values_length: usize,
     value: u64,
 ) -> u32 {
+    hit("http_filter_record_histogram_value");
     update(id, value, true)
 }
 
@@ -316,6 +367,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_record_histog
     _label_values_length: usize,
     value: u64,
 ) -> u32 {
+    hit("http_filter_config_record_histogram_value");
     update(id, value, true)
 }
 
@@ -327,7 +379,22 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_increment_cou
     _label_values_length: usize,
     value: u64,
 ) -> u32 {
+    hit("http_filter_config_increment_counter");
     update(id, value, false)
+}
+
+/// Envoy may move a map's bytes when a header changes: the map gets fresh copies, and its old
+/// bytes are scribbled over and returned (kept, so a view the module still holds reads `#`s,
+/// not freed memory, and the scenarios fail).
+fn moved(h: &mut Headers) -> Headers {
+    let fresh = h.clone();
+    let mut old = std::mem::replace(h, fresh);
+    for (k, v) in &mut old {
+        v.fill(b'#');
+        // SAFETY: `#` keeps the name valid UTF-8.
+        unsafe { k.as_bytes_mut().fill(b'#') };
+    }
+    old
 }
 
 fn header_map(s: &mut Stream, kind: u32) -> Option<&mut Headers> {
@@ -343,6 +410,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_get_headers_size(
     filter: HttpFilterEnvoyPtr,
     header_type: u32,
 ) -> usize {
+    hit("http_get_headers_size");
     stream(filter, |s| {
         header_map(s, header_type).map_or(0, |h| h.len())
     })
@@ -354,6 +422,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_get_headers(
     header_type: u32,
     result_headers: *mut HttpHeader,
 ) -> bool {
+    hit("http_get_headers");
     stream(filter, |s| {
         let Some(h) = header_map(s, header_type) else {
             return false;
@@ -373,9 +442,15 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_set_header(
     key: ModuleBuffer,
     value: ModuleBuffer,
 ) -> bool {
+    hit("http_set_header");
     let key = text(key).to_ascii_lowercase();
     let value = (!value.ptr.is_null()).then(|| bytes(value));
     stream(filter, |s| {
+        let Some(h) = header_map(s, header_type) else {
+            return false;
+        };
+        let old = moved(h);
+        s.stale.push(old);
         let Some(h) = header_map(s, header_type) else {
             return false;
         };
@@ -408,6 +483,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(
     body: ModuleBuffer,
     details: ModuleBuffer,
 ) {
+    hit("http_send_response");
     let reply = Reply {
         status: status_code,
         headers: header_list(headers, headers_size),
@@ -417,6 +493,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_send_response(
     let module_filter = stream(filter, |s| {
         let mut h = vec![(":status".to_string(), status_code.to_string().into_bytes())];
         h.extend(reply.headers.iter().cloned());
+        let old = moved(&mut s.response_headers);
+        s.stale.push(old);
         s.response_headers = h;
         s.replies.push(reply.clone());
         s.module_filter
@@ -475,6 +553,7 @@ pub unsafe fn complete_stream(filter: HttpFilterEnvoyPtr) {
 pub extern "C" fn envoy_dynamic_module_callback_http_filter_continue_decoding(
     filter: HttpFilterEnvoyPtr,
 ) {
+    hit("http_filter_continue_decoding");
     stream(filter, |s| s.continued += 1);
 }
 
@@ -483,6 +562,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_continue_decoding(
 pub extern "C" fn envoy_dynamic_module_callback_http_filter_continue_encoding(
     filter: HttpFilterEnvoyPtr,
 ) {
+    hit("http_filter_continue_encoding");
     stream(filter, |s| {
         s.encoding_continued += 1;
         if let Some(b) = s.buffered_response_body.take() {
@@ -500,6 +580,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_reset_stream(
     _reason: u32,
     _details: ModuleBuffer,
 ) {
+    hit("http_filter_reset_stream");
     stream(filter, |s| {
         s.reset = true;
         s.buffered_response_body = None;
@@ -524,16 +605,26 @@ pub extern "C" fn envoy_dynamic_module_callback_http_get_body_size(
     filter: HttpFilterEnvoyPtr,
     body_type: u32,
 ) -> usize {
+    hit("http_get_body_size");
     stream(filter, |s| body_of(s, body_type).map_or(0, |b| b.len()))
 }
 
-/// The body is kept as two slices (a split at its middle), as Envoy's buffers are chunked.
+/// The body is kept in [`BODY_SLICES`] slices (default two, split at its middle), as Envoy's
+/// buffers are chunked.
 fn slices(b: &[u8]) -> Vec<&[u8]> {
-    match b.len() {
+    let parts = BODY_SLICES.with(Cell::get).max(1);
+    quiet(|| match b.len() {
         0 => Vec::new(),
-        1 => vec![b],
-        n => vec![&b[..n / 2], &b[n / 2..]],
-    }
+        n if n < parts => vec![b],
+        n => {
+            let step = n / parts;
+            let mut v: Vec<&[u8]> = (0..parts - 1)
+                .map(|i| &b[i * step..(i + 1) * step])
+                .collect();
+            v.push(&b[(parts - 1) * step..]);
+            v
+        }
+    })
 }
 
 #[no_mangle]
@@ -541,6 +632,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_get_body_chunks_size(
     filter: HttpFilterEnvoyPtr,
     body_type: u32,
 ) -> usize {
+    hit("http_get_body_chunks_size");
     stream(filter, |s| {
         body_of(s, body_type).map_or(0, |b| slices(b).len())
     })
@@ -552,6 +644,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_get_body_chunks(
     body_type: u32,
     result: *mut EnvoyBuffer,
 ) -> bool {
+    hit("http_get_body_chunks");
     stream(filter, |s| {
         if body_type == RECEIVED_REQUEST_BODY {
             s.request_body_reads += 1;
@@ -572,11 +665,17 @@ pub extern "C" fn envoy_dynamic_module_callback_http_drain_body(
     body_type: u32,
     number_of_bytes: usize,
 ) -> bool {
+    hit("http_drain_body");
     stream(filter, |s| {
         let Some(b) = body_of(s, body_type) else {
             return false;
         };
-        b.drain(..number_of_bytes.min(b.len()));
+        // Envoy frees the drained slices: the old bytes are scribbled over (and kept), so a
+        // view of the chunk read after the drain fails the scenarios.
+        let rest = b[number_of_bytes.min(b.len())..].to_vec();
+        let mut old = std::mem::replace(b, rest);
+        old.fill(b'#');
+        s.stale_bodies.push(old);
         true
     })
 }
@@ -587,6 +686,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_append_body(
     body_type: u32,
     data: ModuleBuffer,
 ) -> bool {
+    hit("http_append_body");
     let data = bytes(data);
     stream(filter, |s| {
         if body_type == BUFFERED_RESPONSE_BODY {
@@ -610,6 +710,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_filter_get_attribute
     attribute_id: u32,
     result: *mut EnvoyBuffer,
 ) -> bool {
+    hit("http_filter_get_attribute_string");
     stream(filter, |s| match s.attributes.get(&attribute_id) {
         Some(v) => {
             *result = envoy_buffer(v);
@@ -629,6 +730,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_filter_http_callout(
     body: ModuleBuffer,
     timeout_milliseconds: u64,
 ) -> u32 {
+    hit("http_filter_http_callout");
     let (id, inline, module_filter) = with(|e| {
         e.next_callout += 1;
         let id = e.next_callout;
@@ -676,6 +778,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_filter_config_http_c
     body: ModuleBuffer,
     timeout_milliseconds: u64,
 ) -> u32 {
+    hit("http_filter_config_http_callout");
     let id = with(|e| {
         e.next_callout += 1;
         let id = e.next_callout;
@@ -697,6 +800,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_callback_http_filter_config_http_c
 pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
     _config: HttpFilterConfigEnvoyPtr,
 ) -> ConfigSchedulerPtr {
+    hit("http_filter_config_scheduler_new");
     // Any non-null pointer: the scheduler is only ever handed back.
     std::ptr::NonNull::<c_void>::dangling().as_ptr()
 }
@@ -707,6 +811,7 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_scheduler_com
     _scheduler: ConfigSchedulerPtr,
     _event_id: u64,
 ) {
+    hit("http_filter_config_scheduler_commit");
     COMMITS.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -714,5 +819,6 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_scheduler_com
 pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
     _scheduler: ConfigSchedulerPtr,
 ) {
+    hit("http_filter_config_scheduler_delete");
     DELETED.fetch_add(1, Ordering::SeqCst);
 }

@@ -138,3 +138,100 @@ fn no_host_call_failure() {
     let warnings = p.0.state().logs_at_least(3);
     assert!(warnings.is_empty(), "{warnings:?}");
 }
+
+/// Host calls and allocation callbacks of one hook or group of hooks, counted by the test host.
+#[derive(Debug, PartialEq, Eq)]
+struct Cost {
+    calls: u32,
+    allocations: u32,
+}
+
+fn cost(p: &mut Wasm, f: impl FnOnce(&mut Wasm)) -> (Cost, String) {
+    p.0.state_mut().clear_counts();
+    f(p);
+    let s = p.0.state();
+    let mut names: Vec<_> = s.calls.iter().map(|(k, v)| format!("{k}×{v}")).collect();
+    names.sort();
+    let c = Cost {
+        calls: s.host_calls(),
+        allocations: s.allocations,
+    };
+    (c, names.join(" "))
+}
+
+/// What an SSE GET costs in host calls once its worker is warm (another stream opened since the
+/// last tick): the stream's setup (request and response headers), a chunk the guard rewrites,
+/// and a chunk it leaves as it is. Counted, so a change in either direction shows.
+#[test]
+fn host_calls_per_sse_get() {
+    mcp_adapter_harness::scenarios::on_big_stack(sse_get_costs);
+}
+
+fn sse_get(p: &mut Wasm, sid: &str) -> (Cost, String, Cost, String, Cost, String) {
+    use mcp_adapter_harness::scenarios::{headers, OWNER};
+    let s = p.new_stream();
+    let req = headers(&[
+        (":method", "GET"),
+        (":path", "/mcp"),
+        (":authority", "mcp.example"),
+        ("mcp-session-id", sid),
+    ]);
+    let resp = headers(&[(":status", "200"), ("content-type", "text/event-stream")]);
+    p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+    let (setup, setup_names) = cost(p, |p| {
+        assert_eq!(p.request_headers(s, req, true), Flow::Continue);
+        assert_eq!(p.response_headers(s, resp, false), Flow::Continue);
+    });
+    let (rewritten, rw_names) = cost(p, |p| {
+        p.response_body(s, b"id: e1\ndata: a\n\n", false);
+    });
+    let (unchanged, un_names) = cost(p, |p| {
+        p.response_body(s, b": keep-alive\n\n", false);
+    });
+    let body = p.client_body(s);
+    assert!(body.ends_with(b": keep-alive\n\n"), "{body:?}");
+    p.end_stream(s);
+    (setup, setup_names, rewritten, rw_names, unchanged, un_names)
+}
+
+fn sse_get_costs() {
+    let mut p = <Wasm as Proxy>::start(&mcp_adapter_harness::scenarios::config()).unwrap();
+    // The first stream of the worker seeds its incarnations and reads its clock.
+    let first = sse_get(&mut p, "s-0");
+    let warm = sse_get(&mut p, "s-1");
+    eprintln!("first SSE GET setup: {:?} {}", first.0, first.1);
+    eprintln!("warm SSE GET setup: {:?} {}", warm.0, warm.1);
+    eprintln!("rewritten chunk: {:?} {}", warm.2, warm.3);
+    eprintln!("unchanged chunk: {:?} {}", warm.4, warm.5);
+    // Request headers: the map, the accept-encoding it sets. Response headers: the map, the
+    // upstream address (the record's owner). No clock, randomness or stat per stream.
+    assert_eq!(
+        warm.0,
+        Cost {
+            calls: 4,
+            allocations: 3
+        },
+        "{}",
+        warm.1
+    );
+    // Read and replace.
+    assert_eq!(
+        warm.2,
+        Cost {
+            calls: 2,
+            allocations: 1
+        },
+        "{}",
+        warm.3
+    );
+    // Read only: the chunk goes on as it came.
+    assert_eq!(
+        warm.4,
+        Cost {
+            calls: 1,
+            allocations: 1
+        },
+        "{}",
+        warm.5
+    );
+}

@@ -57,6 +57,7 @@ fn give(c: &mut C<'_>, bytes: &[u8], ret_ptr: i32, ret_size: i32) -> Result<(), 
             .and_then(Extern::into_func)
             .ok_or_else(|| Error::new("the module exports no proxy_on_memory_allocate"))?
             .typed::<i32, i32>(&*c)?;
+        c.data_mut().allocations += 1;
         at = alloc.call(&mut *c, bytes.len() as i32)?;
         write(c, at, bytes)?;
     }
@@ -192,9 +193,9 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
     l.func_wrap(
         "env",
         "proxy_log",
-        |c: C<'_>, level: i32, p: i32, n: i32| {
+        |mut c: C<'_>, level: i32, p: i32, n: i32| {
+            c.data_mut().hit("proxy_log");
             let msg = String::from_utf8_lossy(&read(&c, p, n)?).into_owned();
-            let mut c = c;
             c.data_mut().logs.push((level as u32, msg));
             Ok::<i32, Error>(OK)
         },
@@ -203,6 +204,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_set_tick_period_milliseconds",
         |mut c: C<'_>, ms: i32| {
+            c.data_mut().hit("proxy_set_tick_period_milliseconds");
             c.data_mut().tick_ms = Some(ms as u32);
             OK
         },
@@ -211,6 +213,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_get_current_time_nanoseconds",
         |mut c: C<'_>, ret: i32| {
+            c.data_mut().hit("proxy_get_current_time_nanoseconds");
             let now = c.data().now_ns;
             write(&mut c, ret, &now.to_le_bytes())?;
             Ok::<i32, Error>(OK)
@@ -220,6 +223,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_get_buffer_bytes",
         |mut c: C<'_>, which: i32, start: i32, max: i32, ret_p: i32, ret_n: i32| {
+            c.data_mut().hit("proxy_get_buffer_bytes");
             if which == VM_CONFIGURATION {
                 return Ok(NOT_FOUND);
             }
@@ -237,6 +241,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_set_buffer_bytes",
         |mut c: C<'_>, which: i32, start: i32, size: i32, p: i32, n: i32| {
+            c.data_mut().hit("proxy_set_buffer_bytes");
             let data = read(&c, p, n)?;
             let Some(b) = buffer(c.data_mut(), which) else {
                 return Ok(NOT_FOUND);
@@ -259,6 +264,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_get_header_map_pairs",
         |mut c: C<'_>, map: i32, ret_p: i32, ret_n: i32| {
+            c.data_mut().hit("proxy_get_header_map_pairs");
             let Some(h) = stream_map(c.data_mut(), map) else {
                 return Ok(NOT_FOUND);
             };
@@ -271,6 +277,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_set_header_map_pairs",
         |mut c: C<'_>, map: i32, p: i32, n: i32| {
+            c.data_mut().hit("proxy_set_header_map_pairs");
             let new = deserialize_map(&read(&c, p, n)?).ok_or_else(|| Error::new("bad map"))?;
             let Some(h) = stream_map(c.data_mut(), map) else {
                 return Ok(NOT_FOUND);
@@ -283,6 +290,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_get_header_map_value",
         |mut c: C<'_>, map: i32, kp: i32, kn: i32, ret_p: i32, ret_n: i32| {
+            c.data_mut().hit("proxy_get_header_map_value");
             let key = read_str(&c, kp, kn)?;
             let Some(h) = stream_map(c.data_mut(), map) else {
                 return Ok(NOT_FOUND);
@@ -299,6 +307,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_replace_header_map_value",
         |mut c: C<'_>, map: i32, kp: i32, kn: i32, vp: i32, vn: i32| {
+            c.data_mut().hit("proxy_replace_header_map_value");
             let (key, value) = (
                 read_str(&c, kp, kn)?.to_ascii_lowercase(),
                 read(&c, vp, vn)?,
@@ -325,6 +334,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_add_header_map_value",
         |mut c: C<'_>, map: i32, kp: i32, kn: i32, vp: i32, vn: i32| {
+            c.data_mut().hit("proxy_add_header_map_value");
             let (key, value) = (
                 read_str(&c, kp, kn)?.to_ascii_lowercase(),
                 read(&c, vp, vn)?,
@@ -340,6 +350,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_remove_header_map_value",
         |mut c: C<'_>, map: i32, kp: i32, kn: i32| {
+            c.data_mut().hit("proxy_remove_header_map_value");
             let key = read_str(&c, kp, kn)?.to_ascii_lowercase();
             let Some(h) = stream_map(c.data_mut(), map) else {
                 return Ok(NOT_FOUND);
@@ -352,6 +363,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_get_property",
         |mut c: C<'_>, p: i32, n: i32, ret_p: i32, ret_n: i32| {
+            c.data_mut().hit("proxy_get_property");
             let path = read(&c, p, n)?
                 .split(|b| *b == 0)
                 .map(|s| String::from_utf8_lossy(s).into_owned())
@@ -374,6 +386,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_define_metric",
         |mut c: C<'_>, kind: i32, p: i32, n: i32, ret: i32| {
+            c.data_mut().hit("proxy_define_metric");
             let name = read_str(&c, p, n)?;
             let metrics = &mut c.data_mut().metrics;
             // Ids start at 1: the guard reads 0 as "not defined".
@@ -397,6 +410,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_increment_metric",
         |mut c: C<'_>, id: i32, by: i64| {
+            c.data_mut().hit("proxy_increment_metric");
             let Some(m) = c.data_mut().metrics.get_mut((id as usize).wrapping_sub(1)) else {
                 return NOT_FOUND;
             };
@@ -408,6 +422,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_record_metric",
         |mut c: C<'_>, id: i32, value: i64| {
+            c.data_mut().hit("proxy_record_metric");
             let Some(m) = c.data_mut().metrics.get_mut((id as usize).wrapping_sub(1)) else {
                 return NOT_FOUND;
             };
@@ -431,6 +446,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
          hp: i32,
          hn: i32,
          _grpc: i32| {
+            c.data_mut().hit("proxy_send_local_response");
             let reply = LocalReply {
                 status: status as u32,
                 details: read_str(&c, dp, dn)?,
@@ -460,6 +476,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
          tn: i32,
          timeout: i32,
          ret: i32| {
+            c.data_mut().hit("proxy_http_call");
             let cluster = read_str(&c, up, un)?;
             let headers =
                 deserialize_map(&read(&c, hp, hn)?).ok_or_else(|| Error::new("bad headers"))?;
@@ -482,6 +499,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         },
     )?;
     l.func_wrap("env", "proxy_continue_stream", |mut c: C<'_>, t: i32| {
+        c.data_mut().hit("proxy_continue_stream");
         let s = c.data_mut();
         match s.streams.get_mut(&s.effective) {
             Some(st) => {
@@ -492,6 +510,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         }
     })?;
     l.func_wrap("env", "proxy_close_stream", |mut c: C<'_>, t: i32| {
+        c.data_mut().hit("proxy_close_stream");
         let s = c.data_mut();
         match s.streams.get_mut(&s.effective) {
             Some(st) => {
@@ -505,6 +524,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
         "env",
         "proxy_set_effective_context",
         |mut c: C<'_>, ctx: i32| {
+            c.data_mut().hit("proxy_set_effective_context");
             let s = c.data_mut();
             let ctx = ctx as u32;
             if ctx == s.root_context || s.streams.contains_key(&ctx) {
@@ -522,6 +542,7 @@ fn proxy(l: &mut Linker<HostState>) -> Result<(), Error> {
 fn wasi(l: &mut Linker<HostState>) -> Result<(), Error> {
     const W: &str = "wasi_snapshot_preview1";
     l.func_wrap(W, "random_get", |mut c: C<'_>, p: i32, n: i32| {
+        c.data_mut().hit("random_get");
         // Deterministic (xorshift): a test run can be repeated.
         let mut out = Vec::with_capacity(n as u32 as usize);
         let s = c.data_mut();
@@ -541,6 +562,7 @@ fn wasi(l: &mut Linker<HostState>) -> Result<(), Error> {
         W,
         "fd_write",
         |mut c: C<'_>, _fd: i32, iovs: i32, n: i32, ret: i32| {
+            c.data_mut().hit("fd_write");
             let mut total = 0u32;
             for i in 0..n {
                 let iov = read(&c, iovs + i * 8, 8)?;
@@ -558,6 +580,7 @@ fn wasi(l: &mut Linker<HostState>) -> Result<(), Error> {
         W,
         "environ_sizes_get",
         |mut c: C<'_>, count: i32, size: i32| {
+            c.data_mut().hit("environ_sizes_get");
             write_u32(&mut c, count, 0)?;
             write_u32(&mut c, size, 0)?;
             Ok::<i32, Error>(0)

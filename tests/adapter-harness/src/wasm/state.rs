@@ -100,9 +100,29 @@ pub struct HostState {
     pub random_state: u64,
     /// What the module wrote to stdout or stderr.
     pub output: Vec<u8>,
+    /// Host calls the module made, by import name.
+    pub calls: HashMap<&'static str, u32>,
+    /// `proxy_on_memory_allocate` calls the host made (to hand the module bytes).
+    pub allocations: u32,
 }
 
 impl HostState {
+    /// Counts one call of import `name`.
+    pub fn hit(&mut self, name: &'static str) {
+        *self.calls.entry(name).or_default() += 1;
+    }
+
+    /// Host calls made since the counts were last cleared, in all.
+    pub fn host_calls(&self) -> u32 {
+        self.calls.values().sum()
+    }
+
+    /// Clears the call and allocation counts.
+    pub fn clear_counts(&mut self) {
+        self.calls.clear();
+        self.allocations = 0;
+    }
+
     /// A counter's (or gauge's) value by its full name; `None` when never defined.
     pub fn metric(&self, name: &str) -> Option<i64> {
         self.metrics
