@@ -271,6 +271,7 @@ impl Rewriter {
     pub fn streaming(max_hold: usize) -> Rewriter {
         Rewriter {
             hold_blocks: false,
+            streaming: true,
             ..Rewriter::new(max_hold)
         }
     }
@@ -585,6 +586,9 @@ impl Rewriter {
 
     /// Writes the block content gathered so far (held, then this chunk's runs).
     fn flush_content(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        if self.hold.is_empty() && self.runs.is_empty() {
+            return;
+        }
         emit(&mut self.emitted_cr, out, &self.hold);
         self.hold.clear();
         for &(a, b) in &self.runs {
@@ -702,7 +706,8 @@ impl Rewriter {
 
     fn reset_block(&mut self) {
         self.in_block = false;
-        self.streaming = false;
+        // Without holding, every block streams from its start.
+        self.streaming = !self.hold_blocks;
         self.block_bytes = 0;
         self.hold.clear();
         self.runs.clear();
