@@ -290,6 +290,27 @@ impl Keyring {
 
     /// Appends the text cursor to `out`; allocates only if `out` must grow.
     pub fn encode_into(&self, c: &Cursor<'_>, out: &mut String) {
+        let buf = self.seal(c);
+        out.reserve((buf.len * 4).div_ceil(3));
+        URL_SAFE_NO_PAD.encode_string(buf.bytes(), out);
+    }
+
+    /// Appends the text cursor to `out` as bytes, base64 written in place: no intermediate
+    /// string, and no allocation unless `out` must grow. The same text as [`Keyring::encode`].
+    pub fn encode_to(&self, c: &Cursor<'_>, out: &mut Vec<u8>) {
+        let buf = self.seal(c);
+        let at = out.len();
+        out.resize(at + (buf.len * 4).div_ceil(3), 0);
+        let written = match out.get_mut(at..) {
+            Some(dst) => URL_SAFE_NO_PAD.encode_slice(buf.bytes(), dst).unwrap_or(0),
+            None => 0,
+        };
+        // The room is exact, so this only drops bytes if the encoder wrote fewer (it cannot).
+        out.truncate(at + written);
+    }
+
+    /// The binary cursor with its MAC, made with the active key.
+    fn seal(&self, c: &Cursor<'_>) -> Buf {
         let mut buf = Buf::new();
         let request_id = c
             .request_id
@@ -322,8 +343,7 @@ impl Keyring {
             let tag = v3_tag(&key.blake3, buf.bytes());
             buf.push(&tag);
         }
-        out.reserve((buf.len * 4).div_ceil(3));
-        URL_SAFE_NO_PAD.encode_string(buf.bytes(), out);
+        buf
     }
 
     /// Verifies and parses a text cursor with whichever key of the ring its key id names.
@@ -693,6 +713,40 @@ mod tests {
         r.encode_into(&sample(None), &mut s);
         assert!(s.starts_with("prefix:"));
         assert_eq!(&s[7..], r.encode(&sample(None)));
+    }
+
+    /// Cursors minted by the release before `encode_to`: the wire text must not change.
+    const MINTED: [&str; 3] = [
+        "Awer5jPzpHonWAECAwQFBgcIAawCBGV2LTEMObOysd69pGsNGmEbaKje",
+        "BAer5jPzpHonWAECAwQFBgcIAawCBGV2LTEHInJlcS03ItNOCypuv5A_FtXMsZUfZHo",
+        "BAer5jPzpHonWAECAwQFBgcIAf___________wGAbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGwHInJlcS03IqqfBk8zptUpytlfRGMmWMM",
+    ];
+
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn encode_to_writes_the_same_text_in_place() {
+        let r = ring(7, 0xAB);
+        let long = "l".repeat(MAX_REPLICA_ID_BYTES);
+        let mut c = sample(Some("ev-1"));
+        let mut cursors = vec![c];
+        c.request_id = Some("\"req-7\"");
+        cursors.push(c);
+        c.replica_event_id = Some(&long);
+        c.seq = u64::MAX;
+        cursors.push(c);
+        let mut out = b"id: ".to_vec();
+        for (c, want) in cursors.iter().zip(MINTED) {
+            assert_eq!(r.encode(c), want);
+            let at = out.len();
+            r.encode_to(c, &mut out);
+            assert_eq!(&out[at..], want.as_bytes());
+        }
+        assert!(out.starts_with(b"id: "));
+        // Appending never reallocates when the room is there.
+        let mut out = Vec::with_capacity(MAX_CURSOR_CHARS);
+        let p = out.as_ptr();
+        r.encode_to(&cursors[2], &mut out);
+        assert_eq!((out.as_ptr(), out.len()), (p, MINTED[2].len()));
     }
 
     #[cfg_attr(not(target_arch = "wasm32"), test)]

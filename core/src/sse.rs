@@ -28,9 +28,13 @@
 //!
 //! Hot path: lines are found with a slice scan, and a block that starts and ends inside one
 //! chunk is copied once, from the chunk straight to `out`. Only blocks spanning chunks are
-//! copied into the internal hold buffer, which is reused.
+//! copied into the internal hold buffer, which is reused. A block whose content is one run of
+//! the chunk (LF line ends, its `id` lines first or last) is digested in one call at its end;
+//! the streaming hasher only takes content that is not. Through [`OnId`] the new id is written
+//! straight into `out`, so relaying an event allocates nothing.
 
-use xxhash_rust::xxh3::Xxh3Default;
+use std::borrow::Cow;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 /// The content digest of an event: XXH3-64 of its lines other than `id` lines, each without its
 /// line end and followed by one LF. So a replay with the same id is told apart from a different
@@ -44,13 +48,98 @@ pub fn content_digest(lines: &[&[u8]]) -> u64 {
     h.digest()
 }
 
-/// The running digest (the hasher has no `Debug`).
-struct Content(Xxh3Default);
+/// The [`content_digest`] of the block being read. While the block's content so far is one run
+/// of the current chunk, only that range is kept, and hashed in one call at the block's end
+/// (one-shot XXH3 costs half the streaming one on short events); content that is not (other line
+/// ends, lines on both sides of an `id` line, a block across chunks) goes through the hasher.
+struct ContentDigest {
+    hasher: Xxh3Default,
+    /// Content not hashed yet: `chunk[a..b]` of the current chunk.
+    span: Option<(usize, usize)>,
+    /// The hasher holds content of this block.
+    hashing: bool,
+}
 
-impl std::fmt::Debug for Content {
+impl std::fmt::Debug for ContentDigest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Content")
+        f.debug_struct("ContentDigest")
+            .field("span", &self.span)
+            .field("hashing", &self.hashing)
+            .finish()
     }
+}
+
+impl ContentDigest {
+    fn new() -> Self {
+        ContentDigest {
+            hasher: Xxh3Default::new(),
+            span: None,
+            hashing: false,
+        }
+    }
+
+    /// Content `chunk[a..b]`.
+    fn range(&mut self, chunk: &[u8], a: usize, b: usize) {
+        match self.span {
+            Some((x, y)) if y == a => self.span = Some((x, b)),
+            _ => {
+                self.spill(chunk);
+                self.span = Some((a, b));
+            }
+        }
+    }
+
+    /// Content from elsewhere than `chunk`.
+    fn bytes(&mut self, chunk: &[u8], bytes: &[u8]) {
+        self.spill(chunk);
+        self.hasher.update(bytes);
+        self.hashing = true;
+    }
+
+    /// Hashes the kept range: before bytes from elsewhere, and before `chunk` goes away.
+    fn spill(&mut self, chunk: &[u8]) {
+        if let Some((a, b)) = self.span.take() {
+            self.hasher.update(chunk.get(a..b).unwrap_or_default());
+            self.hashing = true;
+        }
+    }
+
+    fn digest(&mut self, chunk: &[u8]) -> u64 {
+        if self.hashing {
+            self.spill(chunk);
+            return self.hasher.digest();
+        }
+        let run = self.span.and_then(|(a, b)| chunk.get(a..b));
+        xxh3_64(run.unwrap_or_default())
+    }
+
+    fn reset(&mut self) {
+        self.span = None;
+        if self.hashing {
+            self.hasher.reset();
+            self.hashing = false;
+        }
+    }
+}
+
+/// Decides what becomes of each block's id, at the block's blank line ([`Rewriter::push_with`]).
+pub trait OnId {
+    /// Called once per block that has a (non-NUL) id, with that id (may be "" for a reset) and
+    /// the block's [`content_digest`].
+    fn on_id(&mut self, id: &str, digest: u64) -> IdAction;
+
+    /// After [`IdAction::Write`] for `id`: appends the block's new id to `out`, without
+    /// `id: ` and line end. CR and LF in it are dropped; if it appends nothing, the id is kept.
+    fn write_id(&mut self, id: &str, out: &mut Vec<u8>);
+}
+
+/// A closure decides; it answers with [`IdAction::Replace`] (it has nothing to write).
+impl<F: FnMut(&str, u64) -> IdAction> OnId for F {
+    fn on_id(&mut self, id: &str, digest: u64) -> IdAction {
+        self(id, digest)
+    }
+
+    fn write_id(&mut self, _: &str, _: &mut Vec<u8>) {}
 }
 
 /// What to do with a block's id, decided by the caller at the block's end.
@@ -58,6 +147,8 @@ impl std::fmt::Debug for Content {
 pub enum IdAction {
     /// Write `id: <s>` instead. `s` must be a valid id; CR and LF in it are dropped.
     Replace(String),
+    /// Write `id: ` and what [`OnId::write_id`] appends, straight into the output.
+    Write,
     /// Keep the block's id as it was.
     Keep,
     /// Suppress the whole block (see the module doc for overflowed blocks).
@@ -137,7 +228,7 @@ pub struct Rewriter {
     block_id: Vec<u8>,
     block_id_state: BlockId,
     /// [`content_digest`] of the current block so far.
-    content: Content,
+    content: ContentDigest,
     /// Last byte this rewriter wrote was CR.
     emitted_cr: bool,
     cut: bool,
@@ -164,7 +255,7 @@ impl Rewriter {
             line_id_over: false,
             block_id: Vec::new(),
             block_id_state: BlockId::None,
-            content: Content(Xxh3Default::new()),
+            content: ContentDigest::new(),
             emitted_cr: false,
             cut: false,
             cut_mid_block: false,
@@ -180,6 +271,7 @@ impl Rewriter {
     pub fn streaming(max_hold: usize) -> Rewriter {
         Rewriter {
             hold_blocks: false,
+            streaming: true,
             ..Rewriter::new(max_hold)
         }
     }
@@ -191,8 +283,13 @@ impl Rewriter {
         &mut self,
         chunk: &[u8],
         out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
+        mut on_id: &mut dyn FnMut(&str, u64) -> IdAction,
     ) {
+        self.push_with(chunk, out, &mut on_id);
+    }
+
+    /// [`Rewriter::push`] with an [`OnId`], which may write the new ids into `out` itself.
+    pub fn push_with(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
         if self.cut {
             return;
         }
@@ -228,7 +325,7 @@ impl Rewriter {
         }
         if let Some(n) = self.bom.take() {
             let earlier = BOM.get(..usize::from(n)).unwrap_or_default();
-            self.feed(earlier, out, &mut |_, _| IdAction::Keep);
+            self.feed(earlier, out, &mut |_: &str, _: u64| IdAction::Keep);
         }
         if let Line::Prefix(n) = self.line {
             self.add_carry(b"id".get(..usize::from(n)).unwrap_or_default(), out);
@@ -265,12 +362,7 @@ impl Rewriter {
         self.stats
     }
 
-    fn feed(
-        &mut self,
-        chunk: &[u8],
-        out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
-    ) {
+    fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
         if chunk.is_empty() {
             // Keep a pending CR's state for the next non-empty chunk.
             return;
@@ -293,7 +385,7 @@ impl Rewriter {
             let rest = chunk.get(i..).unwrap_or_default();
             i += match self.line {
                 Line::Start => self.at_line_start(chunk, i, out, on_id),
-                Line::Prefix(n) => self.in_prefix(rest, n, out),
+                Line::Prefix(n) => self.in_prefix(chunk, rest, n, out),
                 Line::Id { at_value_start } => self.in_id(chunk, i, at_value_start, out),
                 Line::Other => self.in_other(chunk, i, out),
             };
@@ -301,6 +393,7 @@ impl Rewriter {
         if !self.cut {
             self.park(chunk, out);
         }
+        self.content.spill(chunk);
         self.runs.clear();
     }
 
@@ -310,7 +403,7 @@ impl Rewriter {
         chunk: &[u8],
         i: usize,
         out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
+        on_id: &mut dyn OnId,
     ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         if let Some(b'\r' | b'\n') = rest.first() {
@@ -346,7 +439,7 @@ impl Rewriter {
     }
 
     /// Continues a line that began as "i" or "id" at the end of the previous chunk.
-    fn in_prefix(&mut self, rest: &[u8], n: u8, out: &mut Vec<u8>) -> usize {
+    fn in_prefix(&mut self, chunk: &[u8], rest: &[u8], n: u8, out: &mut Vec<u8>) -> usize {
         let next = rest.first().copied();
         match (n, next) {
             (1, Some(b'd')) => {
@@ -365,7 +458,7 @@ impl Rewriter {
             }
             _ => {
                 let carried = b"id".get(..usize::from(n)).unwrap_or_default();
-                self.content.0.update(carried);
+                self.content.bytes(chunk, carried);
                 self.add_carry(carried, out);
                 self.line = Line::Other;
                 0
@@ -378,9 +471,10 @@ impl Rewriter {
         // One space after the colon is not part of the value.
         let start = usize::from(at_value_start && rest.first() == Some(&b' '));
         let from_start = rest.get(start..).unwrap_or_default();
-        let eol = find_eol(from_start).map(|p| p + start);
+        let (eol, nul) = find_eol_or_nul(from_start);
+        let eol = eol.map(|p| p + start);
         let end = eol.unwrap_or(rest.len());
-        self.collect_id(rest.get(start..end).unwrap_or_default());
+        self.collect_id(rest.get(start..end).unwrap_or_default(), nul);
         self.block_bytes += end;
         let Some(e) = eol else {
             self.line = Line::Id {
@@ -402,12 +496,17 @@ impl Rewriter {
     fn in_other(&mut self, chunk: &[u8], i: usize, out: &mut Vec<u8>) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         let Some(e) = find_eol(rest) else {
-            self.content.0.update(rest);
+            self.content.range(chunk, i, chunk.len());
             self.add_run(i, chunk.len());
             return rest.len();
         };
-        self.content.0.update(rest.get(..e).unwrap_or_default());
-        self.content.0.update(b"\n");
+        if rest.get(e) == Some(&b'\n') {
+            // The line and its LF are the digest's bytes as they are.
+            self.content.range(chunk, i, i + e + 1);
+        } else {
+            self.content.range(chunk, i, i + e);
+            self.content.bytes(chunk, b"\n");
+        }
         let (n, split) = eol_at(rest, e);
         self.add_run(i, i + e + n);
         self.line = Line::Start;
@@ -427,8 +526,9 @@ impl Rewriter {
         self.line_id_over = false;
     }
 
-    fn collect_id(&mut self, v: &[u8]) {
-        if v.contains(&0) {
+    /// `nul`: `v` contains a NUL (found by the line-end scan).
+    fn collect_id(&mut self, v: &[u8], nul: bool) {
+        if nul {
             self.line_id_nul = true;
         }
         if self.line_id_over {
@@ -486,6 +586,9 @@ impl Rewriter {
 
     /// Writes the block content gathered so far (held, then this chunk's runs).
     fn flush_content(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        if self.hold.is_empty() && self.runs.is_empty() {
+            return;
+        }
         emit(&mut self.emitted_cr, out, &self.hold);
         self.hold.clear();
         for &(a, b) in &self.runs {
@@ -518,16 +621,18 @@ impl Rewriter {
         chunk: &[u8],
         term: &[u8],
         out: &mut Vec<u8>,
-        on_id: &mut dyn FnMut(&str, u64) -> IdAction,
+        on_id: &mut dyn OnId,
     ) -> Lf {
         if !self.in_block {
             self.emit_terminator(term, out);
             return Lf::Out;
         }
+        // Taken out for the block's end (and put back, keeping its buffer).
+        let block_id = std::mem::take(&mut self.block_id);
+        let id = utf8_lossy(&block_id);
         let action = if self.block_id_state == BlockId::Value {
             self.stats.ids += 1;
-            let id = String::from_utf8_lossy(&self.block_id);
-            Some(on_id(&id, self.content.0.digest()))
+            Some(on_id.on_id(&id, self.content.digest(chunk)))
         } else {
             None
         };
@@ -539,8 +644,22 @@ impl Rewriter {
             }
             Some(IdAction::Keep) => {
                 self.flush_content(chunk, out);
-                let id = std::iter::once(self.block_id.as_slice());
+                let id = std::iter::once(block_id.as_slice());
                 write_id_line(&mut self.emitted_cr, out, id, term);
+                self.emit_terminator(term, out);
+                Lf::Out
+            }
+            Some(IdAction::Write) => {
+                self.flush_content(chunk, out);
+                emit(&mut self.emitted_cr, out, b"id: ");
+                let at = out.len();
+                on_id.write_id(&id, out);
+                drop_line_ends(out, at);
+                if out.len() == at {
+                    // Nothing written: an empty value would reset the client's id.
+                    out.extend_from_slice(&block_id);
+                }
+                emit(&mut self.emitted_cr, out, id_line_end(term));
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -571,6 +690,8 @@ impl Rewriter {
                 Lf::Drop
             }
         };
+        drop(id);
+        self.block_id = block_id;
         self.reset_block();
         lf
     }
@@ -585,13 +706,14 @@ impl Rewriter {
 
     fn reset_block(&mut self) {
         self.in_block = false;
-        self.streaming = false;
+        // Without holding, every block streams from its start.
+        self.streaming = !self.hold_blocks;
         self.block_bytes = 0;
         self.hold.clear();
         self.runs.clear();
         self.block_id.clear();
         self.block_id_state = BlockId::None;
-        self.content.0.reset();
+        self.content.reset();
     }
 }
 
@@ -607,12 +729,37 @@ fn write_id_line<'p>(
     for p in parts {
         emit(emitted_cr, out, p);
     }
-    // Not a lone CR: the blank line's own CR may still be joined by a LF from the next chunk.
-    let eol: &[u8] = match term.first() {
+    emit(emitted_cr, out, id_line_end(term));
+}
+
+/// The line end of a written `id` line before the blank line `term`. Not a lone CR: the blank
+/// line's own CR may still be joined by a LF from the next chunk.
+fn id_line_end(term: &[u8]) -> &'static [u8] {
+    match term.first() {
         Some(b'\r') => b"\r\n",
         _ => b"\n",
-    };
-    emit(emitted_cr, out, eol);
+    }
+}
+
+/// Removes CR and LF from `out[at..]`, so a written id cannot break the framing.
+fn drop_line_ends(out: &mut Vec<u8>, at: usize) {
+    if find_eol(out.get(at..).unwrap_or_default()).is_none() {
+        return;
+    }
+    let mut i = 0;
+    out.retain(|&b| {
+        i += 1;
+        i <= at || (b != b'\r' && b != b'\n')
+    });
+}
+
+/// An id as text: borrowed when it is UTF-8 (`from_utf8` is faster than `from_utf8_lossy` on
+/// that common case), with U+FFFD for invalid bytes as clients read them otherwise.
+fn utf8_lossy(b: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(b) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => String::from_utf8_lossy(b),
+    }
 }
 
 fn emit(emitted_cr: &mut bool, out: &mut Vec<u8>, bytes: &[u8]) {
@@ -626,6 +773,18 @@ fn emit(emitted_cr: &mut bool, out: &mut Vec<u8>, bytes: &[u8]) {
 #[inline]
 fn find_eol(s: &[u8]) -> Option<usize> {
     memchr::memchr2(b'\n', b'\r', s)
+}
+
+/// The line end in `s`, and whether a NUL comes before it: one scan for both (an `id` value
+/// with a NUL is ignored).
+fn find_eol_or_nul(s: &[u8]) -> (Option<usize>, bool) {
+    match memchr::memchr3(b'\n', b'\r', 0, s) {
+        Some(p) if s.get(p) == Some(&0) => {
+            let after = s.get(p..).unwrap_or_default();
+            (find_eol(after).map(|q| q + p), true)
+        }
+        found => (found, false),
+    }
 }
 
 /// Length of the line end at `rest[e]`, and whether it is a CR ending the chunk (a LF may follow).
@@ -1026,6 +1185,64 @@ mod tests {
         assert_eq!(rw.held_bytes(), 0);
     });
 
+    /// Answers every id with `Write` and writes `f(id)`.
+    struct Writer<'a> {
+        f: &'a dyn Fn(&str) -> String,
+        ids: Vec<String>,
+    }
+
+    impl OnId for Writer<'_> {
+        fn on_id(&mut self, id: &str, _: u64) -> IdAction {
+            self.ids.push(id.to_owned());
+            IdAction::Write
+        }
+
+        fn write_id(&mut self, id: &str, out: &mut Vec<u8>) {
+            out.extend_from_slice((self.f)(id).as_bytes());
+        }
+    }
+
+    /// Runs a rewriter (holding, or streaming) whose ids are written by a [`Writer`].
+    fn run_written(
+        chunks: &[&[u8]],
+        streaming: bool,
+        f: &dyn Fn(&str) -> String,
+    ) -> (Vec<u8>, Vec<String>) {
+        let mut rw = if streaming {
+            Rewriter::streaming(1 << 16)
+        } else {
+            Rewriter::new(1 << 16)
+        };
+        let mut w = Writer { f, ids: vec![] };
+        let mut out = Vec::new();
+        for c in chunks {
+            rw.push_with(c, &mut out, &mut w);
+        }
+        rw.finish(&mut out);
+        (out, w.ids)
+    }
+
+    wtest!(a_written_id_is_the_same_as_a_replacement {
+        let f = |id: &str| format!("R{}", id.to_uppercase());
+        for input in [
+            &b"id: a\ndata: x\n\n: c\n\nid: b\r\ndata: y\r\n\r\n"[..],
+            b"data: x\rid: 1\r\rdata: 2\nid: 2\n\n",
+        ] {
+            let (want, want_ids) = run(&[input]);
+            for streaming in [false, true] {
+                let (out, ids) = run_written(&[input], streaming, &f);
+                assert_eq!((&out, &ids), (&want, &want_ids), "{streaming}");
+                let bytes: Vec<&[u8]> = input.chunks(1).collect();
+                assert_eq!(run_written(&bytes, streaming, &f).0, want);
+            }
+        }
+        // A written line end is dropped; nothing written keeps the id (not an empty reset).
+        let (out, _) = run_written(&[b"id: a\ndata: x\n\n"], true, &|_| "x\r\ny\n".into());
+        assert_eq!(out, b"data: x\nid: xy\n\n");
+        let (out, _) = run_written(&[b"id: a\ndata: x\n\n"], false, &|_| String::new());
+        assert_eq!(out, b"data: x\nid: a\n\n");
+    });
+
     wtest!(invalid_utf8_ids_reach_the_callback_as_clients_see_them {
         let (_, ids) = run(&[b"id: a\xFFb\n\n"]);
         assert_eq!(ids, ["a\u{FFFD}b"]);
@@ -1138,6 +1355,12 @@ mod tests {
                 // Keep changes nothing a client can see.
                 let (kept, _, _) = run_with(&split(&s, &cuts), 1 << 16, &mut |_| IdAction::Keep);
                 prop_assert_eq!(reference(&kept), reference(&s));
+                // An id written into the output is the same as a replacement, in both modes.
+                for streaming in [false, true] {
+                    let (written, ids3) = run_written(&split(&s, &cuts), streaming, &f);
+                    prop_assert_eq!(&written, &whole);
+                    prop_assert_eq!(&ids3, &ids);
+                }
             }
 
             #[test]

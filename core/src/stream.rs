@@ -2,7 +2,7 @@
 use crate::config::Contiguity;
 use crate::cursor::{Cursor, DecodedCursor, Keyring};
 use crate::ownership::{digest_matches, recorded_id, split_recorded, Reason, StreamKind};
-use crate::sse::{IdAction, Rewriter};
+use crate::sse::{IdAction, OnId, Rewriter};
 use serde::Deserialize;
 use std::collections::VecDeque;
 
@@ -104,6 +104,24 @@ struct IdMap {
     /// `next_seq`, so the first one is derived, not stored.
     relayed: RelayedIds,
     rewritten: u64,
+    /// The seq of the cursor to write for the id just answered with [`IdAction::Write`].
+    minted: u64,
+}
+
+/// The rewriter's view of a stream: decides at each id, then writes its cursor into the output.
+struct Minter<'a> {
+    ids: &'a mut IdMap,
+    keys: &'a Keyring,
+}
+
+impl OnId for Minter<'_> {
+    fn on_id(&mut self, id: &str, digest: u64) -> IdAction {
+        self.ids.on_id(id, digest)
+    }
+
+    fn write_id(&mut self, id: &str, out: &mut Vec<u8>) {
+        self.ids.write_cursor(self.keys, id, out);
+    }
 }
 
 impl StreamState {
@@ -126,6 +144,7 @@ impl StreamState {
                 request_id: None,
                 relayed: RelayedIds::default(),
                 rewritten: 0,
+                minted: 0,
             },
             cut: false,
             cut_reason: None,
@@ -218,9 +237,11 @@ impl StreamState {
 
     fn feed(&mut self, keys: &Keyring, bytes: &[u8], out: &mut Vec<u8>) {
         if !self.cut {
-            let ids = &mut self.ids;
-            self.rewriter
-                .push(bytes, out, &mut |id, digest| ids.on_id(keys, id, digest));
+            let mut minter = Minter {
+                ids: &mut self.ids,
+                keys,
+            };
+            self.rewriter.push_with(bytes, out, &mut minter);
         }
     }
 
@@ -550,7 +571,7 @@ fn field(block: &mut Block, line: &[u8]) {
 }
 
 impl IdMap {
-    fn on_id(&mut self, keys: &Keyring, id: &str, digest: u64) -> IdAction {
+    fn on_id(&mut self, id: &str, digest: u64) -> IdAction {
         if id.is_empty() {
             // An empty id resets the client's cursor; nothing to bind.
             return IdAction::Keep;
@@ -570,19 +591,26 @@ impl IdMap {
                 return IdAction::Cut;
             }
         }
-        let seq = self.next_seq;
-        self.next_seq = seq.saturating_add(1);
-        let text = keys.encode(&Cursor {
-            session: self.session,
-            incarnation: self.incarnation,
-            kind: self.kind,
-            seq,
-            replica_event_id: Some(id),
-            request_id: self.request_id.as_deref(),
-        });
+        self.minted = self.next_seq;
+        self.next_seq = self.minted.saturating_add(1);
         self.relayed.push(id, digest);
         self.rewritten += 1;
-        IdAction::Replace(text)
+        IdAction::Write
+    }
+
+    /// The cursor of the event `on_id` just numbered, base64 written straight into `out`.
+    fn write_cursor(&self, keys: &Keyring, id: &str, out: &mut Vec<u8>) {
+        keys.encode_to(
+            &Cursor {
+                session: self.session,
+                incarnation: self.incarnation,
+                kind: self.kind,
+                seq: self.minted,
+                replica_event_id: Some(id),
+                request_id: self.request_id.as_deref(),
+            },
+            out,
+        );
     }
 }
 
