@@ -7,6 +7,9 @@ S2  up to 1M stored sessions on one Redis, filled through the records API: bytes
     and MEMORY USAGE sampling) and verdict latency at 1k, 10k, 100k, 1M sessions.
 S3  many concurrent open SSE streams through one Envoy (the guard, then the floor filter): memory per
     stream (RSS delta / streams) and Envoy CPU per event.
+S4  records/s the ownership service takes: guard-shaped `POST /v1/records` batches (256 KiB, `events`
+    records of ~64 KiB, bulk streams' ids) from parallel keep-alive connections, on the memory store and
+    on one Redis: recorded ids per second, per service CPU-second and per Redis CPU-second.
 
 Reuses bench/run.py (Envoy configurations, the load generator) and the stack package, tools/stack
 (processes, the local cluster). Every process is started here and stopped by pid; ports 15000-15999 on
@@ -36,6 +39,7 @@ ROOT = bench.ROOT
 HOST = bench.HOST
 CLK_TCK = bench.CLK_TCK
 OWN_S1_SINGLE, OWN_S1_CLUSTER, OWN_S2, OWN_S3 = 15200 + P, 15201 + P, 15202 + P, 15203 + P
+OWN_S4_MEMORY, OWN_S4_REDIS, REDIS_S4 = 15204 + P, 15205 + P, 15381 + P
 REDIS_S1, REDIS_S2, CLUSTER_BASE = 15379 + P, 15380 + P, 15400 + P
 SSE_UP = 15102 + P
 H2_CONNS = 100
@@ -288,6 +292,94 @@ def s3(run_dir, envoy_bin, guard_wasm, floor_wasm, streams, h2_streams, rate, se
 
 # ---- report ------------------------------------------------------------------------------------
 
+# ---- S4 ----------------------------------------------------------------------------------------
+
+S4_IDS = 2300  # ids per `events` record: a guard's ~64 KiB record of bulk 100 B events
+S4_RECORDS = 4  # records per batch: a guard's 256 KiB batch
+S4_ID = "e1234567\n0123456789abcdef"  # a recorded event: a short id and its content digest
+
+
+def s4_stream(port, conn_no, stop_at, out):
+    """One connection posting guard-shaped batches of one bulk stream (its own session and
+    incarnation, seqs ever increasing) until `stop_at`; adds (ids applied, batches, latencies)."""
+    import http.client
+    session = f"{0x5400_0000 + conn_no:032x}"
+    inc = f"{conn_no:016x}"
+    c = http.client.HTTPConnection(HOST, port, timeout=30)
+
+    def post(records):
+        body = ('{"records":[' + ",".join(records) + "]}").encode()
+        c.request("POST", "/v1/records", body, {"content-type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        if r.status != 200 or b'"rejected"' in data:
+            raise RuntimeError(f"records: {r.status} {data[:200]!r}")
+
+    post([json.dumps({"type": "session_open", "session": session, "version": "2025-11-25"}),
+          json.dumps({"type": "stream_open", "session": session, "incarnation": inc, "kind": "get",
+                      "owner": "127.0.0.1:9101", "retention": 0, "supersedes": True, "opened_ms": 1})])
+    ids = json.dumps([S4_ID] * S4_IDS)
+    head = f'{{"type":"events","session":"{session}","incarnation":"{inc}","first_seq":'
+    seq, n, lat = 1, 0, []
+    while time.monotonic() < stop_at:
+        recs = []
+        for _ in range(S4_RECORDS):
+            recs.append(f'{head}{seq},"ids":{ids}}}')
+            seq += S4_IDS
+        t = time.monotonic()
+        post(recs)
+        lat.append(time.monotonic() - t)
+        n += 1
+    c.close()
+    out.append((n * S4_RECORDS * S4_IDS, n, lat))
+
+
+def s4_one(port, pid, redis_pid, conns, secs):
+    import threading
+    out: list = []
+    t0, r0 = cpu_ticks(pid), cpu_ticks(redis_pid) if redis_pid else 0
+    start = time.monotonic()
+    threads = [threading.Thread(target=s4_stream, args=(port, i, start + secs, out)) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - start
+    ids = sum(o[0] for o in out)
+    batches = sum(o[1] for o in out)
+    lat = sorted(x for o in out for x in o[2])
+    svc_s = (cpu_ticks(pid) - t0) / CLK_TCK
+    redis_s = (cpu_ticks(redis_pid) - r0) / CLK_TCK if redis_pid else None
+    return {"conns": conns, "secs": wall, "ids": ids, "batches": batches, "ids_per_s": ids / wall,
+            "service_cpu_s": svc_s, "ids_per_service_cpu_s": ids / max(svc_s, 1e-9),
+            "redis_cpu_s": redis_s, "ids_per_redis_cpu_s": ids / redis_s if redis_s else None,
+            "batch_p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
+            "batch_p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else None}
+
+
+def s4(run_dir, conns, secs, lock):
+    procs = []
+    try:
+        mem = ownership(run_dir, "ownership-s4-memory", OWN_S4_MEMORY, "memory")
+        procs.append(mem)
+        red = start_redis(REDIS_S4, run_dir=run_dir, name="redis-s4")
+        procs.append(red)
+        onr = ownership(run_dir, "ownership-s4-redis", OWN_S4_REDIS, f"redis://{HOST}:{REDIS_S4}")
+        procs.append(onr)
+        out = {"conns": conns, "ids_per_record": S4_IDS, "records_per_batch": S4_RECORDS}
+        with bench_lock(lock, "S4"):
+            out["memory"] = s4_one(OWN_S4_MEMORY, mem.pid, None, conns, secs)
+            log("S4 memory", {k: v for k, v in out["memory"].items() if "per" in k})
+            out["redis"] = s4_one(OWN_S4_REDIS, onr.pid, red.pid, conns, secs)
+            log("S4 redis", {k: v for k, v in out["redis"].items() if "per" in k})
+        COMMANDS.append(f"S4: bench/scale.py --only s4 (Python posting {S4_RECORDS} x {S4_IDS}-id `events` "
+                        f"records per batch from {conns} connections, {secs:.0f} s per store)")
+        return out
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
 def f0(x):
     return "—" if x is None else f"{x:,.0f}"
 
@@ -324,6 +416,24 @@ def write_report(res, path):
         a("")
         a(f"Outcomes: one Redis `{s1r['single'][-1]['outcomes']}`, cluster `{s1r['cluster'][-1]['outcomes']}` "
           "(last round).")
+        a("")
+    s4r = res.get("s4")
+    if s4r:
+        a("### Records/s the ownership service takes")
+        a("")
+        a(f"`mcp-ownership` (release) taking guard-shaped `POST /v1/records` batches: {s4r['records_per_batch']} "
+          f"`events` records of {s4r['ids_per_record']:,} recorded ids each (a guard's 256 KiB batch of a bulk "
+          f"stream's ids), one stream per connection, {s4r['conns']} keep-alive connections in a closed loop "
+          "from one Python process on the same machine. A recorded id is one relayed event; a bulk 100 B stream "
+          "at line rate on one Envoy core relays a few hundred thousand a second.")
+        a("")
+        a("| store | recorded ids/s | ids per service CPU-second | ids per Redis CPU-second | batch p50 ms | "
+          "batch p99 ms |")
+        a("| --- | --- | --- | --- | --- | --- |")
+        for name, v in (("memory", s4r["memory"]), ("one Redis", s4r["redis"])):
+            per_redis = f0(v["ids_per_redis_cpu_s"]) if v["ids_per_redis_cpu_s"] else "–"
+            a(f"| {name} | {f0(v['ids_per_s'])} | {f0(v['ids_per_service_cpu_s'])} | {per_redis} | "
+              f"{v['batch_p50_ms']:.1f} | {v['batch_p99_ms']:.1f} |")
         a("")
     s2r = res.get("s2")
     if s2r:
@@ -419,6 +529,13 @@ def write_report(res, path):
                 if v and v["cpu_us_per_event"]:
                     a(f"| Envoy + {name}, {v['opened']:,} open streams ({'HTTP/1.1' if proto == 'h1' else 'h2c'}) "
                       f"(events) | {v['cpu_us_per_event']:.2f} | {f0(1e6 / v['cpu_us_per_event'])} |")
+    if s4r:
+        for name, v in (("ownership service, memory store", s4r["memory"]),
+                        ("ownership service, one Redis", s4r["redis"])):
+            a(f"| {name} (recorded ids) | {1e6 / v['ids_per_service_cpu_s']:.2f} | {f0(v['ids_per_service_cpu_s'])} |")
+        if s4r["redis"]["ids_per_redis_cpu_s"]:
+            v = s4r["redis"]["ids_per_redis_cpu_s"]
+            a(f"| one Redis (recorded ids) | {1e6 / v:.2f} | {f0(v)} |")
     a("")
     a("What a deployment should expect:")
     a("")
@@ -456,6 +573,14 @@ def write_report(res, path):
               "second (each event its own read and write), workers scale with `--concurrency`. "
               "The descriptor limit matters before memory or CPU: two per proxied HTTP/1.1 stream, so raise "
               "`LimitNOFILE`/`ulimit -n` well past twice the streams expected per Envoy.")
+    if s4r:
+        m, r = s4r["memory"], s4r["redis"]
+        a(f"- **Records.** One service core takes about {f0(m['ids_per_service_cpu_s'])} recorded ids/s (relayed "
+          f"events) on the memory store and {f0(r['ids_per_service_cpu_s'])} over Redis, where one Redis core "
+          f"takes about {f0(r['ids_per_redis_cpu_s'])}: a Redis core keeps up with roughly one Envoy core relaying "
+          "bulk 100 B events at line rate, the service with several. A guard never falls behind for good: a "
+          "stream relayed faster than its records go keeps only its newest window of ids queued "
+          "(`ownership.record_window`), so what a store is offered is bounded per stream, not per event.")
     a("")
     a("### Commands")
     a("")
@@ -482,7 +607,7 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--report", required=True, type=Path)
     ap.add_argument("--lock", default="/tmp/bench.lock")
-    ap.add_argument("--only", default="s1,s2,s3")
+    ap.add_argument("--only", default="s1,s2,s3,s4")
     ap.add_argument("--s1-sessions", type=int, default=10_000)
     ap.add_argument("--s1-secs", type=float, default=8.0)
     ap.add_argument("--s1-rounds", type=int, default=2)
@@ -493,6 +618,8 @@ def main():
     ap.add_argument("--h2-streams", type=int, default=10_000, help="0: no h2c run")
     ap.add_argument("--rate", type=int, default=1)
     ap.add_argument("--s3-secs", type=float, default=20.0)
+    ap.add_argument("--s4-conns", type=int, default=4)
+    ap.add_argument("--s4-secs", type=float, default=10.0)
     a = ap.parse_args()
     BIN_DIR, OWN_BIN, ENVOY_CFG = a.bin_dir.resolve(), a.ownership.resolve(), bench.envoy_cfg
     bench.BIN_DIR = BIN_DIR
@@ -509,7 +636,7 @@ def main():
     if results.exists():
         # Sections not rerun keep their last figures.
         old = json.loads(results.read_text())
-        res.update({k: v for k, v in old.items() if k in ("s1", "s2", "s3") and k not in only})
+        res.update({k: v for k, v in old.items() if k in ("s1", "s2", "s3", "s4") and k not in only})
         res["loadavg"] = old.get("loadavg", {})
     if "s1" in only:
         res["s1"] = s1(run_dir, a.s1_sessions, a.s1_secs, a.s1_rounds, a.lock)
@@ -523,6 +650,8 @@ def main():
         res["s3"] = s3(run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve(), streams, a.h2_streams, a.rate,
                        a.s3_secs, a.lock)
         res["s3"]["requested"] = a.streams
+    if "s4" in only:
+        res["s4"] = s4(run_dir, a.s4_conns, a.s4_secs, a.lock)
     res["duration_s"] = time.time() - t0
     kept = json.loads(results.read_text()).get("commands", []) if results.exists() else []
     res["commands"] = sorted(set(COMMANDS + [c for c in kept if c.split(":")[0].split()[0].lower() not in only]))

@@ -80,6 +80,11 @@ pub struct Ownership {
     /// Records kept while the service is unreachable; older ones are dropped (and counted).
     #[serde(default = "default_max_queue")]
     pub max_queue: usize,
+    /// Recorded ids a stream keeps queued at most (about; whole records go): older ones are
+    /// left out of its records, as the ownership service keeps only its newest `--max-window`
+    /// per incarnation anyway. Match the service's window.
+    #[serde(default = "default_record_window")]
+    pub record_window: usize,
     /// Sent as `authorization: Bearer <token>` on every callout and record post.
     #[serde(default)]
     pub token: Option<String>,
@@ -104,6 +109,9 @@ fn default_max_batch() -> usize {
 }
 fn default_max_queue() -> usize {
     10_000
+}
+fn default_record_window() -> usize {
+    4096
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -291,6 +299,12 @@ impl Config {
         }
         if !(1..=10_000).contains(&o.max_batch) {
             return Err(err("ownership.max_batch", "must be between 1 and 10000"));
+        }
+        if !(1..=1_000_000).contains(&o.record_window) {
+            return Err(err(
+                "ownership.record_window",
+                "must be between 1 and 1000000",
+            ));
         }
         if o.max_queue < o.max_batch {
             return Err(err(
@@ -638,6 +652,7 @@ mod tests {
         assert_eq!(c.reject_status, 409);
         assert_eq!(c.owner_header, "x-mcp-owner");
         assert_eq!(c.ownership.timeout_ms, 250);
+        assert_eq!(c.ownership.record_window, 4096);
         assert_eq!(c.contiguity, Contiguity::Relayed);
     }
 
@@ -675,6 +690,10 @@ mod tests {
         assert_eq!(
             field_of(r#"{"ownership":{"cluster":"c","timeout_ms":0},"keys":[]}"#),
             "ownership.timeout_ms"
+        );
+        assert_eq!(
+            field_of(r#"{"ownership":{"cluster":"c","record_window":0},"keys":[]}"#),
+            "ownership.record_window"
         );
         assert_eq!(
             field_of(r#"{"ownership":{"cluster":"c"},"keys":[]}"#),

@@ -274,6 +274,12 @@ pub enum Record {
         /// events already recorded at the same seqs ([`REJECTED_MISMATCH`]).
         #[serde(default, skip_serializing_if = "is_zero")]
         branch: u64,
+        /// How many of this branch's seqs right before `first_seq` the guard relayed but left
+        /// out of its records on purpose (its queue keeps only a stream's newest
+        /// `ownership.record_window` ids, as the store keeps only its newest window): a hole
+        /// there never fills, so a resume never waits for it. 0, the default: none.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        trimmed: u64,
     },
     /// A continuation's branch ended without asking [`BRANCH_PATH`] (reset, client gone, cut):
     /// it no longer holds the stream.
@@ -624,11 +630,18 @@ impl Record {
                 first_seq,
                 ids,
                 long,
+                trimmed,
                 ..
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)?;
                 check_seq("first_seq", *first_seq)?;
+                if *trimmed >= (*first_seq).max(1) {
+                    return Err(field_error(
+                        "trimmed",
+                        "more seqs than there are before first_seq",
+                    ));
+                }
                 let last = first_seq.saturating_add((ids.len() as u64).saturating_sub(1));
                 if last > MAX_SEQ {
                     return Err(field_error(
@@ -733,6 +746,7 @@ mod tests {
             ids,
             long: vec![],
             branch: 0,
+            trimmed: 0,
         };
         let ok = vec![
             recorded_event("e1", 7),

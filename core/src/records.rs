@@ -16,11 +16,11 @@ use crate::config::Config;
 use crate::host::{Host, LogLevel, Stat};
 use crate::ownership::{
     check_incarnation, check_seq, check_session, digest_hex, post_headers, recorded_id, FieldError,
-    LongId, Reason, Record, RecordAck, CONTENT_DIGEST_CHARS, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
+    LongId, Reason, Record, RecordAck, DIGEST_MARK, MAX_EVENT_ID_BYTES, MAX_LONG_ID_BYTES,
     MAX_RECORDED_EVENT_BYTES, MAX_RECORDS_BODY_BYTES, RECORDS_PATH, REJECTED_FORKED,
     REJECTED_MISMATCH,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// Serialized bytes one batch carries at most (a single larger record still goes alone); well
 /// under the service's [`MAX_RECORDS_BODY_BYTES`].
@@ -53,31 +53,47 @@ fn json_len(s: &str) -> usize {
         .sum::<usize>()
 }
 
-struct Count(usize);
-
-impl std::io::Write for Count {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len();
-        Ok(buf.len())
+/// Appends `s` as a JSON string, quotes included, byte for byte as serde_json writes it, in
+/// one pass; says whether `s` held a CR or LF (which an SSE id never does: such an id is
+/// recorded by digest instead).
+fn push_json_str(out: &mut Vec<u8>, s: &str) -> bool {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let b = s.as_bytes();
+    let mut line_break = false;
+    let mut start = 0;
+    out.push(b'"');
+    for (i, &c) in b.iter().enumerate() {
+        let short: &[u8] = match c {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        line_break |= c == b'\n' || c == b'\r';
+        out.extend_from_slice(b.get(start..i).unwrap_or_default());
+        if short.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(c >> 4)]);
+            out.push(HEX[usize::from(c & 0xf)]);
+        } else {
+            out.extend_from_slice(short);
+        }
+        start = i + 1;
     }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Serialized size of a record (exact).
-fn serialized_len(r: &Record) -> usize {
-    let mut c = Count(0);
-    match serde_json::to_writer(&mut c, r) {
-        Ok(()) => c.0,
-        Err(_) => usize::MAX / 4,
-    }
+    out.extend_from_slice(b.get(start..).unwrap_or_default());
+    out.push(b'"');
+    line_break
 }
 
 /// What an `Events` record adds to its session and incarnation strings and its ids:
-/// `{"type":"events","session":,"incarnation":,"first_seq":,"ids":[]}`, 20 digits, and
-/// `,"branch":` with 20 more.
-const EVENTS_FRAME: usize = 65 + 20 + 10 + 20;
+/// `{"type":"events","session":,"incarnation":,"first_seq":,"ids":[]}`, 20 digits,
+/// `,"branch":` with 20 more, and `,"trimmed":` with 20 more.
+const EVENTS_FRAME: usize = 65 + 20 + 10 + 20 + 11 + 20;
 
 /// Which stream's branch an `Events` record belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +124,17 @@ struct EventsBuf {
     count: u64,
     ids: Vec<u8>,
     long: Vec<LongId>,
+    /// Seqs of this branch right before `first_seq` left out on purpose
+    /// ([`Record::Events`]`.trimmed`).
+    trimmed: u64,
+}
+
+/// Where an [`EventsBuf`] stood before an append, to take it back.
+#[derive(Clone, Copy)]
+struct Mark {
+    ids: usize,
+    long: usize,
+    count: u64,
 }
 
 impl EventsBuf {
@@ -124,6 +151,7 @@ impl EventsBuf {
             count: 0,
             ids: Vec::new(),
             long: Vec::new(),
+            trimmed: 0,
         })
     }
 
@@ -132,67 +160,97 @@ impl EventsBuf {
         EVENTS_FRAME + json_len(&self.session) + json_len(&self.incarnation)
     }
 
-    /// Does seq `seq` of this stream (session, incarnation and branch) continue this record?
-    fn continues(&self, stream: &StreamKey<'_>, seq: u64) -> bool {
+    fn same_stream(&self, stream: &StreamKey<'_>) -> bool {
         self.incarnation == stream.incarnation
             && self.branch == stream.branch
             && self.session == stream.session
-            && self.first_seq.checked_add(self.count) == Some(seq)
     }
 
-    /// Appends the next seq's event, and its full id when it has a `long` entry.
-    fn append(&mut self, ev: &Entry<'_>) -> Result<(), FieldError> {
-        let Entry {
-            recorded,
-            digest,
-            full,
-        } = *ev;
+    /// Does seq `seq` of this stream (session, incarnation and branch) continue this record?
+    fn continues(&self, stream: &StreamKey<'_>, seq: u64) -> bool {
+        self.same_stream(stream) && self.first_seq.checked_add(self.count) == Some(seq)
+    }
+
+    /// The lowest seq this record speaks for: its first, or the first it says was trimmed.
+    fn low(&self) -> u64 {
+        self.first_seq.saturating_sub(self.trimmed)
+    }
+
+    fn mark(&self) -> Mark {
+        Mark {
+            ids: self.ids.len(),
+            long: self.long.len(),
+            count: self.count,
+        }
+    }
+
+    fn rollback(&mut self, m: Mark) {
+        self.ids.truncate(m.ids);
+        self.long.truncate(m.long);
+        self.count = m.count;
+    }
+
+    /// Appends the next seq's event, and its full id when it has a `long` entry; returns the
+    /// bytes it adds to the record (exact for the id, an upper bound for a `long` entry).
+    fn append(&mut self, ev: &Entry<'_>) -> Result<usize, FieldError> {
         let seq = self.first_seq.saturating_add(self.count);
         check_seq("first_seq", seq)?;
-        let digest_len = digest.map_or(0, |_| 1 + CONTENT_DIGEST_CHARS);
-        if recorded.len() + digest_len > MAX_RECORDED_EVENT_BYTES {
-            // `recorded_id` never gives one; never send what the service must refuse.
-            return Err(FieldError {
-                field: format!("ids[{}]", self.count),
-                detail: format!(
-                    "{} bytes, at most {MAX_RECORDED_EVENT_BYTES}",
-                    recorded.len()
-                ),
-            });
-        }
+        let before = self.ids.len();
         if self.count > 0 {
             self.ids.push(b',');
         }
-        write_json(&mut self.ids, recorded)?;
-        if let Some(d) = digest {
-            // Inside the JSON string: an escaped LF, then the hex digits (no allocation).
-            self.ids.pop();
-            self.ids.extend_from_slice(b"\\n");
-            self.ids.extend_from_slice(&digest_hex(d));
-            self.ids.push(b'"');
-        }
+        let full = match *ev {
+            Entry::Recorded { recorded, full } => {
+                if recorded.len() > MAX_RECORDED_EVENT_BYTES {
+                    // Validated before; never send what the service must refuse.
+                    self.ids.truncate(before);
+                    return Err(FieldError {
+                        field: format!("ids[{}]", self.count),
+                        detail: format!(
+                            "{} bytes, at most {MAX_RECORDED_EVENT_BYTES}",
+                            recorded.len()
+                        ),
+                    });
+                }
+                push_json_str(&mut self.ids, recorded);
+                full
+            }
+            Entry::Relayed { id, digest } => {
+                // The id as it is when it needs no digest form: one pass writes and checks it.
+                let at = self.ids.len();
+                let plain = id.len() <= MAX_EVENT_ID_BYTES && !id.starts_with(DIGEST_MARK);
+                if !plain || push_json_str(&mut self.ids, id) {
+                    self.ids.truncate(at);
+                    push_json_str(&mut self.ids, &recorded_id(id));
+                }
+                // Inside the JSON string: an escaped LF, then the hex digits (no allocation).
+                self.ids.pop();
+                self.ids.extend_from_slice(b"\\n");
+                self.ids.extend_from_slice(&digest_hex(digest));
+                self.ids.push(b'"');
+                (id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES).then_some(id)
+            }
+        };
+        let mut add = self.ids.len() - before;
         if let Some(id) = full {
+            add += json_len(id) + LONG_ENTRY_OVERHEAD;
             self.long.push(LongId {
                 seq,
                 id: id.to_owned(),
             });
         }
         self.count += 1;
-        Ok(())
+        Ok(add)
     }
 
-    /// The record in its wire form (that of [`Record::Events`]).
+    /// The record in its wire form (that of [`Record::Events`], field for field).
     fn write(&self, out: &mut Vec<u8>) -> Result<(), FieldError> {
         out.extend_from_slice(br#"{"type":"events","session":"#);
-        write_json(out, &self.session)?;
+        push_json_str(out, &self.session);
         out.extend_from_slice(br#","incarnation":"#);
-        write_json(out, &self.incarnation)?;
+        push_json_str(out, &self.incarnation);
         out.extend_from_slice(br#","first_seq":"#);
-        write_json(out, &self.first_seq)?;
-        if self.branch != 0 {
-            out.extend_from_slice(br#","branch":"#);
-            write_json(out, &self.branch)?;
-        }
+        push_u64(out, self.first_seq);
         out.extend_from_slice(br#","ids":["#);
         out.extend_from_slice(&self.ids);
         out.push(b']');
@@ -200,20 +258,48 @@ impl EventsBuf {
             out.extend_from_slice(br#","long":"#);
             write_json(out, &self.long)?;
         }
+        if self.branch != 0 {
+            out.extend_from_slice(br#","branch":"#);
+            push_u64(out, self.branch);
+        }
+        if self.trimmed != 0 {
+            out.extend_from_slice(br#","trimmed":"#);
+            push_u64(out, self.trimmed);
+        }
         out.push(b'}');
         Ok(())
     }
 }
 
+fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        if let Some(d) = digits.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(digits.get(i..).unwrap_or_default());
+}
+
 /// One event for an `Events` record.
 #[derive(Clone, Copy)]
-struct Entry<'a> {
-    /// A recorded id; with `digest`, written as [`crate::ownership::recorded_event`] would
-    /// (without allocating); alone, an entry already in recorded form.
-    recorded: &'a str,
-    digest: Option<u64>,
-    /// The full id, when it gets a `long` entry.
-    full: Option<&'a str>,
+enum Entry<'a> {
+    /// Already in recorded form (a [`Record::Events`] pushed whole), with its `long` id if any.
+    Recorded {
+        recorded: &'a str,
+        full: Option<&'a str>,
+    },
+    /// A relayed event: its replica id and content digest, recorded as
+    /// [`crate::ownership::recorded_event`] would write them (without allocating), with a
+    /// `long` entry when the id needs one.
+    Relayed { id: &'a str, digest: u64 },
 }
 
 fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), FieldError> {
@@ -226,7 +312,8 @@ fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<
 #[derive(Debug)]
 enum Item {
     Events(EventsBuf),
-    Other(Record),
+    /// Any other record, already in its wire form.
+    Other(Vec<u8>),
 }
 
 /// A queued record and an upper bound of its serialized size.
@@ -240,7 +327,17 @@ impl Queued {
     fn write(&self, out: &mut Vec<u8>) -> Result<(), FieldError> {
         match &self.item {
             Item::Events(e) => e.write(out),
-            Item::Other(r) => write_json(out, r),
+            Item::Other(r) => {
+                out.extend_from_slice(r);
+                Ok(())
+            }
+        }
+    }
+
+    fn events(&self) -> Option<&EventsBuf> {
+        match &self.item {
+            Item::Events(e) => Some(e),
+            Item::Other(_) => None,
         }
     }
 }
@@ -257,6 +354,8 @@ pub struct RecordQueue {
     timeout_ms: u64,
     max_batch: usize,
     max_queue: usize,
+    /// Recorded ids a stream keeps queued (about: whole records go).
+    window: u64,
     /// Sum of `bytes` over `pending`.
     queued_bytes: usize,
     /// Consecutive failed batches, for the backoff.
@@ -275,6 +374,7 @@ impl RecordQueue {
             timeout_ms: o.timeout_ms.max(1000),
             max_batch: o.max_batch,
             max_queue: o.max_queue,
+            window: o.record_window as u64,
             ..RecordQueue::default()
         }
     }
@@ -306,6 +406,7 @@ impl RecordQueue {
                 ids,
                 long,
                 branch,
+                trimmed,
             } => {
                 let stream = StreamKey {
                     session: &session,
@@ -314,28 +415,32 @@ impl RecordQueue {
                 };
                 let mut long = long.into_iter().peekable();
                 let mut open = self.find_open(&stream, first_seq);
+                if open.is_none() && trimmed > 0 {
+                    // Its own record, so what it says was trimmed stays with its first seq.
+                    open = self.open_record(&stream, first_seq, trimmed);
+                }
                 for (i, id) in ids.iter().enumerate() {
                     let seq = first_seq.saturating_add(i as u64);
                     let full = long.next_if(|l| l.seq == seq);
-                    let full = full.as_ref().map(|l| l.id.as_str());
-                    let ev = Entry {
+                    let ev = Entry::Recorded {
                         recorded: id,
-                        digest: None,
-                        full,
+                        full: full.as_ref().map(|l| l.id.as_str()),
                     };
-                    let step = self.append(&mut open, &stream, seq, &ev);
-                    if let Err(e) = step {
+                    if let Err(e) = self.append(&mut open, &stream, seq, &ev) {
                         invalid(host, &e);
                         break;
                     }
                 }
             }
             r => {
-                let bytes = serialized_len(&r);
-                self.queued_bytes += bytes;
+                let mut wire = Vec::new();
+                if let Err(e) = write_json(&mut wire, &r) {
+                    return invalid(host, &e);
+                }
+                self.queued_bytes += wire.len();
                 self.pending.push_back(Queued {
-                    item: Item::Other(r),
-                    bytes,
+                    bytes: wire.len(),
+                    item: Item::Other(wire),
                 });
             }
         }
@@ -357,17 +462,11 @@ impl RecordQueue {
         let mut open = self.find_open(stream, first_seq);
         for (i, (id, digest)) in ids.into_iter().enumerate() {
             let seq = first_seq.saturating_add(i as u64);
-            let id = id.as_ref();
-            let recorded = recorded_id(id);
-            let full =
-                (id.len() > MAX_EVENT_ID_BYTES && id.len() <= MAX_LONG_ID_BYTES).then_some(id);
-            let ev = Entry {
-                recorded: &recorded,
-                digest: Some(digest),
-                full,
+            let ev = Entry::Relayed {
+                id: id.as_ref(),
+                digest,
             };
-            let step = self.append(&mut open, stream, seq, &ev);
-            if let Err(e) = step {
+            if let Err(e) = self.append(&mut open, stream, seq, &ev) {
                 invalid(host, &e);
                 break;
             }
@@ -381,13 +480,29 @@ impl RecordQueue {
     fn find_open(&self, stream: &StreamKey<'_>, seq: u64) -> Option<usize> {
         let n = self.pending.len();
         (n.saturating_sub(MERGE_LOOKBACK)..n).rev().find(|&k| {
-            matches!(self.pending.get(k), Some(Queued { item: Item::Events(e), .. })
-                if e.continues(stream, seq))
+            self.pending
+                .get(k)
+                .and_then(Queued::events)
+                .is_some_and(|e| e.continues(stream, seq))
         })
     }
 
+    /// Queues a new, empty `Events` record; its index.
+    fn open_record(&mut self, stream: &StreamKey<'_>, seq: u64, trimmed: u64) -> Option<usize> {
+        let mut e = EventsBuf::open(stream, seq).ok()?;
+        e.trimmed = trimmed;
+        let bytes = e.frame_len();
+        self.queued_bytes += bytes;
+        self.pending.push_back(Queued {
+            item: Item::Events(e),
+            bytes,
+        });
+        Some(self.pending.len() - 1)
+    }
+
     /// Appends one event to the open record (`open`, an index into `pending`), or to a new
-    /// record when there is none or it is full (a single larger id still goes alone).
+    /// record when there is none or it is full (a single larger id still goes alone). When a
+    /// stream's record fills, its records older than its newest `window` ids go.
     fn append(
         &mut self,
         open: &mut Option<usize>,
@@ -395,40 +510,96 @@ impl RecordQueue {
         seq: u64,
         ev: &Entry<'_>,
     ) -> Result<(), FieldError> {
-        // An escaped LF and the hex digits inside the string.
-        let digest_len = ev.digest.map_or(0, |_| 2 + CONTENT_DIGEST_CHARS);
-        let add = json_len(ev.recorded)
-            + digest_len
-            + 1
-            + ev.full.map_or(0, |f| json_len(f) + LONG_ENTRY_OVERHEAD);
-        let room = open
-            .and_then(|k| self.pending.get(k))
-            .is_some_and(|q| q.bytes + add <= RECORD_MAX_BYTES);
-        if !room {
-            let e = EventsBuf::open(stream, seq)?;
-            let bytes = e.frame_len();
-            self.queued_bytes += bytes;
-            self.pending.push_back(Queued {
-                item: Item::Events(e),
-                bytes,
-            });
-            *open = Some(self.pending.len() - 1);
+        if let Some(q) = open.and_then(|k| self.pending.get_mut(k)) {
+            if let Item::Events(e) = &mut q.item {
+                let mark = e.mark();
+                let add = e.append(ev)?;
+                if q.bytes + add <= RECORD_MAX_BYTES || mark.count == 0 {
+                    q.bytes += add;
+                    self.queued_bytes += add;
+                    return Ok(());
+                }
+                // Full: the event opens the stream's next record.
+                e.rollback(mark);
+            }
         }
-        let Some(q) = open.and_then(|k| self.pending.get_mut(k)) else {
-            return Ok(());
-        };
-        if let Item::Events(e) = &mut q.item {
-            e.append(ev)?;
-            q.bytes += add;
-            self.queued_bytes += add;
+        let full = open.is_some();
+        let mut e = EventsBuf::open(stream, seq)?;
+        let bytes = e.frame_len() + e.append(ev)?;
+        self.queued_bytes += bytes;
+        self.pending.push_back(Queued {
+            item: Item::Events(e),
+            bytes,
+        });
+        if full {
+            self.trim_stream(stream);
         }
+        *open = Some(self.pending.len() - 1);
         Ok(())
     }
 
-    /// Drops the oldest records while the queue holds more than `max_queue` records or more
-    /// than [`QUEUE_MAX_BYTES`].
+    /// Keeps about `window` of a stream's newest queued ids: its older queued records go (the
+    /// store keeps no more than its window per incarnation anyway, and a cursor older than
+    /// that is a `gap` either way), and the oldest record kept says how many seqs before it
+    /// were left out (`trimmed`), so the store never waits for them.
+    fn trim_stream(&mut self, stream: &StreamKey<'_>) {
+        let mut kept = 0u64;
+        let mut newest_dropped = None;
+        for k in (0..self.pending.len()).rev() {
+            let Some(e) = self.pending.get(k).and_then(Queued::events) else {
+                continue;
+            };
+            if !e.same_stream(stream) {
+                continue;
+            }
+            if kept >= self.window {
+                newest_dropped = Some(k);
+                break;
+            }
+            kept += e.count;
+        }
+        let Some(last) = newest_dropped else {
+            return;
+        };
+        let mut low = u64::MAX;
+        let mut freed = 0;
+        let mut k = 0;
+        self.pending.retain(|q| {
+            let i = k;
+            k += 1;
+            match q.events() {
+                Some(e) if i <= last && e.same_stream(stream) => {
+                    low = low.min(e.low());
+                    freed += q.bytes;
+                    false
+                }
+                _ => true,
+            }
+        });
+        self.queued_bytes = self.queued_bytes.saturating_sub(freed);
+        let oldest = self.pending.iter_mut().find_map(|q| match &mut q.item {
+            Item::Events(e) if e.same_stream(stream) => Some(e),
+            _ => None,
+        });
+        if let Some(e) = oldest {
+            e.trimmed = e.trimmed.max(e.first_seq.saturating_sub(low));
+        }
+    }
+
+    fn over_bounds(&self) -> bool {
+        self.pending.len() > self.max_queue || self.queued_bytes > QUEUE_MAX_BYTES
+    }
+
+    /// Brings the queue within `max_queue` records and [`QUEUE_MAX_BYTES`]: first by leaving
+    /// out streams' older ids (an `Events` record with a newer one of its stream queued; that
+    /// one says what was trimmed), and only then by dropping the oldest records
+    /// (`records_dropped`).
     fn enforce_bounds<H: Host>(&mut self, host: &mut H) {
-        while self.pending.len() > self.max_queue || self.queued_bytes > QUEUE_MAX_BYTES {
+        if !self.over_bounds() {
+            return;
+        }
+        self.trim_superseded();
+        while self.over_bounds() {
             let Some(q) = self.pending.pop_front() else {
                 self.queued_bytes = 0;
                 break;
@@ -436,6 +607,58 @@ impl RecordQueue {
             self.queued_bytes = self.queued_bytes.saturating_sub(q.bytes);
             host.count(Stat::RecordsDropped, 1);
         }
+    }
+
+    /// Drops `Events` records that a newer record of their stream follows, oldest first, until
+    /// the queue is within its bounds.
+    fn trim_superseded(&mut self) {
+        let n = self.pending.len();
+        // The next record of each `Events` record's stream.
+        let mut next: Vec<Option<usize>> = vec![None; n];
+        {
+            let mut newest: HashMap<(&str, &str, u64), usize> = HashMap::new();
+            for (k, q) in self.pending.iter().enumerate().rev() {
+                if let Some(e) = q.events() {
+                    let key = (e.session.as_str(), e.incarnation.as_str(), e.branch);
+                    if let (Some(slot), Some(&s)) = (next.get_mut(k), newest.get(&key)) {
+                        *slot = Some(s);
+                    }
+                    newest.insert(key, k);
+                }
+            }
+        }
+        let mut gone = vec![false; n];
+        let (mut len, mut bytes) = (n, self.queued_bytes);
+        for k in 0..n {
+            if len <= self.max_queue && bytes <= QUEUE_MAX_BYTES {
+                break;
+            }
+            let Some(s) = next.get(k).copied().flatten() else {
+                continue;
+            };
+            let Some((low, freed)) = self
+                .pending
+                .get(k)
+                .and_then(|q| q.events().map(|e| (e.low(), q.bytes)))
+            else {
+                continue;
+            };
+            if let Some(Item::Events(e)) = self.pending.get_mut(s).map(|q| &mut q.item) {
+                e.trimmed = e.trimmed.max(e.first_seq.saturating_sub(low));
+            }
+            if let Some(g) = gone.get_mut(k) {
+                *g = true;
+            }
+            len -= 1;
+            bytes = bytes.saturating_sub(freed);
+        }
+        let mut k = 0;
+        self.pending.retain(|_| {
+            let keep = !gone.get(k).copied().unwrap_or(false);
+            k += 1;
+            keep
+        });
+        self.queued_bytes = bytes;
     }
 
     /// Sends the next batch, unless one is in flight or a retry is not due yet.

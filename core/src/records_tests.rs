@@ -140,11 +140,17 @@ fn batches_and_the_queue_are_capped_by_bytes() {
         bound <= actual + actual / 20,
         "and a close one: {bound} vs {actual}"
     );
-    // The queue by bytes: far more than QUEUE_MAX_BYTES while nothing is answered.
+    // The queue by bytes: far more than QUEUE_MAX_BYTES while nothing is answered, over so
+    // many streams that none has old ids to leave out.
     let mut q = queue(r#","max_queue":10000000"#);
     let big = "y".repeat(120);
     for c in 0..8_000u64 {
-        q.push_events(&mut host, &KEY, 1 + c * 10, evs(vec![big.clone(); 10]));
+        let inc = format!("{c:016x}");
+        let key = StreamKey {
+            incarnation: &inc,
+            ..KEY
+        };
+        q.push_events(&mut host, &key, 1, evs(vec![big.clone(); 10]));
     }
     assert!(q.queued_bytes() <= QUEUE_MAX_BYTES);
     assert!(host.stat(Stat::RecordsDropped) > 0);
@@ -285,7 +291,149 @@ fn queued_events_are_written_exactly_as_the_record_serializes() {
         ],
         long: vec![LongId { seq: 9, id: long }],
         branch: 0,
+        trimmed: 0,
     };
+    let want = format!(
+        "{{\"records\":[{}]}}",
+        serde_json::to_string(&want).unwrap_or_default()
+    );
+    assert_eq!(String::from_utf8_lossy(body), want);
+}
+
+/// Every record the queue sends until it is empty, each batch answered 200.
+fn drain(q: &mut RecordQueue, host: &mut MockHost) -> Vec<Record> {
+    let mut all = Vec::new();
+    while let Some((token, records, _)) = flush(q, host) {
+        q.on_response(host, token, Some(200), None);
+        all.extend(records);
+    }
+    all
+}
+
+/// `n` short replica ids from seq `first`, as a bulk stream relays them.
+fn bulk(first: u64, n: u64) -> Vec<(String, u64)> {
+    (first..first + n).map(|s| (format!("e{s}"), s)).collect()
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_stream_far_past_the_queue_cap_keeps_its_open_and_newest_ids() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    q.push(&mut host, open("127.0.0.1:9101"));
+    // About 28 bytes recorded per event: 400k are ~11 MiB, past QUEUE_MAX_BYTES, with no
+    // flush in between (a relay at line rate between two ticks of a slow service).
+    let total = 400_000u64;
+    for c in 0..total / 50 {
+        q.push_events(&mut host, &KEY, 1 + c * 50, bulk(1 + c * 50, 50));
+    }
+    assert_eq!(host.stat(Stat::RecordsDropped), 0);
+    assert!(q.queued_bytes() < 1 << 20, "{} bytes", q.queued_bytes());
+    let records = drain(&mut q, &mut host);
+    assert!(matches!(records.first(), Some(Record::StreamOpen { .. })));
+    let mut seqs = Vec::new();
+    let mut first_trimmed = None;
+    for r in &records {
+        if let Record::Events {
+            first_seq,
+            ids,
+            trimmed,
+            ..
+        } = r
+        {
+            assert_eq!(r.validate(), Ok(()));
+            first_trimmed.get_or_insert((*first_seq, *trimmed));
+            seqs.extend((0..ids.len() as u64).map(|i| first_seq + i));
+            assert_eq!(
+                ids.last().cloned(),
+                Some(recorded_event(
+                    &format!("e{}", first_seq + ids.len() as u64 - 1),
+                    first_seq + ids.len() as u64 - 1
+                ))
+            );
+        }
+    }
+    // The newest `record_window` seqs, contiguous up to the last one relayed.
+    assert_eq!(seqs.last(), Some(&total));
+    assert!(
+        seqs.len() >= 4096 && seqs.len() < 4096 + 4096,
+        "{}",
+        seqs.len()
+    );
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    // The first record kept says that everything before it was left out on purpose.
+    let (first_seq, trimmed) = first_trimmed.unwrap();
+    assert_eq!(first_seq, seqs[0]);
+    assert_eq!(first_seq - trimmed, 1, "seqs 1..{first_seq} trimmed");
+    assert_eq!(host.stat(Stat::RecordsDropped), 0);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn at_the_cap_old_ids_go_before_any_other_record() {
+    // A window larger than the queue: only the byte cap bounds the stream.
+    let mut q = queue(r#","record_window":1000000"#);
+    let mut host = MockHost::new();
+    q.push(&mut host, open("127.0.0.1:9101"));
+    let total = 400_000u64;
+    for c in 0..total / 50 {
+        q.push_events(&mut host, &KEY, 1 + c * 50, bulk(1 + c * 50, 50));
+    }
+    q.push(
+        &mut host,
+        Record::BranchEnd {
+            session: S.into(),
+            incarnation: I.into(),
+            branch: 0,
+        },
+    );
+    assert!(q.queued_bytes() <= QUEUE_MAX_BYTES);
+    assert_eq!(host.stat(Stat::RecordsDropped), 0);
+    let records = drain(&mut q, &mut host);
+    assert!(matches!(records.first(), Some(Record::StreamOpen { .. })));
+    assert!(matches!(records.last(), Some(Record::BranchEnd { .. })));
+    let events: Vec<(u64, usize, u64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Events {
+                first_seq,
+                ids,
+                trimmed,
+                ..
+            } => Some((*first_seq, ids.len(), *trimmed)),
+            _ => None,
+        })
+        .collect();
+    let (first, _, trimmed) = events[0];
+    assert!(trimmed > 0 && first - trimmed == 1, "{:?}", events[0]);
+    let (last, n, _) = events[events.len() - 1];
+    assert_eq!(last + n as u64 - 1, total);
+}
+
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_branch_and_trimmed_record_is_written_exactly_as_it_serializes() {
+    let mut q = queue("");
+    let mut host = MockHost::new();
+    let long = "q".repeat(300);
+    let want = Record::Events {
+        session: S.into(),
+        incarnation: I.into(),
+        first_seq: 10,
+        ids: vec![
+            "a\u{1}\u{1f}\u{8}\u{c}\t\"\\\n0000000000000001".into(),
+            "é\u{7f}".into(),
+            recorded_event(&long, 5),
+        ],
+        long: vec![LongId { seq: 12, id: long }],
+        branch: 3,
+        trimmed: 9,
+    };
+    q.push(&mut host, want.clone());
+    assert_eq!(host.stat(Stat::RecordsInvalid), 0);
+    host.take();
+    q.flush(&mut host);
+    let (_, body) = host.last_dispatch().unwrap();
     let want = format!(
         "{{\"records\":[{}]}}",
         serde_json::to_string(&want).unwrap_or_default()

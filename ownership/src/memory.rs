@@ -86,6 +86,8 @@ struct Incarnation {
     entry_bytes: usize,
     /// Its branches, once a continuation registered one (`None`: nothing to arbitrate).
     branches: Option<Branches>,
+    /// The highest `first_seq` of `events` that said the seqs before it were trimmed.
+    trimmed_below: u64,
 }
 
 /// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and the
@@ -592,6 +594,7 @@ impl Inner {
                 ids,
                 long,
                 branch,
+                trimmed,
             } => {
                 let tick = self.next_tick();
                 let s = self.session_for_record(session, SessionState::Active, now_ms);
@@ -607,6 +610,10 @@ impl Inner {
                     }
                     // The owner relayed again: an earlier failure passed.
                     inc.failed_since = None;
+                }
+                if *trimmed > 0 {
+                    // Left out on purpose by the guard: a hole below never fills.
+                    inc.trimmed_below = inc.trimmed_below.max(*first_seq);
                 }
                 let bytes = &mut inc.entry_bytes;
                 for (i, id) in ids.iter().enumerate() {
@@ -765,6 +772,7 @@ impl Inner {
                 owner: o.owner.clone(),
                 expected,
                 request_id: o.request_id.clone(),
+                trimmed_below: inc.trimmed_below,
             })
         });
         Facts {

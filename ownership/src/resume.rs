@@ -188,9 +188,11 @@ fn in_flight(facts: &Facts, q: &ResumeQuery) -> bool {
         return true;
     }
     // A hole in the recorded window may be a batch still travelling, unless the replica's own
-    // retention already rules the cursor out.
+    // retention already rules the cursor out, or the guard said it left those seqs out
+    // (`trimmed`): the highest missing seq, `retained_from - 1`, is below its floor.
     let retention_gap = f.retention > 0 && f.head - q.seq > f.retention;
-    f.retained_from > q.seq.saturating_add(1) && !retention_gap && !f.owner_lost
+    let trimmed = f.retained_from <= inc.trimmed_below;
+    f.retained_from > q.seq.saturating_add(1) && !retention_gap && !trimmed && !f.owner_lost
 }
 
 pub async fn timed<T>(

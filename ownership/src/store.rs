@@ -125,6 +125,9 @@ pub struct IncarnationView {
     pub cursor_id: CursorId,
     /// The JSON-RPC id its StreamOpen carried (raw JSON text), if any.
     pub request_id: Option<String>,
+    /// Seqs below this one were left out of the records on purpose (the highest `first_seq`
+    /// of `events` with `trimmed`): a hole there is no batch in flight. 0: none.
+    pub trimmed_below: u64,
 }
 
 /// The replica id of the cursor's own seq, as far as a resume needs it.

@@ -38,6 +38,7 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
                     .collect(),
                 long: Vec::new(),
                 branch: 0,
+                trimmed: 0,
             },
         ]
     };

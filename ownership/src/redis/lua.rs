@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `b` 1 once the incarnation has a branch table |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and the newest `BRANCHES_KEPT` numbers from 1; expires and is deleted with the incarnation |
@@ -243,13 +243,15 @@ elseif typ == 'st' then
   end
   evict(inc)
 elseif typ == 'ev' then
-  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, (seq, full id) * n_long, ids...
+  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, trimmed, (seq, full id) * n_long,
+  -- ids...
   local inc = ARGV[9]
   local first = tonumber(ARGV[10])
   local long_kept = tonumber(ARGV[11])
   local branch = tonumber(ARGV[12])
   local n_long = tonumber(ARGV[13])
-  local ids_at = 13 + 2 * n_long
+  local trimmed = tonumber(ARGV[14])
+  local ids_at = 14 + 2 * n_long
   local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
@@ -302,7 +304,7 @@ elseif typ == 'ev' then
   if n_long > 0 then
     local lk = lkey(inc)
     for j = 0, n_long - 1 do
-      redis.call('HSET', lk, ARGV[14 + 2 * j], ARGV[15 + 2 * j])
+      redis.call('HSET', lk, ARGV[15 + 2 * j], ARGV[16 + 2 * j])
     end
     -- Only the newest long_kept seqs keep their full id.
     local extra = redis.call('HLEN', lk) - long_kept
@@ -312,6 +314,11 @@ elseif typ == 'ev' then
       for j = 1, extra do redis.call('HDEL', lk, seqs[j]) end
     end
     redis.call('PEXPIRE', lk, keep_ms)
+  end
+  if trimmed > 0 then
+    -- The guard left the seqs before first out on purpose: a hole there never fills.
+    local tf = tonumber(redis.call('HGET', ik, 'tf') or '0')
+    if first > tf then redis.call('HSET', ik, 'tf', fmt(first)) end
   end
   if n > 0 then
     -- The owner relayed again: an earlier failure passed.
@@ -386,7 +393,7 @@ return result
 /// incarnation) or
 /// `{state, kind, owner, epoch, lost, superseded, head, retention, retained_from, cursor id
 /// code (0 plain, 1 long and kept, 2 long and gone), full cursor id or '', request id or '',
-/// ids…}`. `state` is
+/// trimmed floor (`tf`, 0: none), ids…}`. `state` is
 /// 1 active, 2 terminated, 3 expired; plus 10 when Redis refused the last-used write.
 const SNAPSHOT: &str = r#"
 local inc = ARGV[4]
@@ -425,7 +432,7 @@ if st == 'a' then
   try('PEXPIRE', bk, keep_ms)
   if refused then code = code + 10 end
 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq')
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq', 'tf')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
@@ -486,7 +493,7 @@ else
   local rec = redis.call('HGET', wk, fmt(seq))
   if rec and string.sub(rec, 1, 1) == '~' then cid_code = 2 end
 end
-local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from, cid_code, cid, f[10] or ''}
+local out = {code, kind, f[3] or '', f[4] or '0', lost, superseded, head, tonumber(f[5] or '0'), retained_from, cid_code, cid, f[10] or '', tonumber(f[11] or '0')}
 for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;

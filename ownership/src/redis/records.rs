@@ -102,6 +102,7 @@ impl RedisStore {
                 ids,
                 long,
                 branch,
+                trimmed,
                 ..
             } => {
                 c.arg("ev")
@@ -109,7 +110,8 @@ impl RedisStore {
                     .arg(first_seq)
                     .arg(LONG_IDS_KEPT)
                     .arg(branch)
-                    .arg(long.len());
+                    .arg(long.len())
+                    .arg(trimmed);
                 for l in long {
                     c.arg(l.seq).arg(l.id.as_bytes());
                 }

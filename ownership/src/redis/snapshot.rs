@@ -74,7 +74,7 @@ impl RedisStore {
                 refusing: self.refusing(now_ms).await?,
             });
         }
-        if arr.len() < 12 {
+        if arr.len() < 13 {
             return Err(corrupt("snapshot", format!("{} fields", arr.len())));
         }
         let bad = |f: &str| corrupt("snapshot", format!("field {f}"));
@@ -99,7 +99,8 @@ impl RedisStore {
         let request_id = as_string(&arr[11])
             .ok_or_else(|| bad("request_id"))
             .map(|r| (!r.is_empty()).then_some(r))?;
-        let expected = arr[12..]
+        let trimmed_below = as_u64(&arr[12]).ok_or_else(|| bad("trimmed_below"))?;
+        let expected = arr[13..]
             .iter()
             .map(|v| as_string(v).ok_or_else(|| bad("expected")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -141,6 +142,7 @@ impl RedisStore {
                 expected,
                 cursor_id,
                 request_id,
+                trimmed_below,
             }),
             refusing: false,
         })

@@ -84,6 +84,7 @@ pub fn events(session: &str, inc: &str, first: u64, last: u64) -> Record {
         ids: (first..=last).map(id).collect(),
         long: Vec::new(),
         branch: 0,
+        trimmed: 0,
     }
 }
 
@@ -111,6 +112,7 @@ pub fn events_with(session: &str, inc: &str, first: u64, replica_ids: &[String])
         ids,
         long,
         branch: 0,
+        trimmed: 0,
     };
     r.validate().expect("a guard-built record is valid");
     r
@@ -832,6 +834,83 @@ pub async fn record_in_flight<S: Store + 'static>(make: impl Fn(Limits) -> S) {
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
+/// `events` from `first ..= last` that say the `trimmed` seqs before them were left out.
+pub fn trimmed_events(inc: &str, first: u64, last: u64, trimmed: u64) -> Record {
+    let Record::Events {
+        session,
+        incarnation,
+        first_seq,
+        ids,
+        long,
+        branch,
+        ..
+    } = events(S1, inc, first, last)
+    else {
+        unreachable!()
+    };
+    let r = Record::Events {
+        session,
+        incarnation,
+        first_seq,
+        ids,
+        long,
+        branch,
+        trimmed,
+    };
+    r.validate().expect("a guard-built record is valid");
+    r
+}
+
+pub async fn guard_trimmed_hole_is_final<S: Store + 'static>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    let opts = ResumeOptions {
+        record_wait: Duration::from_secs(5),
+        max_expected: 256,
+    };
+    // The guard sent 1..=3, then left 4..=9 out of its queue (a bulk stream past its window).
+    apply(
+        &s,
+        &[
+            open(S1),
+            get_stream(S1, A, T0),
+            events(S1, A, 1, 3),
+            trimmed_events(A, 10, 12, 6),
+        ],
+    )
+    .await;
+    // The newest seqs continue, as always.
+    assert_eq!(verdict_get(&s, A, 9).await, cont(OWNER_X, ids(10, 12), 12));
+    // A cursor below the trimmed seqs: a gap, at once, not after waiting for them.
+    for seq in [3, 5, 8] {
+        let started = std::time::Instant::now();
+        let r = resolve_with(&s, &query(S1, A, StreamKind::Get, seq), opts, T0).await;
+        assert_eq!(r.verdict, new_stream(Reason::Gap), "seq {seq}");
+        assert_eq!(r.waited, None, "seq {seq}: nothing to wait for");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    // An untrimmed hole above the floor is still awaited (a batch in flight).
+    apply(&s, &[events(S1, A, 14, 15)]).await;
+    let short = ResumeOptions {
+        record_wait: Duration::from_millis(60),
+        ..opts
+    };
+    let r = resolve_with(&s, &query(S1, A, StreamKind::Get, 12), short, T0).await;
+    assert_eq!(r.verdict, new_stream(Reason::Gap));
+    assert_eq!(r.waited, Some(false));
+    // Old records without `trimmed` read as before: a hole may still fill.
+    apply(
+        &s,
+        &[
+            get_stream(S1, B, T0),
+            events(S1, B, 1, 3),
+            events(S1, B, 10, 12),
+        ],
+    )
+    .await;
+    let r = resolve_with(&s, &query(S1, B, StreamKind::Get, 5), short, T0).await;
+    assert_eq!(r.waited, Some(false));
+}
+
 pub async fn max_incarnations_eviction<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits {
         max_incarnations_per_session: 3,
@@ -915,6 +994,7 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
             ids: odd.clone(),
             long: Vec::new(),
             branch: 0,
+            trimmed: 0,
         }],
     )
     .await;
@@ -934,6 +1014,7 @@ pub async fn expected_content_and_cap<S: Store>(make: impl Fn(Limits) -> S) {
         ids: recorded.clone(),
         long: vec![mcp_resume_core::ownership::LongId { seq: 15, id: long }],
         branch: 0,
+        trimmed: 0,
     };
     r.validate().expect("a guard-built record is valid");
     apply(&s, &[r]).await;
@@ -1418,6 +1499,7 @@ pub fn relayed(inc: &str, branch: u64, first: u64, last: u64) -> Record {
         ids: (first..=last).map(id).collect(),
         long: Vec::new(),
         branch,
+        trimmed: 0,
     }
 }
 
@@ -1430,6 +1512,7 @@ pub fn relayed_as(inc: &str, branch: u64, first: u64, recorded: &[String]) -> Re
         ids: recorded.to_vec(),
         long: Vec::new(),
         branch,
+        trimmed: 0,
     };
     r.validate().expect("a guard-built record is valid");
     r
@@ -1962,6 +2045,7 @@ macro_rules! store_suite {
             session_end,
             idle_ttl,
             record_in_flight,
+            guard_trimmed_hole_is_final,
             max_incarnations_eviction,
             expected_content_and_cap,
             health_and_stats,
