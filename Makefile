@@ -152,11 +152,15 @@ test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chao
 	@echo "make test: all green"
 
 # ---- the quick loop ----------------------------------------------------------
-# `make check`: what needs no package manager, no Redis and no Envoy. The Rust tests leave out
-# ownership's redis_* test binaries (each starts its own redis-server); the wasm tests run when the
-# runner is already in .tools (`make wasm-bindgen` installs it with cargo, a few minutes once); the
-# static artefact tests leave out the ones marked `envoy` (they run the Envoy binary). `make test` runs all.
+# `make check`: what needs no package manager, no Redis and no Envoy, for the product's crates: the core,
+# both adapters (in process), the service (memory store) and the CLI. One build lints and tests them:
+# clippy-driver compiles the workspace crates as `cargo clippy` runs it (CLIPPY_ARGS is its way of
+# taking `-D warnings`), so the tests need no second compilation. `make test` (lint, unit) adds the
+# test replicas, the bench and fuzz tools, the rmcp adapter and the ownership service's Redis tests.
+CHECK_CRATES := -p mcp-resume-core -p mcp-resume-guard -p mcp-resume-guard-native -p mcp-adapter-harness -p mcp-guard
 OWNERSHIP_NO_REDIS := $(patsubst ownership/tests/%.rs,--test %,$(filter-out ownership/tests/redis_%,$(wildcard ownership/tests/*.rs)))
+CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
+LINTED := CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER)
 STATIC_TESTS := tests/static
 # Tests marked `envoy` (pytest.ini) run the Envoy binary.
 STATIC_ENVOY := -m 'not envoy'
@@ -169,10 +173,10 @@ check-venv:
 
 check: rust-targets check-venv
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	@test -n "$(CLIPPY_DRIVER)" || { echo "make check: no clippy-driver (rustup component add clippy)"; exit 1; }
+	$(LINTED) cargo test $(CHECK_CRATES) --all-targets
+	$(LINTED) cargo test -p mcp-ownership --lib --bins $(OWNERSHIP_NO_REDIS)
 	cargo clippy --target wasm32-wasip1 -p mcp-resume-guard -- -D warnings
-	cargo test --workspace --exclude mcp-ownership
-	cargo test -p mcp-ownership --lib --bins $(OWNERSHIP_NO_REDIS)
 	@if $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)"; then \
 	  echo "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(TOOLS)/bin/wasm-bindgen-test-runner cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib"; \
 	  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
