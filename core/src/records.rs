@@ -433,7 +433,8 @@ impl RecordQueue {
                 }
             }
             r => {
-                let mut wire = Vec::new();
+                // Room for a typical record at once: growing from empty reallocates ~6 times.
+                let mut wire = Vec::with_capacity(512);
                 if let Err(e) = write_json(&mut wire, &r) {
                     return invalid(host, &e);
                 }
@@ -590,7 +591,16 @@ impl RecordQueue {
         self.pending.len() > self.max_queue || self.queued_bytes > QUEUE_MAX_BYTES
     }
 
-    /// Brings the queue within `max_queue` records and [`QUEUE_MAX_BYTES`]: first by leaving
+    /// Where a queue over its bounds is brought back to: 1/8 under each, so the pass over the
+    /// whole queue runs once per many records at the cap, not once per record.
+    fn low_water(&self) -> (usize, usize) {
+        (
+            self.max_queue - self.max_queue / 8,
+            QUEUE_MAX_BYTES - QUEUE_MAX_BYTES / 8,
+        )
+    }
+
+    /// Brings a queue over `max_queue` records or [`QUEUE_MAX_BYTES`] to its low-water mark: first by leaving
     /// out streams' older ids (an `Events` record with a newer one of its stream queued; that
     /// one says what was trimmed), and only then by dropping the oldest records
     /// (`records_dropped`).
@@ -599,7 +609,8 @@ impl RecordQueue {
             return;
         }
         self.trim_superseded();
-        while self.over_bounds() {
+        let (max_len, max_bytes) = self.low_water();
+        while self.pending.len() > max_len || self.queued_bytes > max_bytes {
             let Some(q) = self.pending.pop_front() else {
                 self.queued_bytes = 0;
                 break;
@@ -610,7 +621,7 @@ impl RecordQueue {
     }
 
     /// Drops `Events` records that a newer record of their stream follows, oldest first, until
-    /// the queue is within its bounds.
+    /// the queue is at its low-water mark.
     fn trim_superseded(&mut self) {
         let n = self.pending.len();
         // The next record of each `Events` record's stream.
@@ -629,8 +640,9 @@ impl RecordQueue {
         }
         let mut gone = vec![false; n];
         let (mut len, mut bytes) = (n, self.queued_bytes);
+        let (max_len, max_bytes) = self.low_water();
         for k in 0..n {
-            if len <= self.max_queue && bytes <= QUEUE_MAX_BYTES {
+            if len <= max_len && bytes <= max_bytes {
                 break;
             }
             let Some(s) = next.get(k).copied().flatten() else {
