@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import harness as h
-from stack.procs import LocalServer
+from stack.procs import LocalServer, read_request
 from stack.resume import control_reason
 
 BULK_PORT = 9160 + h.PORT_OFFSET
@@ -44,22 +44,10 @@ class BulkUpstream(LocalServer):
             srv = self.server
             self.request.settimeout(30)
             while True:
-                try:
-                    line = self.rfile.readline(65536)
-                except OSError:
+                req = read_request(self.rfile)
+                if req is None:
                     return
-                if not line:
-                    return
-                method = line.split(b" ", 1)[0]
-                headers = {}
-                while True:
-                    hl = self.rfile.readline(65536)
-                    if hl in (b"\r\n", b"\n", b""):
-                        break
-                    k, _, v = hl.partition(b":")
-                    headers[k.strip().lower()] = v.strip()
-                n = int(headers.get(b"content-length", b"0") or 0)
-                body = self.rfile.read(n) if n else b""
+                method, headers, body = req
                 if method == b"POST" and b'"initialize"' in body:
                     out = (b'{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25",'
                            b'"capabilities":{},"serverInfo":{"name":"bulk","version":"0"}}}')

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import harness as h
-from stack.procs import LocalServer
+from stack.procs import LocalServer, read_request
 from conftest import RING
 from test_guard_rules import FakeOwnership
 from test_seed_scenarios import GUARD_HEADER, assert_no_cursor_reached_a_replica, open_and_read
@@ -464,22 +464,10 @@ class HostileUpstream(LocalServer):
             srv = self.server
             self.request.settimeout(10)
             while True:
-                try:
-                    line = self.rfile.readline(65536)
-                except OSError:
+                req = read_request(self.rfile, 1 << 20)
+                if req is None:
                     return
-                if not line:
-                    return
-                method = line.split(b" ", 1)[0]
-                headers = {}
-                while True:
-                    hl = self.rfile.readline(1 << 20)
-                    if hl in (b"\r\n", b"\n", b""):
-                        break
-                    k, _, v = hl.partition(b":")
-                    headers[k.strip().lower()] = v.strip()
-                n = int(headers.get(b"content-length", b"0") or 0)
-                body = self.rfile.read(n) if n else b""
+                method, headers, body = req
                 srv.requests += 1
                 srv.accept_encodings.append(headers.get(b"accept-encoding", b""))
                 if b"last-event-id" in headers:
