@@ -507,14 +507,7 @@ fn with_headers<T>(
     kind: u32,
     f: impl FnOnce(Option<&[EnvoyHeader]>) -> T,
 ) -> T {
-    HEADERS.with(|c| {
-        let mut own = Vec::new();
-        let mut shared = c.try_borrow_mut();
-        let buf = match shared.as_deref_mut() {
-            Ok(b) => b,
-            Err(_) => &mut own,
-        };
-        buf.clear();
+    with_buffer(&HEADERS, HEADERS_KEEP, |buf| {
         // SAFETY: the live filter of the running hook; `buf` has room for `n` headers.
         let read = unsafe {
             let n = abi::envoy_dynamic_module_callback_http_get_headers_size(envoy, kind);
@@ -526,10 +519,29 @@ fn with_headers<T>(
                     buf.as_mut_ptr().cast::<HttpHeader>(),
                 )
         };
-        let r = f(read.then_some(&buf[..]));
-        // The views must not outlive the hook.
+        // The views must not outlive the hook: `with_buffer` clears them.
+        f(read.then_some(&buf[..]))
+    })
+}
+
+/// Runs `f` on the worker's reusable buffer `cell`, cleared (or on a fresh one when a nested
+/// hook holds it); afterwards the buffer is cleared, and freed when it grew past `keep`.
+fn with_buffer<E: 'static, T>(
+    cell: &'static std::thread::LocalKey<RefCell<Vec<E>>>,
+    keep: usize,
+    f: impl FnOnce(&mut Vec<E>) -> T,
+) -> T {
+    cell.with(|c| {
+        let mut own = Vec::new();
+        let mut shared = c.try_borrow_mut();
+        let buf = match shared.as_deref_mut() {
+            Ok(b) => b,
+            Err(_) => &mut own,
+        };
         buf.clear();
-        if buf.capacity() > HEADERS_KEEP {
+        let r = f(buf);
+        buf.clear();
+        if buf.capacity() > keep {
             *buf = Vec::new();
         }
         r
@@ -565,22 +577,11 @@ fn with_chunk<T>(envoy: HttpFilterEnvoyPtr, t: u32, f: impl FnOnce(Option<&[u8]>
         if let [one] = slices {
             return f(Some(one.bytes()));
         }
-        CHUNK.with(|c| {
-            let mut own = Vec::new();
-            let mut shared = c.try_borrow_mut();
-            let buf = match shared.as_deref_mut() {
-                Ok(b) => b,
-                Err(_) => &mut own,
-            };
-            buf.clear();
+        with_buffer(&CHUNK, CHUNK_KEEP_BYTES, |buf| {
             for b in slices.iter() {
                 buf.extend_from_slice(b.bytes());
             }
-            let r = f(Some(&buf[..]));
-            if buf.capacity() > CHUNK_KEEP_BYTES {
-                *buf = Vec::new();
-            }
-            r
+            f(Some(&buf[..]))
         })
     }
 }
