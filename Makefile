@@ -107,13 +107,16 @@ cli:
 	cargo build -p mcp-guard
 
 # ---- checks ----------------------------------------------------------------
+# The ownership service's Redis tests start redis-server: on in `make lint` and `make unit`.
+REDIS_TESTS := --features mcp-ownership/redis-tests
+
 lint: rust-targets
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets $(REDIS_TESTS) -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p mcp-resume-guard -- -D warnings
 
 unit: redis
-	cargo test --workspace
+	cargo test --workspace $(REDIS_TESTS)
 
 wasm-test: wasm-bindgen
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
@@ -155,10 +158,11 @@ test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chao
 # `make check`: what needs no package manager, no Redis and no Envoy, for the product's crates: the core,
 # both adapters (in process), the service (memory store) and the CLI. One build lints and tests them:
 # clippy-driver compiles the workspace crates as `cargo clippy` runs it (CLIPPY_ARGS is its way of
-# taking `-D warnings`), so the tests need no second compilation. `make test` (lint, unit) adds the
-# test replicas, the bench and fuzz tools, the rmcp adapter and the ownership service's Redis tests.
-CHECK_CRATES := -p mcp-resume-core -p mcp-resume-guard -p mcp-resume-guard-native -p mcp-adapter-harness -p mcp-guard
-OWNERSHIP_NO_REDIS := $(patsubst ownership/tests/%.rs,--test %,$(filter-out ownership/tests/redis_%,$(wildcard ownership/tests/*.rs)))
+# taking `-D warnings`), so the tests need no second compilation. The Wasm adapter's test runs the
+# debug `.wasm` the first step lints and builds (MCP_ADAPTER_WASM_PROFILE), not an LTO build.
+# `make test` (lint, unit) adds the test replicas, the bench and fuzz tools, the rmcp adapter, the
+# ownership service's Redis tests and the release `.wasm` under the adapter test.
+CHECK_CRATES := -p mcp-resume-core -p mcp-resume-guard -p mcp-resume-guard-native -p mcp-adapter-harness -p mcp-guard -p mcp-ownership
 CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
 LINTED := CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER)
 STATIC_TESTS := tests/static
@@ -174,9 +178,8 @@ check-venv:
 check: rust-targets check-venv
 	cargo fmt --all -- --check
 	@test -n "$(CLIPPY_DRIVER)" || { echo "make check: no clippy-driver (rustup component add clippy)"; exit 1; }
-	$(LINTED) cargo test $(CHECK_CRATES) --all-targets
-	$(LINTED) cargo test -p mcp-ownership --lib --bins $(OWNERSHIP_NO_REDIS)
-	cargo clippy --target wasm32-wasip1 -p mcp-resume-guard -- -D warnings
+	$(LINTED) cargo build --target wasm32-wasip1 -p mcp-resume-guard
+	MCP_ADAPTER_WASM_PROFILE=dev $(LINTED) cargo test $(CHECK_CRATES) --all-targets
 	@if $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)"; then \
 	  echo "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(TOOLS)/bin/wasm-bindgen-test-runner cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib"; \
 	  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \

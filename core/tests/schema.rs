@@ -1,4 +1,6 @@
-//! The shipped JSON Schema and the filter's parser agree on every example.
+//! The filter's parser on the examples of schema/examples/ and on the plugin configs in envoy/*.yaml:
+//! valid ones parse, invalid ones fail naming a field. tests/static/test_config_schema.py checks
+//! schema/config.schema.json on the same documents, so the schema and the parser agree.
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -36,19 +38,9 @@ fn examples(kind: &str) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn validator() -> jsonschema::Validator {
-    let schema: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root().join("schema/config.schema.json")).unwrap())
-            .unwrap();
-    jsonschema::validator_for(&schema).unwrap()
-}
-
 #[test]
-fn valid_examples_pass_both() {
-    let v = validator();
+fn valid_examples_parse() {
     for (name, bytes) in examples("valid") {
-        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        assert!(v.is_valid(&doc), "schema rejects {name}");
         if let Err(e) = parse(&bytes) {
             panic!("parser rejects {name}: {e}");
         }
@@ -56,11 +48,8 @@ fn valid_examples_pass_both() {
 }
 
 #[test]
-fn invalid_examples_fail_both() {
-    let v = validator();
+fn invalid_examples_fail_naming_a_field() {
     for (name, bytes) in examples("invalid") {
-        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        assert!(!v.is_valid(&doc), "schema accepts {name}");
         match parse(&bytes) {
             Ok(_) => panic!("parser accepts {name}"),
             Err(e) => assert!(!e.field.is_empty(), "{name}: error names no field"),
@@ -68,10 +57,9 @@ fn invalid_examples_fail_both() {
     }
 }
 
-/// The plugin configs in the repo's Envoy files are valid for both, too.
+/// The plugin configs in the repo's Envoy files parse, too.
 #[test]
 fn envoy_configs_carry_valid_plugin_config() {
-    let v = validator();
     let mut seen = 0;
     for entry in std::fs::read_dir(root().join("envoy")).unwrap() {
         let path = entry.unwrap().path();
@@ -90,14 +78,9 @@ fn envoy_configs_carry_valid_plugin_config() {
                 .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
                 .collect();
             let json = json.join("\n");
-            let doc: serde_json::Value = serde_json::from_str(&json)
-                .unwrap_or_else(|e| panic!("{}: plugin config is not JSON: {e}", path.display()));
-            assert!(
-                v.is_valid(&doc),
-                "schema rejects plugin config in {}",
-                path.display()
-            );
-            parse(json.as_bytes()).unwrap();
+            if let Err(e) = parse(json.as_bytes()) {
+                panic!("{}: parser rejects the plugin config: {e}", path.display());
+            }
             seen += 1;
         }
     }

@@ -3,15 +3,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use mcp_adapter_harness::scenarios::{Attribute, Callout, Flow, Proxy, Reply};
-use mcp_adapter_harness::wasm::{build_guard_wasm, Action, Headers, Vm};
+use mcp_adapter_harness::wasm::{build_guard_wasm, load, Action, Headers, Module, Vm};
 use std::sync::OnceLock;
 
-/// The module, built once per test run.
-fn module() -> &'static [u8] {
-    static WASM: OnceLock<Vec<u8>> = OnceLock::new();
-    WASM.get_or_init(|| {
+/// The module, built and loaded once per test run.
+fn module() -> &'static Module {
+    static MODULE: OnceLock<Module> = OnceLock::new();
+    MODULE.get_or_init(|| {
         let path = build_guard_wasm().unwrap_or_else(|e| panic!("{e}"));
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        let wasm = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        load(&wasm).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     })
 }
 

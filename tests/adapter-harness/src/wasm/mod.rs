@@ -15,7 +15,8 @@ pub use state::{header, headers, Callout, Headers, HostState, LocalReply, Metric
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use wasmi::{Engine, Instance, Linker, Module, Store, WasmParams, WasmResults};
+pub use wasmi::Module;
+use wasmi::{Engine, Instance, Linker, Store, WasmParams, WasmResults};
 
 /// What a hook returned (proxy-wasm's `Action`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,13 +40,18 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
+/// Parses and validates `wasm` once; every [`Vm::start`] of a test run instantiates it again
+/// (a debug build of the guard is megabytes: parsing it per VM cost most of the test's time).
+pub fn load(wasm: &[u8]) -> Result<Module> {
+    Module::new(&Engine::default(), wasm).map_err(err)
+}
+
 impl Vm {
-    /// Loads `wasm`, starts the VM and configures the plugin with `plugin_config`, as Envoy
+    /// Starts a fresh VM of `module` and configures the plugin with `plugin_config`, as Envoy
     /// does: `_initialize`, the root context, `proxy_on_vm_start`, `proxy_on_configure`.
     /// `Err` when the plugin refuses its configuration (with what it logged).
-    pub fn start(wasm: &[u8], plugin_config: &[u8]) -> Result<Vm> {
-        let engine = Engine::default();
-        let module = Module::new(&engine, wasm).map_err(err)?;
+    pub fn start(module: &Module, plugin_config: &[u8]) -> Result<Vm> {
+        let engine = module.engine();
         let state = HostState {
             plugin_config: plugin_config.to_vec(),
             root_context: 1,
@@ -54,11 +60,11 @@ impl Vm {
             random_state: 0x2545_f491_4f6c_dd1d,
             ..HostState::default()
         };
-        let mut store = Store::new(&engine, state);
-        let mut linker = Linker::new(&engine);
-        imports::define(&mut linker, &module).map_err(err)?;
+        let mut store = Store::new(engine, state);
+        let mut linker = Linker::new(engine);
+        imports::define(&mut linker, module).map_err(err)?;
         let instance = linker
-            .instantiate_and_start(&mut store, &module)
+            .instantiate_and_start(&mut store, module)
             .map_err(err)?;
         let mut vm = Vm {
             store,
@@ -294,17 +300,21 @@ impl Vm {
     }
 }
 
-/// Builds the guard's release `.wasm` (`cargo build --release --target wasm32-wasip1 -p
-/// mcp-resume-guard`, a no-op when it is fresh) and returns its path. The same build as `make
-/// wasm`, in the same target directory, so the test always runs the module the source makes.
+/// Builds the guard's `.wasm` (`cargo build --profile P --target wasm32-wasip1 -p
+/// mcp-resume-guard`, a no-op when it is fresh) and returns its path. P is `release` (the build of
+/// `make wasm`, in the same target directory), or `$MCP_ADAPTER_WASM_PROFILE`: `make check` says
+/// `dev`, the build its lint step has just made, so the quick loop pays for no LTO build. Either way
+/// the test runs the module the source makes.
 pub fn build_guard_wasm() -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let profile = std::env::var("MCP_ADAPTER_WASM_PROFILE").unwrap_or_else(|_| "release".into());
     let out = Command::new(cargo)
         .current_dir(&root)
         .args([
             "build",
-            "--release",
+            "--profile",
+            &profile,
             "--target",
             "wasm32-wasip1",
             "-p",
