@@ -24,7 +24,7 @@ CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help check check-venv tools rust-targets venv interop-deps redis prometheus wasm-bindgen wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge
+.PHONY: help check check-venv tools rust-targets venv interop-deps redis prometheus wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
@@ -39,8 +39,7 @@ help:
 
 # ---- tools -----------------------------------------------------------------
 rust-targets:
-	@rustup target list --installed | grep -qx wasm32-wasip1 && rustup target list --installed | grep -qx wasm32-unknown-unknown \
-	  || rustup target add wasm32-wasip1 wasm32-unknown-unknown
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 
 $(VENV)/.stamp: Makefile
@@ -50,12 +49,6 @@ $(VENV)/.stamp: Makefile
 	  h2==$(H2_VERSION)
 	touch $@
 venv: $(VENV)/.stamp
-
-# wasm-bindgen-test-runner must match the wasm-bindgen crate in Cargo.lock exactly.
-WBG_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
-wasm-bindgen:
-	@test -x $(TOOLS)/bin/wasm-bindgen-test-runner && $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)" \
-	  || cargo install --quiet wasm-bindgen-cli --version $(WBG_VERSION) --root $(TOOLS)
 
 # Real MCP SDKs for tests/interop, pinned and project-local: npm packages in tests/interop/node_modules
 # (package-lock.json), PyPI `mcp` and its dependencies in .venv (tests/interop/requirements.txt).
@@ -86,7 +79,7 @@ prometheus:
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
 	  && (service prometheus stop >/dev/null 2>&1 || true))
 
-tools: rust-targets venv wasm-bindgen interop-deps redis prometheus
+tools: rust-targets venv interop-deps redis prometheus
 
 # ---- build -----------------------------------------------------------------
 wasm: rust-targets
@@ -118,9 +111,11 @@ lint: rust-targets
 unit: redis
 	cargo test --workspace $(REDIS_TESTS)
 
-wasm-test: wasm-bindgen
-	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
-	  cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib
+# The core's unit tests as wasm32-wasip1, the guard's own target (simd128 as built), in Node's V8 with
+# Node's built-in WASI: nothing to install.
+WASI_RUNNER := CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/tools/wasi-run.mjs"
+wasm-test: rust-targets
+	$(WASI_RUNNER) cargo test -p mcp-resume-core --target wasm32-wasip1 --lib
 
 # The shipped configs read the cursor key from the environment (keys[].secret_env): a freshly
 # generated one here, so Envoy loads the guard and check-config checks the key's value too.
@@ -178,14 +173,10 @@ check-venv:
 check: rust-targets check-venv
 	cargo fmt --all -- --check
 	@test -n "$(CLIPPY_DRIVER)" || { echo "make check: no clippy-driver (rustup component add clippy)"; exit 1; }
+	@command -v node >/dev/null || { echo "make check: no node (Node.js >= 18 runs the wasm tests)"; exit 1; }
 	$(LINTED) cargo build --target wasm32-wasip1 -p mcp-resume-guard
+	$(WASI_RUNNER) $(LINTED) cargo test -p mcp-resume-core --target wasm32-wasip1 --lib
 	MCP_ADAPTER_WASM_PROFILE=dev $(LINTED) cargo test $(CHECK_CRATES) --all-targets
-	@if $(TOOLS)/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q "$(WBG_VERSION)"; then \
-	  echo "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(TOOLS)/bin/wasm-bindgen-test-runner cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib"; \
-	  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(TOOLS)/bin/wasm-bindgen-test-runner \
-	    cargo test -p mcp-resume-core --target wasm32-unknown-unknown --lib; \
-	else echo "make check: SKIPPED the wasm tests: wasm-bindgen-test-runner $(WBG_VERSION) is not in $(TOOLS)/bin" \
-	  "(\`make wasm-bindgen\` installs it with cargo; \`make wasm-test\` runs them)"; fi
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q $(STATIC_TESTS) $(STATIC_ENVOY)
 	@echo "make check: green (make test runs everything)"
 

@@ -640,8 +640,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn minimal_config_gets_defaults() {
         let c = Config::from_json(json("").as_bytes()).unwrap();
         assert!(c.is_mcp_path("/mcp"));
@@ -656,8 +655,7 @@ mod tests {
         assert_eq!(c.contiguity, Contiguity::Relayed);
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn contiguity_takes_two_values() {
         let c = Config::from_json(json(r#","contiguity":"asserted""#).as_bytes());
         assert_eq!(c.map(|c| c.contiguity).ok(), Some(Contiguity::Asserted));
@@ -666,8 +664,7 @@ mod tests {
         assert_eq!(field_of(&json(r#","contiguity":true"#)), "contiguity");
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn errors_name_the_field() {
         assert_eq!(field_of(&json(r#","bogus":1"#)), "bogus");
         assert_eq!(
@@ -709,8 +706,7 @@ mod tests {
         assert_eq!(field_of("not json"), "(root)");
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn exactly_one_active_key() {
         let two = format!(
             r#"{{"ownership":{{"cluster":"c"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}},{{"id":2,"secret":"{SECRET}","active":true}}]}}"#
@@ -742,8 +738,7 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(bytes)
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn secrets_and_token_from_the_environment() {
         let cfg = format!(
             r#"{{"ownership":{{"cluster":"c","token_env":"TOKEN"}},"keys":[{{"id":1,"active":true,"secret_env":"KEY_1"}},{{"id":2,"secret":"{OTHER}"}}]}}"#
@@ -811,8 +806,7 @@ mod tests {
         );
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn placeholder_and_weak_keys_are_refused() {
         let refused = |secret: &str| match Config::from_json(
             key_json(&format!(r#""secret":"{secret}""#)).as_bytes(),
@@ -858,8 +852,7 @@ mod tests {
         assert_eq!(field_of(&key_json(&format!(r#""secret":"{long}""#))), "ok");
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn placeholder_tokens_are_refused() {
         let with_token = |t: &str| {
             format!(

@@ -695,8 +695,7 @@ mod tests {
         "AgOr5jPzpHonWAECAwQFBgcIAawC_yHfZKE_5PEZSovpSxGLrYY",
     ];
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn round_trip() {
         let r = ring(7, 0xAB);
         for replica in [None, Some(""), Some("_GET_stream_1712_abc"), Some("é/1")] {
@@ -722,8 +721,7 @@ mod tests {
         "BAer5jPzpHonWAECAwQFBgcIAf___________wGAbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGxsbGwHInJlcS03IqqfBk8zptUpytlfRGMmWMM",
     ];
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn encode_to_writes_the_same_text_in_place() {
         let r = ring(7, 0xAB);
         let long = "l".repeat(MAX_REPLICA_ID_BYTES);
@@ -749,8 +747,7 @@ mod tests {
         assert_eq!((out.as_ptr(), out.len()), (p, MINTED[2].len()));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn a_request_id_rides_in_a_version_4_cursor() {
         let r = ring(7, 0xAB);
         for id in ["0", "12345", "\"req-1\"", "-2.5e1"] {
@@ -791,8 +788,7 @@ mod tests {
             .is_ok());
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn extremes_round_trip_and_fit_the_bound() {
         let r = ring(0, 1);
         let long = "x".repeat(MAX_REPLICA_ID_BYTES);
@@ -815,8 +811,7 @@ mod tests {
         assert!(matches!(r.decode(&r.encode(&c0)), Ok(d) if same(&c0, &d)));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn overlong_replica_id_is_not_embedded() {
         let r = ring(1, 2);
         let long = "y".repeat(MAX_REPLICA_ID_BYTES + 1);
@@ -824,8 +819,7 @@ mod tests {
         assert!(matches!(r.decode(&text), Ok(d) if d.replica_event_id.is_none() && d.seq == 300));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn every_error_is_reachable() {
         let r = ring(3, 9);
         let good = r.encode(&sample(Some("ev-1")));
@@ -884,8 +878,7 @@ mod tests {
         assert!(matches!(r.decode(&signed(9, 3, &ok)), Ok(d) if d.seq == 128));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn every_new_cursor_is_version_3_with_a_blake3_keyed_tag() {
         let r = ring(3, 9);
         let k3 = blake3::derive_key(K3_CONTEXT, &[9; 32]);
@@ -904,8 +897,7 @@ mod tests {
         assert_ne!(k3, [9; 32]);
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn legacy_cursors_verify_for_one_rotation_window() {
         let r = ring(3, 9);
         let long = "l".repeat(40);
@@ -924,8 +916,7 @@ mod tests {
         assert!(strict.decode(&strict.encode(&sample(Some("ev-1")))).is_ok());
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn one_block_tag_is_truncated_sha256_of_k2_and_body() {
         // The fast path computes exactly SHA-256(K₂ ‖ body), from a precomputed chaining value.
         let hmac = <Hmac<Sha256> as KeyInit>::new_from_slice(&[9; 32]).unwrap();
@@ -948,8 +939,7 @@ mod tests {
         assert!(ct_eq(b"abc", b"abc") && !ct_eq(b"abc", b"abd") && !ct_eq(b"ab", b"abc"));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn versions_cannot_be_swapped_or_stretched() {
         let r = ring(3, 9);
         let relabel = |text: &str, v: u8| {
@@ -977,8 +967,7 @@ mod tests {
         );
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn key_rotation() {
         let old = ring(1, 0x11);
         let text = old.encode(&sample(Some("a")));
@@ -991,15 +980,13 @@ mod tests {
         assert_eq!(old.decode(&fresh), Err(CursorError::UnknownKey));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn same_key_id_other_secret_is_bad_mac() {
         let text = ring(5, 0x01).encode(&sample(None));
         assert_eq!(ring(5, 0x02).decode(&text), Err(CursorError::BadMac));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn duplicate_key_ids_are_refused() {
         assert_eq!(
             Keyring::new(key(1, 1), vec![key(2, 2), key(1, 3)]).err(),
@@ -1008,8 +995,7 @@ mod tests {
         assert!(format!("{:?}", key(1, 0x41)).contains("redacted"));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn session_helpers() {
         // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
         assert_eq!(session_key(b"abc"), "ba7816bf8f01cfea414140de5dae2223");

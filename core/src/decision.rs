@@ -169,16 +169,14 @@ mod tests {
         decide(session, i.as_ref(), StreamKind::Get, seq)
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn continues_inside_the_window() {
         let a = Some(SessionState::Active);
         assert_eq!(d(a, Some(inc()), 9), Ok(()));
         assert_eq!(d(a, Some(inc()), 4), Ok(()));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn each_condition_names_its_reason() {
         let a = Some(SessionState::Active);
         assert_eq!(d(None, Some(inc()), 9), Err(Reason::SessionInactive));
@@ -217,8 +215,7 @@ mod tests {
         assert_eq!(d(a, Some(sup), 9), Err(Reason::Superseded));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn order_is_session_ownership_contiguity_incarnation() {
         let all_bad = IncarnationFacts {
             owner_lost: true,
@@ -235,8 +232,7 @@ mod tests {
         assert_eq!(d(a, Some(gap_and_sup), 1), Err(Reason::Gap));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn versions() {
         assert!(version_resumable(None));
         assert!(version_resumable(Some("2025-03-26")));
@@ -298,8 +294,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn local_checks_in_order() {
         let k = ring();
         let good = cursor_for(&k, "s1");

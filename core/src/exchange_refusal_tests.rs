@@ -73,8 +73,7 @@ fn new_stream(reason: Reason) -> String {
     format!(r#"{{"verdict":"new_stream","reason":"{reason}"}}"#)
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_refused_request_stream_cursor_settles_the_pending_call() {
     for reason in [
         Reason::Gap,
@@ -102,8 +101,7 @@ fn a_refused_request_stream_cursor_settles_the_pending_call() {
     assert_settles(&fx, Reason::Gap, serde_json::Value::Null);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn local_refusals_and_a_down_cluster_settle_too() {
     // Bound to another session: refused before any callout, still settled.
     let mut w = worker();
@@ -139,8 +137,7 @@ fn local_refusals_and_a_down_cluster_settle_too() {
     );
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn the_409_stays_an_opt_in_policy_and_get_streams_restart() {
     let mut w = Worker::new(config(r#","policy":{"request_stream":"reject"}"#));
     let mut host = MockHost::new();
@@ -177,8 +174,7 @@ fn post_stream(w: &mut Worker, host: &mut MockHost, chunks: &[&str]) -> String {
     ids.into_iter().next().unwrap_or_default()
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_posts_id_is_read_from_its_body_and_rides_in_its_cursors() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -221,8 +217,7 @@ fn continue_request(
     resume(w, host, &c, &verdict)
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_continuation_answered_without_a_replay_is_refused_by_name() {
     let answers: [(&[(&str, &str)], bool); 6] = [
         (
@@ -275,8 +270,7 @@ fn a_continuation_answered_without_a_replay_is_refused_by_name() {
     assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("replay_missing")));
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn at_the_recorded_head_an_empty_answer_is_no_loss() {
     for (answer, eos) in [
         (&[(":status", "204")][..], true),
@@ -294,8 +288,7 @@ fn at_the_recorded_head_an_empty_answer_is_no_loss() {
     }
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn encoded_sse_is_never_relayed_and_replicas_are_asked_for_identity() {
     let gz = hdrs(&[
         (":status", "200"),
@@ -358,8 +351,7 @@ fn encoded_sse_is_never_relayed_and_replicas_are_asked_for_identity() {
     assert!(ex.wants_body());
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_cut_request_stream_settles_its_call_but_a_forked_one_does_not() {
     // A replay that diverges: the control event, then the error for the call.
     let mut w = worker();
@@ -400,8 +392,7 @@ fn a_cut_request_stream_settles_its_call_but_a_forked_one_does_not() {
     }
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_busy_owner_refuses_this_resume_only() {
     for details in [
         "upstream_reset_before_response_started{remote_connection_failure}",
@@ -429,8 +420,7 @@ fn a_busy_owner_refuses_this_resume_only() {
     assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7));
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_stray_resume_refused_by_the_owner_does_not_end_the_healthy_branch() {
     for stray_answer in [&[(":status", "409")][..], &[(":status", "503")][..]] {
         let mut w = worker();
@@ -484,8 +474,7 @@ fn a_stray_resume_refused_by_the_owner_does_not_end_the_healthy_branch() {
     }
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn an_id_too_long_for_the_cursor_rides_in_the_record_and_comes_back_with_the_verdict() {
     let mut w = worker();
     let mut host = MockHost::new();

@@ -138,8 +138,7 @@ fn resume(
     (ex, host.take())
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_fresh_stream_is_rewritten_and_recorded() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -181,8 +180,7 @@ fn open_get(w: &mut Worker, host: &mut MockHost, sid: &str) -> Exchange {
     ex
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn stream_setup_asks_the_host_for_time_and_randomness_once_per_worker_tick() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -218,8 +216,7 @@ fn opened_ms(records: Vec<Record>) -> Vec<u64> {
         .collect()
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn incarnations_are_distinct_per_worker_and_differ_between_workers() {
     let incarnations = |rng: u64| {
         let mut w = worker();
@@ -245,8 +242,7 @@ fn incarnations_are_distinct_per_worker_and_differ_between_workers() {
     assert_eq!(all.len(), 400, "an incarnation id repeated");
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_continued_cursor_goes_to_the_owner_with_the_replica_id() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -277,8 +273,7 @@ fn a_continued_cursor_goes_to_the_owner_with_the_replica_id() {
     assert_eq!(host.stat(Stat::Continued), 1);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_foreign_cursor_restarts_with_header_and_control_event() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -297,8 +292,7 @@ fn a_foreign_cursor_restarts_with_header_and_control_event() {
     assert_eq!(host.stat(Stat::Refused(Reason::ForeignCursor)), 1);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_callout_failure_fails_closed() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -314,8 +308,7 @@ fn a_callout_failure_fails_closed() {
     assert_eq!(host.stat(Stat::Refused(Reason::OwnershipUnavailable)), 1);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn an_owner_out_of_the_cluster_is_a_rejection_and_a_lost_stream() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -331,8 +324,7 @@ fn an_owner_out_of_the_cluster_is_a_rejection_and_a_lost_stream() {
     assert!(matches!(records.as_slice(), [Record::StreamLost { .. }]));
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn streams_with_long_ids_continue() {
     for len in [1_500, 16 * 1024] {
         let mut w = worker();
@@ -383,8 +375,7 @@ fn streams_with_long_ids_continue() {
     }
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn client_and_replica_values_never_make_a_record_invalid() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -418,8 +409,7 @@ fn removed_resp(effects: &[Effect], name: &str) -> bool {
         .any(|e| matches!(e, Effect::RemoveResponseHeader(k) if k == name))
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_pin_is_never_honoured_on_any_path_and_no_response_carries_it() {
     let mut w = worker();
     let owner = ("x-mcp-owner", "MTI3LjAuMC4xOjkxMDI=");
@@ -453,8 +443,7 @@ fn a_pin_is_never_honoured_on_any_path_and_no_response_carries_it() {
     assert!(removed_resp(&host.effects, "x-mcp-owner"));
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn mcp_paths_match_after_normalization() {
     let mut w = worker();
     for path in ["//mcp", "/mcp/", "/a/../mcp?x=1", "/%6Dcp"] {
@@ -478,8 +467,7 @@ fn mcp_paths_match_after_normalization() {
     assert!(host.effects.is_empty(), "not an MCP path");
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn ambiguous_headers_are_refused_by_name() {
     let mut w = worker();
     let c = cursor(&w, 42, 7, "e7");
@@ -507,8 +495,7 @@ fn ambiguous_headers_are_refused_by_name() {
     }
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn session_ids_are_hashed_as_raw_bytes() {
     let mut w = worker();
     let raw: Vec<u8> = vec![b's', 0xff, 0xfe, b'1'];
@@ -612,8 +599,7 @@ fn held_tail(effects: &[Effect]) -> Option<String> {
 
 /// Two continuations of one cursor fed at once: the store refuses the older branch's events,
 /// and that branch ends explicitly at its next chunk while the newer goes on.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_branch_the_store_overtook_ends_forked_at_its_next_chunk() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -674,8 +660,7 @@ fn a_branch_the_store_overtook_ends_forked_at_its_next_chunk() {
 
 /// A branch the replica ends holds its end and asks the store: an empty replay ended for a
 /// newer reader is `forked`; without another open branch the same end is a replay mismatch.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn an_older_continuation_that_ends_empty_is_forked_not_a_mismatch() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -718,8 +703,7 @@ fn an_older_continuation_that_ends_empty_is_forked_not_a_mismatch() {
 
 /// At the head an empty end alone is a quiet, correct end; with another branch open it is the
 /// replica closing this one for a newer reader.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_clean_end_at_the_head_asks_once_and_is_forked_only_when_another_branch_is_open() {
     for (answer, want) in [
         (r#"{"forked":true}"#, control_event(Reason::Forked)),
@@ -753,8 +737,7 @@ fn a_clean_end_at_the_head_asks_once_and_is_forked_only_when_another_branch_is_o
 
 /// No usable answer, or no callout at all: the end goes out as the replica sent it, and the
 /// branch's end reaches the store as a record.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
     for how in ["no answer", "garbage", "no dispatch"] {
         let mut w = worker();
@@ -789,8 +772,7 @@ fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
 
 /// Every end of a registered branch reaches the store once; fresh streams and branches the
 /// store did not register cost nothing.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn branch_ends_are_reported_once_and_only_for_registered_branches() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -833,8 +815,7 @@ fn branch_ends_are_reported_once_and_only_for_registered_branches() {
 
 /// The stream's first response (branch 0) ends at its next chunk once the store refused its
 /// events: a continuation of it relays now.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn the_original_stream_is_forked_by_a_continuation_of_it() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -857,8 +838,7 @@ fn the_original_stream_is_forked_by_a_continuation_of_it() {
 
 /// Events the store found recorded with other events: the branch's replica diverged from the
 /// log; it is cut with `replay_mismatch`.
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_branch_whose_events_diverge_from_the_records_is_cut() {
     let mut w = worker();
     let mut host = MockHost::new();
@@ -882,8 +862,7 @@ fn a_branch_whose_events_diverge_from_the_records_is_cut() {
     assert_eq!(host.stat(Stat::ReplayMismatch), 1);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn polling_reconnects_stay_continuations() {
     // 2025-11-25 polling: the server ends each stream after its events; the client resumes.
     let mut w = worker();
@@ -907,8 +886,7 @@ fn polling_reconnects_stay_continuations() {
     assert_eq!(host.stat(Stat::Continued), 5);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn host_failures_fail_closed() {
     let mut w = worker();
     // Request headers that cannot be read: answered locally, cursor and pin removed.

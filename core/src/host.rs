@@ -432,8 +432,7 @@ impl Host for MockHost {
 mod tests {
     use super::*;
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn stat_indexes_match_the_order_and_names_are_unique() {
         let all = Stat::all();
         for (i, s) in all.iter().enumerate() {

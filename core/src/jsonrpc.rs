@@ -243,8 +243,7 @@ pub fn valid_request_id(id: &str) -> bool {
 mod tests {
     use super::*;
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn finds_the_top_level_id_wherever_it_is() {
         let cases: &[(&str, Option<&str>)] = &[
             (
@@ -275,8 +274,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn any_split_into_chunks_gives_the_same_id() {
         let body = br#"{"method":"tools/call","params":{"name":"t","arguments":{"id":"no","s":"}\"{"}},"jsonrpc":"2.0","id":"req-42"}"#;
         for cut in 0..body.len() {
@@ -297,8 +295,7 @@ mod tests {
         assert_eq!(s.finish(), &Scan::None, "an unterminated object has no id");
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn long_ids_and_long_bodies_are_bounded() {
         let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(MAX_REQUEST_ID_BYTES));
         assert_eq!(request_id(long.as_bytes()), None);

@@ -126,8 +126,7 @@ impl PathMatch {
 mod tests {
     use super::*;
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn spellings_of_one_path_normalize_alike() {
         for p in [
             "/mcp",
@@ -151,8 +150,7 @@ mod tests {
         assert!(matches!(normalize("/mcp?q"), Cow::Borrowed(_)));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn exact_paths_match_with_one_trailing_slash() {
         let m = PathMatch::parse("/mcp");
         assert_eq!(PathMatch::parse("/mcp/"), m);

@@ -52,8 +52,7 @@ fn flush(q: &mut RecordQueue, host: &mut MockHost) -> Option<(u32, Vec<Record>, 
     Some((token, batch.records, n))
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn an_invalid_record_is_counted_and_never_queued() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -71,8 +70,7 @@ fn an_invalid_record_is_counted_and_never_queued() {
     assert!(host.last_dispatch().is_none());
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn ids_of_any_length_are_recorded_in_bounded_form() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -110,8 +108,7 @@ fn ids_of_any_length_are_recorded_in_bounded_form() {
     assert_eq!(long, vec![(2, 1_500), (4, 16 * 1024)]);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn batches_and_the_queue_are_capped_by_bytes() {
     let mut q = queue(r#","max_batch":10000,"max_queue":1000000"#);
     let mut host = MockHost::new();
@@ -163,8 +160,7 @@ fn batches_and_the_queue_are_capped_by_bytes() {
     assert!(first <= QUEUE_MAX_BYTES - QUEUE_MAX_BYTES / 8, "{first}");
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -191,8 +187,7 @@ fn named_rejections_are_dropped_and_the_rest_counted_as_sent() {
     assert_eq!(host.stat(Stat::RecordsSent), 3);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_4xx_batch_is_dropped_never_retried() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -216,8 +211,7 @@ fn a_4xx_batch_is_dropped_never_retried() {
     assert!(flush(&mut q, &mut host).is_none());
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn transport_failures_and_5xx_retry_with_jittered_exponential_backoff() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -254,8 +248,7 @@ fn transport_failures_and_5xx_retry_with_jittered_exponential_backoff() {
     assert_eq!(host.stat(Stat::RecordsSent), 1);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn posts_carry_the_configured_token() {
     let mut q = queue(r#","token":"s3cr3t-Token_1""#);
     let mut host = MockHost::new();
@@ -271,8 +264,7 @@ fn posts_carry_the_configured_token() {
     assert_eq!(auth.as_deref(), Some("Bearer s3cr3t-Token_1"));
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn queued_events_are_written_exactly_as_the_record_serializes() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -322,8 +314,7 @@ fn bulk(first: u64, n: u64) -> Vec<(String, u64)> {
     (first..first + n).map(|s| (format!("e{s}"), s)).collect()
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_stream_far_past_the_queue_cap_keeps_its_open_and_newest_ids() {
     let mut q = queue("");
     let mut host = MockHost::new();
@@ -375,8 +366,7 @@ fn a_stream_far_past_the_queue_cap_keeps_its_open_and_newest_ids() {
     assert_eq!(host.stat(Stat::RecordsDropped), 0);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn at_the_cap_old_ids_go_before_any_other_record() {
     // A window larger than the queue: only the byte cap bounds the stream.
     let mut q = queue(r#","record_window":1000000"#);
@@ -417,8 +407,7 @@ fn at_the_cap_old_ids_go_before_any_other_record() {
     assert_eq!(last + n as u64 - 1, total);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[test]
 fn a_branch_and_trimmed_record_is_written_exactly_as_it_serializes() {
     let mut q = queue("");
     let mut host = MockHost::new();

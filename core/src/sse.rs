@@ -916,7 +916,8 @@ mod tests {
     }
 
     /// Reference for [`digests`]: each block with a (non-NUL) id, its last id and the digest of
-    /// its other lines, from the whole stream's lines.
+    /// its other lines, from the whole stream's lines. Property tests only (native).
+    #[cfg(not(target_arch = "wasm32"))]
     fn reference_digests(bytes: &[u8]) -> Vec<(String, u64)> {
         let mut rest = bytes.strip_prefix(&BOM[..]).unwrap_or(bytes);
         let (mut lines, mut id, mut got): (Vec<&[u8]>, Option<&[u8]>, Vec<_>) =
@@ -992,32 +993,43 @@ mod tests {
         assert_eq!(run(&bytes).0, out, "bytewise");
     }
 
-    macro_rules! wtest {
-        ($name:ident $body:block) => {
-            #[cfg_attr(not(target_arch = "wasm32"), test)]
-            #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-            fn $name() $body
-        };
+    #[test]
+    fn plain_event_id_replaced_as_last_line() {
+        check(b"id: a\ndata: x\n\n", b"data: x\nid: RA\n\n", &["a"]);
+        check(
+            b"event: message\nid: a\ndata: {}\n\n",
+            b"event: message\ndata: {}\nid: RA\n\n",
+            &["a"],
+        );
     }
 
-    wtest!(plain_event_id_replaced_as_last_line {
-        check(b"id: a\ndata: x\n\n", b"data: x\nid: RA\n\n", &["a"]);
-        check(b"event: message\nid: a\ndata: {}\n\n", b"event: message\ndata: {}\nid: RA\n\n", &["a"]);
-    });
-
-    wtest!(bom_is_consumed {
-        check(b"\xEF\xBB\xBFid: a\ndata: x\n\n", b"data: x\nid: RA\n\n", &["a"]);
+    #[test]
+    fn bom_is_consumed() {
+        check(
+            b"\xEF\xBB\xBFid: a\ndata: x\n\n",
+            b"data: x\nid: RA\n\n",
+            &["a"],
+        );
         // Not a BOM: bytes pass through.
         check(b"\xEF\xBBx: 1\n\n", b"\xEF\xBBx: 1\n\n", &[]);
         // A BOM later in the stream is content.
         check(b"\n\xEF\xBB\xBFid: a\n\n", b"\n\xEF\xBB\xBFid: a\n\n", &[]);
         assert_eq!(run(&[b"\xEF", b"\xBB"]).0, b"\xEF\xBB");
-    });
+    }
 
-    wtest!(line_endings {
-        check(b"id: 1\r\ndata: x\r\n\r\n", b"data: x\r\nid: R1\r\n\r\n", &["1"]);
+    #[test]
+    fn line_endings() {
+        check(
+            b"id: 1\r\ndata: x\r\n\r\n",
+            b"data: x\r\nid: R1\r\n\r\n",
+            &["1"],
+        );
         check(b"id: 1\rdata: x\r\r", b"data: x\rid: R1\r\n\r", &["1"]);
-        check(b"data: x\r\nid: 1\n\r\n", b"data: x\r\nid: R1\r\n\r\n", &["1"]);
+        check(
+            b"data: x\r\nid: 1\n\r\n",
+            b"data: x\r\nid: R1\r\n\r\n",
+            &["1"],
+        );
         // CR | LF across chunks is one line end.
         let (out, ids) = run(&[b"id: 1\r", b"\ndata: x\r", b"\n\r", b"\n"]);
         assert_eq!(out, b"data: x\r\nid: R1\r\n\r\n");
@@ -1033,10 +1045,15 @@ mod tests {
         assert_eq!(n, 1);
         rw.push(b"\ndata: y\n\n", &mut out, &mut |_, _| IdAction::Keep);
         assert_eq!(reference(&out).events.len(), 2);
-    });
+    }
 
-    wtest!(comments_retry_and_multiline_data {
-        check(b": hi\nid: 1\ndata: x\n\n", b": hi\ndata: x\nid: R1\n\n", &["1"]);
+    #[test]
+    fn comments_retry_and_multiline_data() {
+        check(
+            b": hi\nid: 1\ndata: x\n\n",
+            b": hi\ndata: x\nid: R1\n\n",
+            &["1"],
+        );
         check(b": keepalive\n\n", b": keepalive\n\n", &[]);
         check(b"retry: 1000\n\n", b"retry: 1000\n\n", &[]);
         check(
@@ -1045,56 +1062,82 @@ mod tests {
             &["7"],
         );
         check(b"data: a\n\ndata: b\n\n", b"data: a\n\ndata: b\n\n", &[]);
-    });
+    }
 
-    wtest!(id_with_nul_is_removed_without_callback {
+    #[test]
+    fn id_with_nul_is_removed_without_callback() {
         check(b"id: a\0b\ndata: x\n\n", b"data: x\n\n", &[]);
         // An ignored field does not override the block's earlier id.
-        check(b"id: good\nid: a\0\ndata: x\n\n", b"data: x\nid: RGOOD\n\n", &["good"]);
+        check(
+            b"id: good\nid: a\0\ndata: x\n\n",
+            b"data: x\nid: RGOOD\n\n",
+            &["good"],
+        );
         let (out, _, rw) = run_with(&[b"id: \0\n\n"], 64, &mut upper);
         assert_eq!(out, b"\n");
         assert_eq!(rw.stats().nul_ids, 1);
-    });
+    }
 
-    wtest!(empty_id_and_field_without_colon {
+    #[test]
+    fn empty_id_and_field_without_colon() {
         check(b"id:\ndata: x\n\n", b"data: x\nid: R\n\n", &[""]);
         check(b"id\ndata: x\n\n", b"data: x\nid: R\n\n", &[""]);
         check(b"id \n\n", b"id \n\n", &[]);
         check(b"data\n\n", b"data\n\n", &[]);
         check(b"i\n\n", b"i\n\n", &[]);
-    });
+    }
 
-    wtest!(id_value_spacing_and_lookalikes {
+    #[test]
+    fn id_value_spacing_and_lookalikes() {
         check(b"id:x\n\n", b"id: RX\n\n", &["x"]);
         check(b"id:  x\n\n", b"id: R X\n\n", &[" x"]);
         check(b"idx: y\n\n", b"idx: y\n\n", &[]);
         check(b"ID: y\n\n", b"ID: y\n\n", &[]);
         check(b" id: y\n\n", b" id: y\n\n", &[]);
-        for (a, b) in [("i", "d: x\n\n"), ("id", ": x\n\n"), ("id:", " x\n\n"), ("id: ", "x\n\n")] {
+        for (a, b) in [
+            ("i", "d: x\n\n"),
+            ("id", ": x\n\n"),
+            ("id:", " x\n\n"),
+            ("id: ", "x\n\n"),
+        ] {
             let (out, ids) = run(&[a.as_bytes(), b.as_bytes()]);
             assert_eq!(out, b"id: RX\n\n", "{a}|{b}");
             assert_eq!(ids, ["x"]);
         }
         let (out, ids) = run(&[b"i", b"dx: y\n\n"]);
         assert_eq!((out.as_slice(), ids.len()), (&b"idx: y\n\n"[..], 0));
-    });
+    }
 
-    wtest!(priming_event_and_last_id_wins {
+    #[test]
+    fn priming_event_and_last_id_wins() {
         check(b"id: p\ndata:\n\n", b"data:\nid: RP\n\n", &["p"]);
         check(b"id: a\nid: b\ndata: x\n\n", b"data: x\nid: RB\n\n", &["b"]);
-    });
+    }
 
-    wtest!(keep_rewrites_to_an_equivalent_line {
+    #[test]
+    fn keep_rewrites_to_an_equivalent_line() {
         let (out, ids, _) = run_with(&[b"id:x\ndata: 1\n\n"], 64, &mut |_| IdAction::Keep);
-        assert_eq!((out.as_slice(), ids), (&b"data: 1\nid: x\n\n"[..], vec!["x".to_string()]));
+        assert_eq!(
+            (out.as_slice(), ids),
+            (&b"data: 1\nid: x\n\n"[..], vec!["x".to_string()])
+        );
         // Replacement text cannot break the framing.
-        let (out, _, _) = run_with(&[b"id: a\n\n"], 64, &mut |_| IdAction::Replace("x\r\ny".into()));
+        let (out, _, _) = run_with(&[b"id: a\n\n"], 64, &mut |_| {
+            IdAction::Replace("x\r\ny".into())
+        });
         assert_eq!(out, b"id: xy\n\n");
-    });
+    }
 
-    wtest!(drop_event_suppresses_the_whole_block {
+    #[test]
+    fn drop_event_suppresses_the_whole_block() {
         let input: &[u8] = b"id: a\ndata: 1\n\nid: b\ndata: 2\n\n: c\nid: c\ndata: 3\n\n";
-        let mut act = |id: &str| if id == "b" { IdAction::DropEvent } else { upper(id) };
+        let mut act = |id: &str| {
+            if id == "b" {
+                IdAction::DropEvent
+            } else {
+                upper(id)
+            }
+        };
         let (whole, ids, rw) = run_with(&[input], 64, &mut act);
         assert_eq!(whole, b"data: 1\nid: RA\n\n: c\ndata: 3\nid: RC\n\n");
         assert_eq!(ids, ["a", "b", "c"]);
@@ -1104,9 +1147,10 @@ mod tests {
         // A dropped CR-terminated block takes its split LF with it.
         let (out, _, _) = run_with(&[b"id: b\rdata: 2\r\r", b"\ndata: 3\n\n"], 64, &mut act);
         assert_eq!(out, b"data: 3\n\n");
-    });
+    }
 
-    wtest!(cut_stops_everything {
+    #[test]
+    fn cut_stops_everything() {
         let input: &[u8] = b"id: a\ndata: 1\n\nid: b\ndata: 2\n\nid: c\ndata: 3\n\n";
         let mut act = |id: &str| if id == "b" { IdAction::Cut } else { upper(id) };
         let (out, ids, rw) = run_with(&[input], 64, &mut act);
@@ -1118,12 +1162,16 @@ mod tests {
         rw.push(b"data: more\n\n", &mut out, &mut |id, _| upper(id));
         rw.finish(&mut out);
         assert!(out.is_empty());
-    });
+    }
 
-    wtest!(overflowed_blocks_stream_through {
+    #[test]
+    fn overflowed_blocks_stream_through() {
         let big = format!("id: a\ndata: {}\n\n", "x".repeat(40));
         let (out, ids, rw) = run_with(&[big.as_bytes()], 16, &mut upper);
-        assert_eq!(out, format!("data: {}\nid: RA\n\n", "x".repeat(40)).as_bytes());
+        assert_eq!(
+            out,
+            format!("data: {}\nid: RA\n\n", "x".repeat(40)).as_bytes()
+        );
         assert_eq!(ids, ["a"]);
         assert_eq!(rw.stats().overflowed_blocks, 1);
         // Held bytes stay bounded while a long block streams.
@@ -1136,45 +1184,70 @@ mod tests {
         // DropEvent can only omit the id; Cut leaves an unterminated block.
         let (out, _, _) = run_with(&[big.as_bytes()], 16, &mut |_| IdAction::DropEvent);
         assert_eq!(out, format!("data: {}\n\n", "x".repeat(40)).as_bytes());
-        let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| IdAction::Cut);
+        let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| {
+            IdAction::Cut
+        });
         assert_eq!(out, format!("data: {}\n", "x".repeat(40)).as_bytes());
         assert!(rw.is_cut() && rw.cut_mid_block());
         // A short block after an overflowed one is held again.
         let mut both = big.clone();
         both.push_str("id: b\ndata: y\n\n");
-        let mut act = |id: &str| if id == "b" { IdAction::DropEvent } else { upper(id) };
+        let mut act = |id: &str| {
+            if id == "b" {
+                IdAction::DropEvent
+            } else {
+                upper(id)
+            }
+        };
         let (out, _, _) = run_with(&[both.as_bytes()], 16, &mut act);
-        assert_eq!(out, format!("data: {}\nid: RA\n\n", "x".repeat(40)).as_bytes());
-    });
+        assert_eq!(
+            out,
+            format!("data: {}\nid: RA\n\n", "x".repeat(40)).as_bytes()
+        );
+    }
 
-    wtest!(oversized_id_is_dropped {
+    #[test]
+    fn oversized_id_is_dropped() {
         let input = format!("id: {}\ndata: x\n\n", "z".repeat(20));
         let (out, ids, rw) = run_with(&[input.as_bytes()], 8, &mut upper);
         assert_eq!(out, b"data: x\n\n");
         assert!(ids.is_empty());
         assert_eq!(rw.stats().oversized_ids, 1);
-    });
+    }
 
-    wtest!(removed_lines_never_merge_cr_and_lf {
+    #[test]
+    fn removed_lines_never_merge_cr_and_lf() {
         // Dropping the NUL id leaves "data: x\r" before the "\n" blank line.
         let input: &[u8] = b"data: x\rid: \0\n\ndata: y\n\n";
         let (out, _) = run(&[input]);
         assert_eq!(reference(&out), reference(input));
         assert_eq!(reference(&out).events.len(), 2);
-        let mut act = |id: &str| if id == "b" { IdAction::DropEvent } else { upper(id) };
-        let (out, _, _) = run_with(&[b"data: a\n\r", b"id: b\ndata: 2\n\n\ndata: c\n\n"], 64, &mut act);
+        let mut act = |id: &str| {
+            if id == "b" {
+                IdAction::DropEvent
+            } else {
+                upper(id)
+            }
+        };
+        let (out, _, _) = run_with(
+            &[b"data: a\n\r", b"id: b\ndata: 2\n\n\ndata: c\n\n"],
+            64,
+            &mut act,
+        );
         assert_eq!(reference(&out).events.len(), 2);
-    });
+    }
 
-    wtest!(unterminated_block_at_end {
+    #[test]
+    fn unterminated_block_at_end() {
         let (out, ids) = run(&[b"data: x\nid: 1\ndata: y"]);
         assert_eq!(out, b"data: x\ndata: y");
         assert!(ids.is_empty());
         assert_eq!(run(&[b"data: 1\n\ni"]).0, b"data: 1\n\ni");
         assert_eq!(run(&[b"data: 1\n\nid: par"]).0, b"data: 1\n\n");
-    });
+    }
 
-    wtest!(held_bytes_track_open_blocks {
+    #[test]
+    fn held_bytes_track_open_blocks() {
         let mut rw = Rewriter::new(1024);
         let mut out = Vec::new();
         rw.push(b"id: abc\ndata: hel", &mut out, &mut |id, _| upper(id));
@@ -1183,7 +1256,7 @@ mod tests {
         rw.push(b"lo\n\n", &mut out, &mut |id, _| upper(id));
         assert_eq!(out, b"data: hello\nid: RABC\n\n");
         assert_eq!(rw.held_bytes(), 0);
-    });
+    }
 
     /// Answers every id with `Write` and writes `f(id)`.
     struct Writer<'a> {
@@ -1222,7 +1295,8 @@ mod tests {
         (out, w.ids)
     }
 
-    wtest!(a_written_id_is_the_same_as_a_replacement {
+    #[test]
+    fn a_written_id_is_the_same_as_a_replacement() {
         let f = |id: &str| format!("R{}", id.to_uppercase());
         for input in [
             &b"id: a\ndata: x\n\n: c\n\nid: b\r\ndata: y\r\n\r\n"[..],
@@ -1241,12 +1315,13 @@ mod tests {
         assert_eq!(out, b"data: x\nid: xy\n\n");
         let (out, _) = run_written(&[b"id: a\ndata: x\n\n"], false, &|_| String::new());
         assert_eq!(out, b"data: x\nid: a\n\n");
-    });
+    }
 
-    wtest!(invalid_utf8_ids_reach_the_callback_as_clients_see_them {
+    #[test]
+    fn invalid_utf8_ids_reach_the_callback_as_clients_see_them() {
         let (_, ids) = run(&[b"id: a\xFFb\n\n"]);
         assert_eq!(ids, ["a\u{FFFD}b"]);
-    });
+    }
 
     #[cfg(not(target_arch = "wasm32"))]
     mod props {

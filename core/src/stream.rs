@@ -645,8 +645,7 @@ mod tests {
             .collect()
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn fresh_stream_numbers_ids_from_one_and_records_them() {
         let k = keys();
         let mut s = StreamState::fresh([1; 8], 42, StreamKind::Get, 4096);
@@ -700,8 +699,7 @@ mod tests {
         recorded_event(id, content_digest(&[line.as_bytes()]))
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn a_replay_that_reuses_the_next_id_for_other_data_is_cut() {
         // A replica whose counter restarted hands out the recorded next id with another event.
         let k = keys();
@@ -733,8 +731,7 @@ mod tests {
         assert_eq!(flow, Flow::CutReplayMismatch);
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn continuation_checks_the_replay_and_continues_the_numbering() {
         let k = keys();
         let expected = vec!["e8".to_string(), "e9".to_string()];
@@ -758,8 +755,7 @@ mod tests {
         assert_eq!(s.take_relayed().map(|r| r.0), Some(8));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn a_replay_with_a_gap_is_cut_with_the_control_event() {
         let k = keys();
         let expected = vec!["e8".to_string(), "e9".to_string()];
@@ -782,8 +778,7 @@ mod tests {
         (String::from_utf8_lossy(&out).into_owned(), flow)
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn an_empty_replay_of_recorded_events_is_cut_at_the_end() {
         let k = keys();
         let expected = || vec!["e8".to_string(), "e9".to_string()];
@@ -809,8 +804,7 @@ mod tests {
         assert_eq!(finish(&mut s), (String::new(), Flow::Open));
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn echo_is_kept_when_it_is_the_expected_next_event() {
         let k = keys();
         // Same replica id reused: only a mismatch with the records decides.
@@ -821,8 +815,7 @@ mod tests {
         assert_eq!(ids_of(&out).len(), 1);
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn empty_id_resets_and_is_kept() {
         let k = keys();
         let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
@@ -867,8 +860,7 @@ mod tests {
         whole.unwrap()
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn a_complete_assertion_is_dropped_and_the_replay_continues_in_both_modes() {
         let k = keys();
         for mode in [Contiguity::Relayed, Contiguity::Asserted] {
@@ -895,8 +887,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn a_replica_that_cannot_replay_yields_gap_before_anything_in_both_modes() {
         for mode in [Contiguity::Relayed, Contiguity::Asserted] {
             let input = format!("{}id: e1\ndata: other stream\n\n", assertion("e7", false));
@@ -906,8 +897,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn without_an_assertion_asserted_mode_says_unasserted_before_any_event() {
         let input = "retry: 100\n\nid: e8\ndata: 8\n\nid: e9\ndata: 9\n\n";
         let (out, flow, reason) = run_split(Contiguity::Asserted, input);
@@ -941,8 +931,7 @@ mod tests {
         );
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn an_invalid_assertion_is_dropped_and_counts_as_none() {
         let wrong_cursor = assertion("e6", true);
         let v2 = assertion("e7", true).replace("\"v\":1", "\"v\":2");
@@ -959,8 +948,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn line_ends_bom_and_multi_line_data_are_read_like_the_rewriter_reads_them() {
         let a = assertion("e7", true);
         let crlf = a.replace('\n', "\r\n");
@@ -975,8 +963,7 @@ mod tests {
         }
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn a_head_larger_than_max_hold_without_an_event_is_no_assertion() {
         let k = keys();
         let big = format!("data: {}\n", "x".repeat(5000));
@@ -997,8 +984,7 @@ mod tests {
         assert!(out.len() >= big.len(), "streams through as before");
     }
 
-    #[cfg_attr(not(target_arch = "wasm32"), test)]
-    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[test]
     fn fresh_streams_never_look_for_an_assertion() {
         let k = keys();
         let mut s = StreamState::fresh([1; 8], 1, StreamKind::Get, 4096)
