@@ -170,6 +170,10 @@ check-venv:
 	  || { python3 -m venv $(VENV) && $(VENV)/bin/pip install --quiet --disable-pip-version-check \
 	       pytest==$(PYTEST_VERSION) PyYAML==$(PYYAML_VERSION) jsonschema==$(JSONSCHEMA_VERSION); }
 
+# Not incremental, as `make test`: a fresh build is twice as fast (70 vs 126 CPU-s for our crates; 16
+# codegen units instead of 256). `CARGO_INCREMENTAL=1 make check` for a quick edit loop (17 s vs 54 s to
+# rebuild after an edit to the core).
+check: export CARGO_INCREMENTAL ?= 0
 check: rust-targets check-venv
 	cargo fmt --all -- --check
 	@test -n "$(CLIPPY_DRIVER)" || { echo "make check: no clippy-driver (rustup component add clippy)"; exit 1; }
