@@ -339,6 +339,8 @@ def b2_flat(envoys, bin_dir, secs):
 
 # Every configuration measured in instructions: the Wasm floors and guard, the native floors and guard.
 CG_CONFIGS = ["bare", "floor", "headers", "copy", "guard", "native-empty", "native-copy", "native"]
+# --cg-configs: callgrind only these (an older build's guards; its floors are those of any other run).
+CG_ONLY: set[str] = set()
 
 
 def callgrind(run_dir, envoy_bin, guard_wasm, floor_wasm, quick):
@@ -347,7 +349,7 @@ def callgrind(run_dir, envoy_bin, guard_wasm, floor_wasm, quick):
     have = set(CONFIGS) | set(EXTRA_WASM)
     if NATIVE_DIR and (NATIVE_DIR / "libbench_floor_native.so").exists():
         have |= set(NATIVE_FLOORS)
-    kinds = ["guard"] if quick else [k for k in CG_CONFIGS if k in have]
+    kinds = ["guard"] if quick else [k for k in CG_CONFIGS if k in have and (not CG_ONLY or k in CG_ONLY)]
     out_dir = run_dir / "callgrind"
     out_dir.mkdir(parents=True, exist_ok=True)
     res = {"configs": kinds, "quick": quick, "phases": {}}
@@ -1003,7 +1005,10 @@ def main():
     ap.add_argument("--sizes", default="")
     ap.add_argument("--native-dir", type=Path, default=None,
                     help="directory of libmcp_resume_guard_native.so: adds the 'native' configuration")
+    ap.add_argument("--cg-configs", default="",
+                    help="comma list of configurations callgrind measures (default: all), e.g. guard,native")
     a = ap.parse_args()
+    CG_ONLY.update(filter(None, a.cg_configs.split(",")))
     if a.native_dir:
         global NATIVE_DIR
         NATIVE_DIR = a.native_dir.resolve()
