@@ -18,9 +18,9 @@ import http.client
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
+from stack.envoy import wait_live
 from stack.procs import HOST, Proc
 
 VALGRIND = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
@@ -71,19 +71,8 @@ class Callgrind:
 
     def start(self, timeout=600):
         Proc.start(self.e)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.e.alive:
-                raise RuntimeError(f"envoy under callgrind exited: see {self.e.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{self.e.admin_port}/ready", timeout=2) as r:
-                    if r.read().strip() == b"LIVE":
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"envoy under callgrind not ready in {timeout} s: {self.e.log_path}")
+        wait_live(self.e.admin_port, lambda: self.e.alive, timeout, f"under callgrind, see {self.e.log_path}",
+                  poll=0.5, request_timeout=2)
         self.control("--instr=on")
         return self
 

@@ -38,7 +38,7 @@ import jsonschema
 import pytest
 import yaml
 
-from stack.envoy import ENVOY_BIN, WASM
+from stack.envoy import ENVOY_BIN, WASM, wait_live
 from stack.procs import ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -811,16 +811,7 @@ def test_production_rate_limit_refuses_only_session_opening(tmp_path):
                              "--use-dynamic-base-id"], env={**base, **GUARD_ENV},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
-                    if r.read().strip() == b"LIVE":
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "envoy did not start"
-            time.sleep(0.1)
+        wait_live(admin, lambda: proc.poll() is None, 30, "envoy-production.yaml")
 
         def codes(n, method="POST", path="/mcp", session=None):
             out = []

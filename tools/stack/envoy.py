@@ -108,6 +108,24 @@ def access_log(cfg: dict, path: Path, fmt: str) -> None:
     }]
 
 
+def wait_live(admin_port: int, alive, timeout: float, detail: str, poll: float = 0.1,
+              request_timeout: float = 1) -> None:
+    """Until the Envoy behind `admin_port` says LIVE on /ready; RuntimeError as soon as `alive()` is
+    false, TimeoutError after `timeout` s (`detail` says where to look)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"envoy exited: {detail}")
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{admin_port}/ready", timeout=request_timeout) as r:
+                if r.read().strip() == b"LIVE":
+                    return
+        except OSError:
+            pass
+        time.sleep(poll)
+    raise TimeoutError(f"envoy not ready in {timeout} s: {detail}")
+
+
 class Envoy(Proc):
     """Envoy with `cfg` (written to <run_dir>/<name>.yaml), ready when its admin says LIVE."""
 
@@ -132,19 +150,9 @@ class Envoy(Proc):
         wait_port_free(self.listener_port)
         wait_port_free(self.admin_port)
         super().start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if not self.alive:
-                raise RuntimeError(f"envoy exited: see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/ready", timeout=1) as r:
-                    if r.read().strip() == b"LIVE":
-                        wait_port(self.listener_port)
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("envoy not ready")
+        wait_live(self.admin_port, lambda: self.alive, 30, f"see {self.log_path}")
+        wait_port(self.listener_port)
+        return self
 
     def stats(self, prefix: str = "mcp_resume_guard") -> dict[str, int]:
         with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/stats?filter={prefix}", timeout=2) as r:
