@@ -533,6 +533,12 @@ def fmt(x, d=2):
     return "–" if x is None else f"{x:.{d}f}"
 
 
+def table_head(a, *cols):
+    """A Markdown table's header row and its separator."""
+    a("| " + " | ".join(cols) + " |")
+    a("|" + " --- |" * len(cols))
+
+
 def verdict(ok):
     return "**met**" if ok else "**not met**"
 
@@ -562,8 +568,7 @@ def instructions_section(res, a):
       "body copies weigh more here than in CPU time. Thousands of instructions"
       + (" (quick mode: the guard alone, tiny counts)." if ins.get("quick") else "."))
     a("")
-    a("| benchmark | N | " + " | ".join(kinds) + " |")
-    a("| --- | --- | " + " | ".join("---" for _ in kinds) + " |")
+    table_head(a, "benchmark", "N", *kinds)
     for phase, label in PHASE_LABELS.items():
         r = ins["phases"].get(phase, {})
         if r:
@@ -610,8 +615,7 @@ def write_report(res, path, plots_rel):
     a("")
     a("## Machine")
     a("")
-    a(f"| nproc | memory | CPU | kernel | Envoy | rustc | wrk |")
-    a("| --- | --- | --- | --- | --- | --- | --- |")
+    table_head(a, "nproc", "memory", "CPU", "kernel", "Envoy", "rustc", "wrk")
     a(f"| {m['nproc']} | {m['memory']} | {m['cpu']} | {m['kernel']} | {m['envoy']} | {m['rustc']} | {m['wrk']} |")
     a("")
     a(f"Machine load: loadavg at start `{res['machine_start']['loadavg']}`, at end `{m['loadavg']}`; "
@@ -636,8 +640,7 @@ def write_report(res, path, plots_rel):
       "wall-clock benchmarks' ratio over the same floor (the native one over *bare*: it has no empty-module "
       "column), median of per-round ratios with the min–max over rounds.")
     a("")
-    a("| target | measured (instructions) | CPU time | status |")
-    a("| --- | --- | --- | --- |")
+    table_head(a, "target", "measured (instructions)", "CPU time", "status")
     for row in res["targets"]:
         a(f"| {row[0]} | {row[1]} | {row[3] if len(row) > 3 else ''} | "
           f"{verdict(row[2]) if row[2] is not None else 'reported'} |")
@@ -652,8 +655,8 @@ def write_report(res, path, plots_rel):
       "latency is mostly queueing). Latency: `sse-load rate`, 2000 requests/s over 4 keep-alive connections, "
       "well below saturation.")
     a("")
-    a("| request | config | CPU µs/req | req/s (wrk) | p50 / p99 µs (wrk) | p50 / p99 µs at 2000/s | ratio |")
-    a("| --- | --- | --- | --- | --- | --- | --- |")
+    table_head(a, "request", "config", "CPU µs/req", "req/s (wrk)", "p50 / p99 µs (wrk)",
+               "p50 / p99 µs at 2000/s", "ratio")
     for kind, label in (("post_json", "POST → JSON"), ("get_sse", "GET → SSE (priming event)")):
         r = b1[kind]
         for c in CONFIGS:
@@ -670,8 +673,7 @@ def write_report(res, path, plots_rel):
         a("")
         a(f"![{mode}]({plots_rel}/{mode}.png)")
         a("")
-        a("| event size | config | CPU µs/event | events/s | MB/s | ratio |")
-        a("| --- | --- | --- | --- | --- | --- |")
+        table_head(a, "event size", "config", "CPU µs/event", "events/s", "MB/s", "ratio")
         for size, r in res[mode].items():
             for c in [x for x in ("bare", "floor", "copy", "guard", "native") if x in r]:
                 ratio = {"bare": "", "floor": f"floor/bare {fmt(r['floor/bare'])}",
@@ -690,8 +692,7 @@ def write_report(res, path, plots_rel):
     if fl:
         a("### Cost per event against stream length (bulk, 1 KiB, one stream, 1 s windows)")
         a("")
-        a("| window | events so far (guard) | guard CPU µs/event | floor CPU µs/event |")
-        a("| --- | --- | --- | --- |")
+        table_head(a, "window", "events so far (guard)", "guard CPU µs/event", "floor CPU µs/event")
         g, f = fl["guard"], fl["floor"]
         for i, v in enumerate(g["cpu_us_per_event"]):
             fv = f["cpu_us_per_event"][i] if i < len(f["cpu_us_per_event"]) else None
@@ -708,8 +709,7 @@ def write_report(res, path, plots_rel):
       "the ownership service (embedded store), pins the owner and restores the replica's id.")
     a("")
     def b3_table(run):
-        a("| request | p50 µs | p99 µs | Envoy CPU µs/req | req/s | errors |")
-        a("| --- | --- | --- | --- | --- | --- |")
+        table_head(a, "request", "p50 µs", "p99 µs", "Envoy CPU µs/req", "req/s", "errors")
         for k, label in (("resume", "GET with cursor (continued)"), ("no_cursor", "GET without cursor")):
             r = run[k]
             a(f"| {label} | {fmt(r['p50_us'], 0)} | {fmt(r['p99_us'], 0)} | {fmt(r['cpu_us_per_req'])} | "
@@ -751,8 +751,8 @@ def write_report(res, path, plots_rel):
       "thread on the same machine. Each session has one GET incarnation with one recorded event; every answer is "
       "`continue`.")
     a("")
-    a("| stored sessions | decisions/s | p50 µs | p99 µs | service CPU µs/decision | decisions/s per CPU core | outcomes |")
-    a("| --- | --- | --- | --- | --- | --- | --- |")
+    table_head(a, "stored sessions", "decisions/s", "p50 µs", "p99 µs", "service CPU µs/decision",
+               "decisions/s per CPU core", "outcomes")
     for r in res["b4"]:
         a(f"| {r['sessions']} | {fmt(r['rate'], 0)} | {r['p50_us']} | {r['p99_us']} | {fmt(r['cpu_us_per_decision'])} | "
           f"{fmt(1e6 / r['cpu_us_per_decision'] if r['cpu_us_per_decision'] else None, 0)} | `{json.dumps(r['outcomes'])}` |")
@@ -760,8 +760,8 @@ def write_report(res, path, plots_rel):
     if res.get("b4_redis"):
         a("With the Redis store (a local `redis-server`, same load):")
         a("")
-        a("| stored sessions | decisions/s | p50 µs | p99 µs | service CPU µs/decision | outcomes |")
-        a("| --- | --- | --- | --- | --- | --- |")
+        table_head(a, "stored sessions", "decisions/s", "p50 µs", "p99 µs", "service CPU µs/decision",
+                   "outcomes")
         for r in res["b4_redis"]:
             a(f"| {r['sessions']} | {fmt(r['rate'], 0)} | {r['p50_us']} | {r['p99_us']} | {fmt(r['cpu_us_per_decision'])} | "
               f"`{json.dumps(r['outcomes'])}` |")
@@ -770,8 +770,7 @@ def write_report(res, path, plots_rel):
     last = res["b4"][-1]
     a("## B5 — footprint")
     a("")
-    a("| what | figure |")
-    a("| --- | --- |")
+    table_head(a, "what", "figure")
     a(f"| guard `.wasm` | {b5['wasm_bytes']['guard']:,} bytes |")
     a(f"| floor `.wasm` | {b5['wasm_bytes']['floor']:,} bytes |")
     a(f"| Envoy RSS idle: bare / floor / guard | {b5['rss_idle']['bare'] / 2**20:.1f} / {b5['rss_idle']['floor'] / 2**20:.1f} / "
@@ -804,8 +803,7 @@ def write_report(res, path, plots_rel):
           "with `FLOOR_MODE=hdr`: it only reads the request and the response header map, once each, as any filter "
           "that inspects headers must (the guard reads each map with the same single host call).")
         a("")
-        a("| benchmark | guard/floor | " + " | ".join(f"{x}/floor" for x in extras) + " |")
-        a("| --- | --- | " + " | ".join("---" for _ in extras) + " |")
+        table_head(a, "benchmark", "guard/floor", *(f"{x}/floor" for x in extras))
         rows = [(f"B1 {k}", res.get("b1", {}).get(k, {})) for k in ("post_json", "get_sse")]
         rows += [(f"B2 paced {z} B", r) for z, r in res.get("b2_paced", {}).items()]
         rows += [(f"B2 bulk {z} B", r) for z, r in res.get("b2_bulk", {}).items()]

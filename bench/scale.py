@@ -408,8 +408,8 @@ def write_report(res, path):
           f"stored sessions from 16 keep-alive connections in a closed loop, {s1r['secs']:.0f} s per run, "
           f"{s1r['rounds']} rounds alternated; medians.")
         a("")
-        a("| store | decisions/s | p50 µs | p99 µs | service CPU µs/decision | Redis CPU µs/decision (all nodes) |")
-        a("| --- | --- | --- | --- | --- | --- |")
+        bench.table_head(a, "store", "decisions/s", "p50 µs", "p99 µs", "service CPU µs/decision",
+                         "Redis CPU µs/decision (all nodes)")
         for name, v in (("one Redis", s), ("Redis Cluster 3+3", c)):
             a(f"| {name} | {f0(v['rate'])} | {f0(v['p50_us'])} | {f0(v['p99_us'])} | "
               f"{v['cpu_us_per_decision']:.1f} | {v['redis_cpu_us_per_decision']:.1f} |")
@@ -427,9 +427,8 @@ def write_report(res, path):
           "from one Python process on the same machine. A recorded id is one relayed event; a bulk 100 B stream "
           "at line rate on one Envoy core relays a few hundred thousand a second.")
         a("")
-        a("| store | recorded ids/s | ids per service CPU-second | ids per Redis CPU-second | batch p50 ms | "
-          "batch p99 ms |")
-        a("| --- | --- | --- | --- | --- | --- |")
+        bench.table_head(a, "store", "recorded ids/s", "ids per service CPU-second", "ids per Redis CPU-second",
+                         "batch p50 ms", "batch p99 ms")
         for name, v in (("memory", s4r["memory"]), ("one Redis", s4r["redis"])):
             per_redis = f0(v["ids_per_redis_cpu_s"]) if v["ids_per_redis_cpu_s"] else "–"
             a(f"| {name} | {f0(v['ids_per_s'])} | {f0(v['ids_per_service_cpu_s'])} | {per_redis} | "
@@ -446,9 +445,9 @@ def write_report(res, path):
           "`MEMORY USAGE` counts each key's value alone; `used_memory` also counts the keyspace's own entries, "
           "the expiry index and keys shared by all sessions, and is the figure to size Redis by.")
         a("")
-        a("| stored sessions | load sessions/s | bytes/session (INFO) | bytes/session (MEMORY USAGE sample) "
-          "| keys/session | decisions/s | p50 µs | p99 µs | outcomes |")
-        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        bench.table_head(a, "stored sessions", "load sessions/s", "bytes/session (INFO)",
+                         "bytes/session (MEMORY USAGE sample)", "keys/session", "decisions/s", "p50 µs", "p99 µs",
+                         "outcomes")
         for st in s2r["steps"]:
             a(f"| {st['sessions']:,} | {f0(st['load_rate'])} | {f0(st['bytes_per_session'])} | "
               f"{f0(st['sampled_bytes_per_session'])} | {st['keys_per_session']:.2f} | {f0(st['rate'])} | "
@@ -475,9 +474,9 @@ def write_report(res, path):
           "Envoy RSS with every stream open minus RSS idle, over streams; CPU per event: Envoy utime+stime "
           "(`/proc/<pid>/stat`) in the open window over the events the clients counted.")
         a("")
-        a("| filter | client protocol | streams open | Envoy RSS idle MiB | RSS with streams MiB | KiB per stream "
-          "| events/s | Envoy CPU µs/event | Envoy core share | opening: s, Envoy CPU µs/stream |")
-        a("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        bench.table_head(a, "filter", "client protocol", "streams open", "Envoy RSS idle MiB", "RSS with streams MiB",
+                         "KiB per stream", "events/s", "Envoy CPU µs/event", "Envoy core share",
+                         "opening: s, Envoy CPU µs/stream")
         for proto in ("h1", "h2"):
             for name in ("guard", "floor"):
                 v = s3r.get(f"{name}_{proto}")
@@ -513,8 +512,7 @@ def write_report(res, path):
       "count, and CPU time per operation little (contention inflates it somewhat). Throughput per core, from the "
       "CPU time each process spent per operation:")
     a("")
-    a("| component | CPU µs per operation | operations/s per core |")
-    a("| --- | --- | --- |")
+    bench.table_head(a, "component", "CPU µs per operation", "operations/s per core")
     if s1r:
         for name, v in (("ownership service, one Redis", s1r["single_median"]),
                         ("ownership service, Redis Cluster", s1r["cluster_median"])):

@@ -83,15 +83,9 @@ class BulkUpstream(LocalServer):
 @pytest.fixture
 def bulk_envoy(fresh):
     """Envoy whose only replica is the bulk upstream (the ownership service stays real)."""
-    if fresh.envoy is not None:
-        fresh.envoy.stop()
-        fresh.envoy = None
     cfg = h.envoy_config(plugin_overrides={"retention": 0}, upstreams=[(h.HOST, BULK_PORT)])
-    env = h.Envoy("envoy-bulk", cfg).start()
-    try:
+    with fresh.own_gateway("envoy-bulk", cfg) as env:
         yield env
-    finally:
-        env.stop()
 
 
 def read_bulk(s: h.SSEStream, deadline: float) -> tuple[int, str | None]:

@@ -518,15 +518,9 @@ HOSTILE_SSE = {
 @pytest.fixture
 def hostile_envoy(fresh):
     """Envoy whose only replica is the hostile upstream (the ownership service stays real)."""
-    if fresh.envoy is not None:
-        fresh.envoy.stop()
-        fresh.envoy = None
     cfg = h.envoy_config(plugin_overrides={"retention": 0}, upstreams=[(h.HOST, HOSTILE_PORT)])
-    env = h.Envoy("envoy-hostile", cfg).start()
-    try:
+    with fresh.own_gateway("envoy-hostile", cfg) as env:
         yield env
-    finally:
-        env.stop()
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_SSE))
@@ -696,9 +690,7 @@ def padded(fresh):
         fresh.start_replica(port)
     # A guard that failed on these ids may keep failing (queued records): the next test gets a
     # fresh Envoy.
-    if fresh.envoy is not None:
-        fresh.envoy.stop()
-        fresh.envoy = None
+    fresh.stop_gateways()
 
 
 def resume_continues(c: h.Client, cursor: str, last: dict) -> None:

@@ -51,11 +51,7 @@ def test_unknown_filter_name_is_refused():
 
 
 def test_module_passes_traffic(fresh):
-    if fresh.envoy is not None:
-        fresh.envoy.stop()
-        fresh.envoy = None
-    env = h.Envoy("envoy-native-traffic", h.envoy_config(base=NATIVE)).start()
-    try:
+    with fresh.own_gateway("envoy-native-traffic", h.envoy_config(base=NATIVE)):
         c = h.Client()
         sid = c.initialize()
         assert sid
@@ -65,8 +61,6 @@ def test_module_passes_traffic(fresh):
         s.close()
         # The id a client sees is a guard cursor, not the replica's own id.
         assert ev and ev[0].id and len(ev[0].id) > 40, ev
-    finally:
-        env.stop()
 
 
 def test_native_config_differs_from_the_wasm_one_only_in_the_guard_filter():

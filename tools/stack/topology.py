@@ -8,6 +8,7 @@ the chaos soak starts it whole and replaces its parts while it runs; the demo ru
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -195,6 +196,18 @@ class Stack:
             if e is not None:
                 e.stop()
         self._key = None
+
+    @contextlib.contextmanager
+    def own_gateway(self, name: str, cfg: dict):
+        """An Envoy of the caller's own config (its ports as the config names them), stopped on exit;
+        the stack's gateways are stopped first, and the next `use()` starts them again."""
+        self.stop_gateways()
+        self.envoys = [None] * len(self.envoys)
+        env = Envoy(name, cfg, concurrency=self.concurrency).start()
+        try:
+            yield env
+        finally:
+            env.stop()
 
     # -- the whole --
 
