@@ -533,6 +533,12 @@ def fmt(x, d=2):
     return "–" if x is None else f"{x:.{d}f}"
 
 
+def heading(a, title):
+    """A Markdown heading (`title` with its #s) and the blank line after it."""
+    a(title)
+    a("")
+
+
 def table_head(a, *cols):
     """A Markdown table's header row and its separator."""
     a("| " + " | ".join(cols) + " |")
@@ -554,8 +560,7 @@ def instructions_section(res, a):
     if not ins:
         return
     kinds = ins["configs"]
-    a("## Instructions")
-    a("")
+    heading(a, "## Instructions")
     a("User-space instructions of Envoy's worker thread (callgrind, `--concurrency 1`, `bench/instructions.py`): "
       "each configuration in its own Envoy under `valgrind --tool=callgrind`, instrumentation switched on after "
       "startup; per phase the counters are zeroed, the phase runs, and a dump gives each thread's count. B1: "
@@ -613,8 +618,7 @@ def write_report(res, path, plots_rel):
       f"({', '.join(res.get('configs', ['bare', 'floor', 'guard']))}, bare, …); "
       "figures are medians over rounds, ratios are medians of per-round ratios.")
     a("")
-    a("## Machine")
-    a("")
+    heading(a, "## Machine")
     table_head(a, "nproc", "memory", "CPU", "kernel", "Envoy", "rustc", "wrk")
     a(f"| {m['nproc']} | {m['memory']} | {m['cpu']} | {m['kernel']} | {m['envoy']} | {m['rustc']} | {m['wrk']} |")
     a("")
@@ -633,8 +637,7 @@ def write_report(res, path, plots_rel):
       "`stateful_session` and clusters. CPU = utime+stime of the Envoy process from `/proc/<pid>/stat` "
       f"(clock ticks of {1000 // CLK_TCK} ms) over the measured window, divided by requests or events completed.")
     a("")
-    a("## Targets")
-    a("")
+    heading(a, "## Targets")
     a("Judged on instructions (callgrind, *Instructions* below): the same work gives the same count run after run, "
       "where CPU time on this shared machine moves the unchanged fixtures by 1.04–1.30×. The CPU column is the "
       "wall-clock benchmarks' ratio over the same floor (the native one over *bare*: it has no empty-module "
@@ -647,8 +650,7 @@ def write_report(res, path, plots_rel):
     a("")
     instructions_section(res, a)
     b1 = res["b1"]
-    a("## B1 — requests without a cursor")
-    a("")
+    heading(a, "## B1 — requests without a cursor")
     a(f"![B1]({plots_rel}/b1.png)")
     a("")
     a("CPU and throughput: wrk, 1 thread, 8 connections, closed loop (saturates the single Envoy worker; its "
@@ -669,8 +671,7 @@ def write_report(res, path, plots_rel):
     a("")
     for mode, title in (("b2_paced", "B2 — SSE ids rewritten, paced (20 streams × 1 event/ms)"),
                         ("b2_bulk", "B2 — SSE ids rewritten, bulk (as fast as possible)")):
-        a(f"## {title}")
-        a("")
+        heading(a, f"## {title}")
         a(f"![{mode}]({plots_rel}/{mode}.png)")
         a("")
         table_head(a, "event size", "config", "CPU µs/event", "events/s", "MB/s", "ratio")
@@ -690,8 +691,7 @@ def write_report(res, path, plots_rel):
         a("")
     fl = res.get("b2_flat")
     if fl:
-        a("### Cost per event against stream length (bulk, 1 KiB, one stream, 1 s windows)")
-        a("")
+        heading(a, "### Cost per event against stream length (bulk, 1 KiB, one stream, 1 s windows)")
         table_head(a, "window", "events so far (guard)", "guard CPU µs/event", "floor CPU µs/event")
         g, f = fl["guard"], fl["floor"]
         for i, v in enumerate(g["cpu_us_per_event"]):
@@ -701,8 +701,7 @@ def write_report(res, path, plots_rel):
         a(f"Guard, mean of the last third over the first third: **{fmt(fl.get('guard_last_third_over_first_third'), 3)}**.")
         a("")
     b3 = res["b3"]
-    a("## B3 — resumptions (GET with a valid cursor: one callout)")
-    a("")
+    heading(a, "## B3 — resumptions (GET with a valid cursor: one callout)")
     a("500 requests/s over one keep-alive connection (concurrent resumes of one cursor would be forks, and newest "
       "wins), alternating with the same GET without a cursor; latency to the "
       "end of the (short) response, measured by `sse-load rate`. The cursor is continued: the guard decodes it, asks "
@@ -742,8 +741,7 @@ def write_report(res, path, plots_rel):
     else:
         a("Redis store: " + res.get("b3_redis_note", "not measured."))
     a("")
-    a("## B4 — ownership service")
-    a("")
+    heading(a, "## B4 — ownership service")
     a(f"![B4]({plots_rel}/b4.png)")
     a("")
     a("`mcp-ownership` (release build, embedded store, tokio multi-thread on the machine's 2 cores) answered "
@@ -768,8 +766,7 @@ def write_report(res, path, plots_rel):
         a("")
     b5 = res["b5"]
     last = res["b4"][-1]
-    a("## B5 — footprint")
-    a("")
+    heading(a, "## B5 — footprint")
     table_head(a, "what", "figure")
     a(f"| guard `.wasm` | {b5['wasm_bytes']['guard']:,} bytes |")
     a(f"| floor `.wasm` | {b5['wasm_bytes']['floor']:,} bytes |")
@@ -796,8 +793,7 @@ def write_report(res, path, plots_rel):
     a("")
     extras = [c for c in res.get("configs", []) if c not in ("bare", "floor", "guard", "native", "copy")]
     if extras:
-        a("## Other builds in the same run")
-        a("")
+        heading(a, "## Other builds in the same run")
         a("Loaded side by side with the others (`--extra NAME=file.wasm`) and alternated with them round by round: "
           "Envoy CPU per unit over the floor's, medians of per-round ratios. *headers* is the floor filter built "
           "with `FLOOR_MODE=hdr`: it only reads the request and the response header map, once each, as any filter "
@@ -817,8 +813,7 @@ def write_report(res, path, plots_rel):
         if f.exists():
             a(f.read_text().rstrip())
             a("")
-    a("## Commands")
-    a("")
+    heading(a, "## Commands")
     a("```sh")
     a("make bench                 # full run, writes BENCHMARKS.md and bench/plots/*.png")
     a("BENCH_QUICK=1 make bench   # < 2 min smoke run, writes target/bench-smoke/ (part of make test)")

@@ -8,14 +8,13 @@ the last cursor the client saw continues, and `records_dropped` stays 0.
 """
 from __future__ import annotations
 
-import socketserver
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import harness as h
-from stack.procs import LocalServer, read_request
+from stack.upstream import ACCEPTED, Upstream, initialize_answer, send_sse
 from stack.resume import control_reason
 
 BULK_PORT = 9160 + h.PORT_OFFSET
@@ -29,9 +28,11 @@ def bulk_event(n: int) -> bytes:
     return b"id: b%d\ndata: %s\n\n" % (n, PAD)
 
 
-class BulkUpstream(LocalServer):
+class BulkUpstream(Upstream):
     """An MCP-ish upstream: a new session on each `initialize`, then on GET `EVENTS` events at once, or
     after a `Last-Event-ID: b<k>` the next RESUMED events; each answer ends the connection."""
+
+    conn_timeout = 30.0
 
     def __init__(self, port: int = BULK_PORT):
         self.body = b"".join(bulk_event(n) for n in range(1, EVENTS + 1))
@@ -39,45 +40,23 @@ class BulkUpstream(LocalServer):
         self.sessions = 0
         super().__init__(port)
 
-    class Handler(socketserver.StreamRequestHandler):
-        def handle(self):
-            srv = self.server
-            self.request.settimeout(30)
-            while True:
-                req = read_request(self.rfile)
-                if req is None:
-                    return
-                method, headers, body = req
-                if method == b"POST" and b'"initialize"' in body:
-                    out = (b'{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25",'
-                           b'"capabilities":{},"serverInfo":{"name":"bulk","version":"0"}}}')
-                    srv.sessions += 1
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                     b"mcp-session-id: bulk-%d\r\ncontent-length: %d\r\n\r\n"
-                                     % (srv.sessions, len(out)) + out)
-                    self.wfile.flush()
-                    continue
-                if method == b"POST":
-                    self.wfile.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
-                    self.wfile.flush()
-                    continue
-                cursor = headers.get(b"last-event-id")
-                if cursor is None:
-                    sse = srv.body
-                else:
-                    srv.cursors.append(cursor)
-                    k = int(cursor.lstrip(b"b"))
-                    sse = b"".join(bulk_event(k + i) for i in range(1, RESUMED + 1))
-                self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                                 b"cache-control: no-cache\r\nconnection: close\r\n\r\n")
-                try:
-                    view = memoryview(sse)
-                    for i in range(0, len(sse), 1 << 16):
-                        self.wfile.write(view[i:i + (1 << 16)])
-                    self.wfile.flush()
-                except OSError:
-                    pass
-                return
+    def answer(self, method, headers, body, out):
+        if method == b"POST" and b'"initialize"' in body:
+            self.sessions += 1
+            out.write(initialize_answer("bulk", b"bulk-%d" % self.sessions))
+            return True
+        if method == b"POST":
+            out.write(ACCEPTED)
+            return True
+        cursor = headers.get(b"last-event-id")
+        if cursor is None:
+            sse = self.body
+        else:
+            self.cursors.append(cursor)
+            k = int(cursor.lstrip(b"b"))
+            sse = b"".join(bulk_event(k + i) for i in range(1, RESUMED + 1))
+        send_sse(out, sse, b"cache-control: no-cache\r\n")
+        return False
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import harness as h
-from stack.procs import LocalServer, read_request
+from stack.upstream import ACCEPTED, Upstream, initialize_answer, send_sse
 from conftest import RING
 from test_guard_rules import FakeOwnership
 from test_seed_scenarios import GUARD_HEADER, assert_no_cursor_reached_a_replica, open_and_read
@@ -443,9 +443,11 @@ def test_garbage_from_the_ownership_service(fresh, mode):
 
 # ---- a replica's hostile SSE ---------------------------------------------------------------
 
-class HostileUpstream(LocalServer):
+class HostileUpstream(Upstream):
     """A tiny MCP-ish server: answers initialize with a session, then serves one hostile SSE body
     on GET. Records every Last-Event-ID it receives."""
+
+    max_line = 1 << 20  # cursors and ids of 64 KiB and more
 
     def __init__(self, sse: bytes, port: int = HOSTILE_PORT, length: bool = False,
                  resume: bytes | None = None, gzip_sse: bool = False, post_sse: bool = False):
@@ -459,46 +461,25 @@ class HostileUpstream(LocalServer):
         self.requests = 0
         super().__init__(port)
 
-    class Handler(socketserver.StreamRequestHandler):
-        def handle(self):
-            srv = self.server
-            self.request.settimeout(10)
-            while True:
-                req = read_request(self.rfile, 1 << 20)
-                if req is None:
-                    return
-                method, headers, body = req
-                srv.requests += 1
-                srv.accept_encodings.append(headers.get(b"accept-encoding", b""))
-                if b"last-event-id" in headers:
-                    srv.cursors.append(headers[b"last-event-id"])
-                if srv.resume is not None and b"last-event-id" in headers:
-                    self.wfile.write(srv.resume)
-                    self.wfile.flush()
-                    return
-                if method == b"POST" and b'"initialize"' in body:
-                    out = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
-                        "protocolVersion": "2025-11-25", "capabilities": {},
-                        "serverInfo": {"name": "hostile", "version": "0"}}}).encode()
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                     b"mcp-session-id: 0123abcd\r\ncontent-length: "
-                                     + str(len(out)).encode() + b"\r\n\r\n" + out)
-                elif method == b"POST" and not (srv.post_sse and b'"id"' in body):
-                    self.wfile.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
-                else:
-                    sse = gzip.compress(srv.sse) if srv.gzip_sse else srv.sse
-                    length = b"content-length: %d\r\n" % len(sse) if srv.length else b""
-                    coding = b"content-encoding: gzip\r\n" if srv.gzip_sse else b""
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + length
-                                     + coding + b"connection: close\r\n\r\n")
-                    try:
-                        for i in range(0, len(sse), 65536):
-                            self.wfile.write(sse[i:i + 65536])
-                        self.wfile.flush()
-                    except OSError:
-                        pass
-                    return
-                self.wfile.flush()
+    def answer(self, method, headers, body, out):
+        self.requests += 1
+        self.accept_encodings.append(headers.get(b"accept-encoding", b""))
+        if b"last-event-id" in headers:
+            self.cursors.append(headers[b"last-event-id"])
+        if self.resume is not None and b"last-event-id" in headers:
+            out.write(self.resume)
+            return False
+        if method == b"POST" and b'"initialize"' in body:
+            out.write(initialize_answer("hostile", b"0123abcd"))
+            return True
+        if method == b"POST" and not (self.post_sse and b'"id"' in body):
+            out.write(ACCEPTED)
+            return True
+        sse = gzip.compress(self.sse) if self.gzip_sse else self.sse
+        length = b"content-length: %d\r\n" % len(sse) if self.length else b""
+        coding = b"content-encoding: gzip\r\n" if self.gzip_sse else b""
+        send_sse(out, sse, length + coding)
+        return False
 
 
 def event(i: int, ident: bytes | None = None) -> bytes:

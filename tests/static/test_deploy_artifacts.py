@@ -30,7 +30,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import yaml
 
 from stack.envoy import ENVOY_BIN, WASM, wait_live
 from stack.procs import ROOT
+from stack.services import start_ownership
 
 DEPLOY = ROOT / "deploy"
 SCHEMA = json.loads((ROOT / "schema" / "config.schema.json").read_text())
@@ -655,17 +655,8 @@ def test_prestop_hook_is_accepted_by_the_ownership_service(tmp_path):
     script, env = prestop_script()
     script = script.replace("sleep 5", ":")
     port = free_port()
-    proc = subprocess.Popen([str(binary), "--listen", f"127.0.0.1:{port}", "--store", "memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_ownership(port, ["--store", "memory"], run_dir=tmp_path, exe=binary)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "mcp-ownership did not start"
-                time.sleep(0.05)
         for pod_ip in ("10.1.2.3", "fd00::17"):
             run_env = {"PATH": "/usr/bin:/bin", "POD_IP": pod_ip, "MCP_PORT": env["MCP_PORT"],
                        "MCP_OWNERSHIP_URL": f"http://127.0.0.1:{port}/v1/owners/gone"}
@@ -678,11 +669,7 @@ def test_prestop_hook_is_accepted_by_the_ownership_service(tmp_path):
                          metrics) or re.search(
             r'mcp_ownership_http_requests_total\{[^}]*code="200"[^}]*endpoint="owners_gone"[^}]*\} 2', metrics)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        proc.stop()
 
 
 def test_only_the_guard_and_the_prestop_hook_reach_the_ownership_service():

@@ -7,6 +7,7 @@ suites, the chaos soak, `make demo` and the benchmarks.
   cluster   a local Redis Cluster (RedisCluster)
   client    a minimal MCP Streamable HTTP client and SSE reader (Client, SSEStream)
   resume    the guard's answers as a client reads them: cursor fields, control event, header
+  upstream  a test's own MCP upstream in this process (Upstream: hostile ids, bulk bodies)
   topology  the whole stack: replicas + ownership instances on one store + N gateways (Stack)
 
 Importable with `tools/` on the path: pytest's `pythonpath` (pytest.ini) and, for the scripts

@@ -163,24 +163,3 @@ class LocalServer(socketserver.ThreadingTCPServer):
     def __exit__(self, *exc):
         self.shutdown()
         self.server_close()
-
-
-def read_request(rfile, max_line: int = 65536):
-    """One HTTP/1.1 request from a LocalServer handler's stream: (method, lower-cased headers, body),
-    or None when the client closed the connection or it failed."""
-    try:
-        line = rfile.readline(65536)
-    except OSError:
-        return None
-    if not line:
-        return None
-    method = line.split(b" ", 1)[0]
-    headers = {}
-    while True:
-        hl = rfile.readline(max_line)
-        if hl in (b"\r\n", b"\n", b""):
-            break
-        k, _, v = hl.partition(b":")
-        headers[k.strip().lower()] = v.strip()
-    n = int(headers.get(b"content-length", b"0") or 0)
-    return method, headers, rfile.read(n) if n else b""
