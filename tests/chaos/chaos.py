@@ -148,6 +148,26 @@ class Scenario:
             return s, reason or "409"
         return s, None
 
+    def open(self, request, sse: bool = False) -> h.SSEStream | None:
+        """`request()` through some Envoy: its open 200 (SSE if `sse`), or None after a transport
+        error or another answer (closed; on 404 the session is made anew, else a short pause)."""
+        assert self.client is not None
+        self.client.port = self.envoy()
+        try:
+            s = request()
+        except OSError:
+            self.pause(0.2, 0.5)
+            return None
+        self.check_status(s)
+        if s.status == 200 and (s.is_sse or not sse):
+            return s
+        s.close()
+        if s.status == 404:
+            self.connect()
+        else:
+            self.pause(0.2, 0.5)
+        return None
+
     def check_status(self, s: h.SSEStream) -> None:
         # The guard's own answers are 409s; a 5xx it made would be a `rejected` one. Envoy's 503 for a
         # replica that is down may carry the guard's `restarted` header (the cursor was stripped).
@@ -166,20 +186,8 @@ class Streamer(Scenario):
         while self.alive():
             assert self.client is not None
             if cursor is None:
-                self.client.port = self.envoy()
-                try:
-                    s = self.client.get_stream()
-                except OSError:
-                    self.pause(0.2, 0.5)
-                    continue
-                self.check_status(s)
-                if s.status == 404:
-                    s.close()
-                    self.connect()
-                    continue
-                if s.status != 200:
-                    s.close()
-                    self.pause(0.2, 0.5)
+                s = self.open(self.client.get_stream)
+                if s is None:
                     continue
                 events, cut = self.read_some(s, self.rng.randint(2, 8))
                 s.close()
@@ -322,20 +330,9 @@ class Caller(Scenario):
         while self.alive():
             entry = f"chaos-{uuid.uuid4().hex[:12]}"
             assert self.client is not None
-            self.client.port = self.envoy()
-            try:
-                s = self.client.call_tool("ledger_append", {"entry": entry, "steps": 5, "step_ms": 60})
-            except OSError:
-                self.pause(0.2, 0.5)
-                continue
-            self.check_status(s)
-            if s.status == 404:
-                s.close()
-                self.connect()
-                continue
-            if s.status != 200 or not s.is_sse:
-                s.close()
-                self.pause(0.2, 0.5)
+            s = self.open(lambda: self.client.call_tool(
+                "ledger_append", {"entry": entry, "steps": 5, "step_ms": 60}), sse=True)
+            if s is None:
                 continue
             with self.t.lock:
                 self.t.accepted_entries.add(entry)
