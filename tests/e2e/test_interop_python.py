@@ -66,11 +66,15 @@ def _token_of_another_session() -> str:
     ("restart", "other_session", "restarted; reason=session_mismatch"),
 ])
 def test_what_the_python_client_does_on_a_refusal(pyf, case):
+    """With the client's own GET stream open: the SDK opens it in the background after `initialized`,
+    and the client waits for it here, as in an application that has run a while (without the wait the
+    resume could come first: the next test)."""
     policy, which, answer = case
     overrides = {} if policy == "default" else {"policy": {"get_stream": policy, "request_stream": policy}}
     pyf.use(guard=True, **overrides)
     token = f"legacy-{uuid.uuid4().hex[:6]}" if which == "foreign" else _token_of_another_session()
-    out = i.py_client("token", "--token", token, "--timeout", "3")
+    out = i.py_client("token", "--token", token, "--timeout", "3", "--get-stream", "open")
+    assert out.get("get_stream_open") is True, out
     [r] = resumes(out)
     assert r["mcp_resume"] == answer, r
     # A restart forwards a GET without Last-Event-ID: the SDK server already holds this session's
@@ -83,6 +87,24 @@ def test_what_the_python_client_does_on_a_refusal(pyf, case):
     # mcp 2.3.0: raise_for_status() in the resumption task; the HTTPStatusError escapes the transport's
     # task group and takes the whole client session down (the request never gets a JSON-RPC error).
     assert out["_rc"] == 2 and out["fatal"]["exception"] == "HTTPStatusError", out
+    assert i.cursors_at_replicas(h.REPLICA_PORTS) == []
+
+
+def test_a_restart_before_the_clients_get_stream_opens_is_a_fresh_stream(pyf):
+    """A resume right after `initialize`, before the client's own GET stream is up (the client holds
+    that GET back until the resume is answered): the restart becomes the session's standalone stream,
+    the client's own GET meets the server's 409, and the pending call hangs to its timeout."""
+    pyf.use(guard=True)
+    out = i.py_client("token", "--token", f"legacy-{uuid.uuid4().hex[:6]}", "--timeout", "3",
+                      "--get-stream", "late")
+    [r] = resumes(out)
+    assert r["mcp_resume"] == "restarted; reason=foreign_cursor", r
+    assert r["status"] == 200 and r["replica"] is not None, r
+    own = [x for x in out["http"] if x["method"] == "GET" and not x["last_event_id"]]
+    assert own and all(x["status"] == 409 for x in own), own
+    # mcp 2.3.0 reads no mcp-resume header or event: the call waits for a result that never comes.
+    assert out["resume"]["outcome"] == "hang", out["resume"]
+    assert out["_rc"] == 0, out
     assert i.cursors_at_replicas(h.REPLICA_PORTS) == []
 
 

@@ -9,7 +9,8 @@ Scenarios
            reconnection resumes with Last-Event-ID
   resume   a tool call runs to its end; then the client resumes it explicitly with the resumption token it
            had after --from progress notifications (`ClientMessageMetadata.resumption_token`)
-  token    an explicit resume with --token T: what the client does (result, error, exception or hang)
+  token    an explicit resume with --token T: what the client does (result, error, exception or hang);
+           --get-stream says whether the client's own standalone GET stream is open by then
   poll     a tool call whose server closes the stream every --close-every steps (2025-11-25)
   call     one tool call (revisions)
   modern   one tool call with the high-level `Client` pinned to revision --version (2026-07-28: no
@@ -59,6 +60,9 @@ ap.add_argument("--hook", default=None,
                 help="POST here before the first resume of the call's stream; the test sets up a refusal")
 ap.add_argument("--drain", action="store_true",
                 help="with the cut, read the connection to its end first: the guard relays events the client never gets")
+ap.add_argument("--get-stream", choices=["open", "late"], default="open",
+                help="token: resume once the client's own GET stream is open (an application that has run a "
+                     "while), or hold that GET back until the resume is answered (a resume right after initialize)")
 args = ap.parse_args()
 
 T0 = time.monotonic()
@@ -141,6 +145,7 @@ class Wire(httpx2.AsyncBaseTransport):
         self.inner = httpx2.AsyncHTTPTransport()
         self.cut_after = cut_after
         self.hook_fired = False
+        self.resume_answered = anyio.Event()
 
     async def handle_async_request(self, request):
         body = request.content if request.method == "POST" else b""
@@ -174,12 +179,17 @@ class Wire(httpx2.AsyncBaseTransport):
             del request.headers["mcp-protocol-version"]
         rec = {"method": request.method, "rpc": rpc, "last_event_id": request.headers.get("last-event-id"),
                "version_header": request.headers.get("mcp-protocol-version"), "t_ms": t_ms()}
+        if args.get_stream == "late" and request.method == "GET" and not rec["last_event_id"]:
+            await self.resume_answered.wait()
         try:
             resp = await self.inner.handle_async_request(request)
         except Exception as e:
             rec["error"] = type(e).__name__
             OUT["http"].append(rec)
             raise
+        finally:
+            if request.method == "GET" and rec["last_event_id"]:
+                self.resume_answered.set()
         rec.update(status=resp.status_code, replica=resp.headers.get("x-replica"),
                    mcp_resume=resp.headers.get("mcp-resume"), content_type=resp.headers.get("content-type"),
                    t_resp_ms=t_ms())
@@ -212,6 +222,15 @@ async def on_token(tok):
 
 def text_of(r) -> str | None:
     return r.content[0].text if getattr(r, "content", None) else None
+
+
+async def get_stream_answered(limit: float) -> bool:
+    """Whether the client's own standalone GET stream (no Last-Event-ID) was answered within `limit` s."""
+    with anyio.move_on_after(limit):
+        while not any(x["method"] == "GET" and not x["last_event_id"] and "status" in x for x in OUT["http"]):
+            await anyio.sleep(0.01)
+        return True
+    return False
 
 
 async def settle(coro) -> dict:
@@ -292,6 +311,8 @@ async def main() -> None:
                 except BaseException as e:  # noqa: BLE001 - what the application would see
                     OUT["ping"] = f"{type(e).__name__}: {e}"[:200]
             elif args.scenario == "token":
+                if args.get_stream == "open":
+                    OUT["get_stream_open"] = await get_stream_answered(5.0)
                 OUT["resume"] = await settle(session.send_request(
                     call_request(tag), types.CallToolResult, progress_callback=progress_cb,
                     metadata=ClientMessageMetadata(resumption_token=args.token,
