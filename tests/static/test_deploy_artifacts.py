@@ -722,14 +722,49 @@ EG_FILE = DEPLOY / "envoy-gateway" / "mcp-resume-guard.yaml"
 FULL = {"numerator": 100, "denominator": "HUNDRED"}
 
 
+# The ownership service's defaults (ownership/src/main.rs): sessions kept, idle TTL.
+OWNERSHIP_MAIN = (ROOT / "ownership" / "src" / "main.rs").read_text()
+MAX_SESSIONS = int(re.search(r"MAX_SESSIONS: usize = ([\d_]+);", OWNERSHIP_MAIN).group(1).replace("_", ""))
+IDLE_TTL_SECS = int(re.search(r"SESSION_IDLE_TTL_SECS: u64 = ([\d_]+);", OWNERSHIP_MAIN).group(1).replace("_", ""))
+CLIENT_KEY = "masked_remote_address"
+
+
+def per_second(tb: dict) -> float:
+    return tb["tokens_per_fill"] / float(tb["fill_interval"].rstrip("s"))
+
+
+def client_bucket(per: dict) -> dict:
+    """The per-client bucket of a session-opening limit: one dynamic descriptor (no value) on the
+    masked remote address, IPv4 by /32 and IPv6 by /64."""
+    (rl,) = per["rate_limits"]
+    assert rl["actions"] == [{CLIENT_KEY: {"v4_prefix_mask_len": 32, "v6_prefix_mask_len": 64}}], rl
+    (d,) = per["descriptors"]
+    assert d["entries"] == [{"key": CLIENT_KEY}], d
+    return d["token_bucket"]
+
+
 def check_token_bucket(per: dict) -> None:
-    """A per-route local rate limit that acts: a bucket, enabled and enforced on every request."""
+    """A per-route local rate limit that acts: a bucket per client taken first, then the route's,
+    enabled and enforced on every request."""
     assert per["@type"] == RATELIMIT_TYPE
     tb = per["token_bucket"]
     assert 0 < tb["tokens_per_fill"] <= tb["max_tokens"] and tb["fill_interval"] == "1s", tb
     # Envoy's defaults are 0%: without both the bucket counts nothing or refuses nothing.
     assert per["filter_enabled"]["default_value"] == FULL
     assert per["filter_enforced"]["default_value"] == FULL
+    # One client may take only part of the route's bucket: Envoy takes the stricter bucket first
+    # and stops at an empty one, so a client past its own takes nothing from the route's.
+    client = client_bucket(per)
+    assert 0 < client["tokens_per_fill"] <= client["max_tokens"] <= tb["max_tokens"], client
+    assert per_second(client) < per_second(tb) / 2, (client, tb)
+    assert per["always_consume_default_token_bucket"] is True
+    assert 1000 <= per["max_dynamic_descriptors"] <= 100_000
+
+
+def check_sizing(buckets: list[dict]) -> None:
+    """deploy/README.md's rule with the shipped defaults, for one Envoy: the session openings its
+    routes let through in one idle TTL fit under the ownership service's session cap."""
+    assert sum(per_second(tb) for tb in buckets) * IDLE_TTL_SECS <= MAX_SESSIONS, buckets
 
 
 def is_session_opening(match: dict, path: str) -> bool:
@@ -760,7 +795,13 @@ def test_session_opening_is_rate_limited(path):
         assert route_pin(o) == route_pin(m) is not None
         # ...plus the bucket, which no other route has.
         check_token_bucket(o["typed_per_filter_config"][RATELIMIT_FILTER])
-    assert sum(RATELIMIT_FILTER in r.get("typed_per_filter_config", {}) for r in rs) == 2
+    limited = [r["typed_per_filter_config"][RATELIMIT_FILTER] for r in rs
+               if RATELIMIT_FILTER in r.get("typed_per_filter_config", {})]
+    assert len(limited) == 2
+    check_sizing([per["token_bucket"] for per in limited])
+    # The client is the connection's peer: a client's X-Forwarded-For never picks its bucket.
+    h = hcm(cfg)
+    assert h["use_remote_address"] is True and h["xff_num_trusted_hops"] == 0
 
 
 @pytest.mark.parametrize("path", SHIPPED_ENVOY, ids=lambda p: str(p.relative_to(ROOT)))
@@ -778,6 +819,22 @@ def test_replica_cluster_sized_for_long_lived_sse(path):
         if r["route"]["cluster"] == "mcp_replicas":
             assert r["route"]["timeout"] == "0s" and "retry_policy" not in r["route"]
             assert 300 <= int(r["route"]["idle_timeout"].rstrip("s")) <= 86_400
+
+
+# A broken response reaches an HTTP/1.1 client as the connection's close after the delayed close
+# timeout (Envoy's default 1 s); every shipped config keeps it short (measured in
+# tests/e2e/test_deploy_limits.py).
+DELAYED_CLOSE = "0.1s"
+
+
+@pytest.mark.parametrize("path", SHIPPED_ENVOY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_short_delayed_close(path):
+    assert hcm(yaml.safe_load(path.read_text()))["delayed_close_timeout"] == DELAYED_CLOSE
+
+
+def test_istio_short_delayed_close():
+    (p,) = patches("NETWORK_FILTER")
+    assert p["patch"]["value"]["typed_config"]["delayed_close_timeout"] == DELAYED_CLOSE
 
 
 @pytest.mark.envoy
@@ -818,8 +875,9 @@ def test_production_rate_limit_refuses_only_session_opening(tmp_path):
         gets = codes(20, method="GET")
         opening = codes(150)
         assert 429 not in with_session and 429 not in gets, (with_session, gets)
-        # Burst 100 (plus whatever refilled meanwhile), then refused.
-        assert opening.count(429) >= 10 and opening[:90].count(429) == 0, opening
+        # This client's burst (plus whatever refilled meanwhile), then refused.
+        burst = client_bucket(routes(cfg)[0]["typed_per_filter_config"][RATELIMIT_FILTER])["max_tokens"]
+        assert opening.count(429) >= 100 and opening[:burst].count(429) == 0, opening
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -834,6 +892,8 @@ def test_istio_session_opening_route():
         sorted(m["uri"]["exact"] for m in next(r for r in vs if r["name"] == "mcp")["match"])
     per = route_patches()["mcp-initialize"]["patch"]["value"]["typed_per_filter_config"]
     check_token_bucket(per[RATELIMIT_FILTER])
+    # One bucket per route match (/mcp and /mcp/).
+    check_sizing([per[RATELIMIT_FILTER]["token_bucket"]] * len(vs[0]["match"]))
     assert RATELIMIT_FILTER not in route_patches()["mcp"]["patch"]["value"]["typed_per_filter_config"]
     (rl,) = [p for p in patches("HTTP_FILTER") if p["patch"]["value"]["typed_config"]["@type"] == RATELIMIT_TYPE]
     assert rl["patch"]["value"]["name"] == RATELIMIT_FILTER and "token_bucket" not in rl["patch"]["value"]["typed_config"]
@@ -859,10 +919,28 @@ def test_envoy_gateway_backend_traffic_policy():
     assert route["spec"]["rules"][0]["name"] == ref["sectionName"]
     sp = btp["spec"]
     assert "retry" not in sp
-    (rule,) = sp["rateLimit"]["local"]["rules"]
-    (sel,) = rule["clientSelectors"]
-    assert sel["headers"] == [{"name": "mcp-session-id", "type": "RegularExpression", "value": ".*", "invert": True}]
-    assert rule["limit"]["requests"] > 0 and rule["limit"]["unit"] == "Second"
+    no_session = [{"name": "mcp-session-id", "type": "RegularExpression", "value": ".*", "invert": True}]
+    rules = sp["rateLimit"]["local"]["rules"]
+    for rule in rules:
+        (sel,) = rule["clientSelectors"]
+        assert sel["headers"] == no_session and rule["limit"]["requests"] > 0, rule
+    seconds = {"Second": 1, "Minute": 60}
+
+    def rate(rule):
+        return rule["limit"]["requests"] / seconds[rule["limit"]["unit"]]
+
+    # Per client (every IPv4 and IPv6 address its own bucket), then per route; a client may
+    # take only part of the route's rate.
+    route_rule = [r for r in rules if "sourceCIDR" not in r["clientSelectors"][0]]
+    client_rules = [r for r in rules if "sourceCIDR" in r["clientSelectors"][0]]
+    assert len(route_rule) == 1 and len(client_rules) == 2, rules
+    assert sorted(r["clientSelectors"][0]["sourceCIDR"]["value"] for r in client_rules) == ["0.0.0.0/0", "::/0"]
+    for r in client_rules:
+        assert r["clientSelectors"][0]["sourceCIDR"]["type"] == "Distinct"
+        assert rate(r) < rate(route_rule[0]) / 2, (r, route_rule)
+    # One bucket per route match of the MCP rule.
+    n = len(route["spec"]["rules"][0]["matches"])
+    assert n * rate(route_rule[0]) * IDLE_TTL_SECS <= MAX_SESSIONS
     cb = sp["circuitBreaker"]
     assert cb["maxConnections"] >= 10_000 and cb["maxParallelRequests"] >= 10_000
     assert 0 < cb["maxPendingRequests"] <= 10_000 and cb["maxParallelRetries"] == 0

@@ -197,28 +197,42 @@ def rate_limited_rule(o: dict) -> str:
 
 
 def eg_local_rate_limit(o: dict) -> dict:
-    """The per-route local rate limit Envoy Gateway generates for the policy's one rule: a
-    header_value_match action per header selector (expect_match false when inverted), one
-    descriptor with the rule's bucket, and a default bucket no request draws from."""
-    (rule,) = o["BackendTrafficPolicy"]["spec"]["rateLimit"]["local"]["rules"]
-    (sel,) = rule["clientSelectors"]
-    actions, entries = [], []
-    for j, hm in enumerate(sel["headers"]):
-        assert hm["type"] == "RegularExpression"
-        key = f"rule-0-match-{j}"
-        actions.append({"header_value_match": {
-            "descriptor_key": key, "descriptor_value": key, "expect_match": not hm.get("invert", False),
-            "headers": [{"name": hm["name"], "string_match": {"safe_regex": {"regex": hm["value"]}}}]}})
-        entries.append({"key": key, "value": key})
-    n, unit = rule["limit"]["requests"], {"Second": "1s", "Minute": "60s"}[rule["limit"]["unit"]]
+    """The per-route local rate limit Envoy Gateway generates for the policy's rules
+    (internal/xds/translator/local_ratelimit.go): per rule, a header_value_match action per header
+    selector (expect_match false when inverted), for a sourceCIDR a masked_remote_address action
+    (value: the CIDR) and, when Distinct, a remote_address one whose entry has no value (a
+    dynamic descriptor: a bucket per client address); one descriptor per rule with its bucket;
+    and a default bucket no request draws from."""
+    rate_limits, descriptors = [], []
+    for i, rule in enumerate(o["BackendTrafficPolicy"]["spec"]["rateLimit"]["local"]["rules"]):
+        (sel,) = rule["clientSelectors"]
+        actions, entries = [], []
+        for j, hm in enumerate(sel["headers"]):
+            assert hm["type"] == "RegularExpression"
+            key = f"rule-{i}-match-{j}"
+            actions.append({"header_value_match": {
+                "descriptor_key": key, "descriptor_value": key, "expect_match": not hm.get("invert", False),
+                "headers": [{"name": hm["name"], "string_match": {"safe_regex": {"regex": hm["value"]}}}]}})
+            entries.append({"key": key, "value": key})
+        if "sourceCIDR" in sel:
+            cidr = sel["sourceCIDR"]["value"]
+            family = "v6" if ":" in cidr else "v4"
+            actions.append({"masked_remote_address": {f"{family}_prefix_mask_len": int(cidr.split("/")[1])}})
+            entries.append({"key": "masked_remote_address", "value": cidr})
+            if sel["sourceCIDR"].get("type") == "Distinct":
+                actions.append({"remote_address": {}})
+                entries.append({"key": "remote_address"})
+        n, unit = rule["limit"]["requests"], {"Second": "1s", "Minute": "60s"}[rule["limit"]["unit"]]
+        rate_limits.append({"actions": actions})
+        descriptors.append({"entries": entries,
+                            "token_bucket": {"max_tokens": n, "tokens_per_fill": n, "fill_interval": unit}})
     return {
         "@type": RL_TYPE, "stat_prefix": "http_local_rate_limiter",
         "token_bucket": {"max_tokens": 4294967295, "tokens_per_fill": 4294967295, "fill_interval": "1s"},
         "filter_enabled": FULL, "filter_enforced": FULL,
-        "descriptors": [{"entries": entries,
-                         "token_bucket": {"max_tokens": n, "tokens_per_fill": n, "fill_interval": unit}}],
+        "descriptors": descriptors,
         "always_consume_default_token_bucket": False,
-        "rate_limits": [{"actions": actions}],
+        "rate_limits": rate_limits,
     }
 
 
@@ -233,7 +247,7 @@ def eg_equivalent() -> dict:
     hcm = listener.pop("filter_chains")[0]
     listener["default_filter_chain"] = hcm
     tc = hcm["filters"][0]["typed_config"]
-    for key in ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action"):
+    for key in ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "delayed_close_timeout"):
         tc.pop(key)
     guard = next(f for f in tc["http_filters"] if f["typed_config"]["@type"] == WASM_TYPE)
     router = next(f for f in tc["http_filters"] if f["name"] == "envoy.filters.http.router")
@@ -246,7 +260,8 @@ def eg_equivalent() -> dict:
     guard["typed_config"]["config"]["vm_config"]["environment_variables"] = {"host_env_keys": w["env"]["hostKeys"]}
     # Envoy Gateway orders its filters: Wasm, then local_ratelimit (empty: configured per route),
     # then the router.
-    rl = {"name": RL_NAME, "typed_config": {"@type": RL_TYPE, "stat_prefix": "http_local_rate_limiter"}}
+    rl = {"name": RL_NAME, "typed_config": {"@type": RL_TYPE, "stat_prefix": "http_local_rate_limiter",
+                                            "max_dynamic_descriptors": 10000}}
     tc["http_filters"] = [guard, rl, router]
     gw = o["Gateway"]
     rc_name = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
@@ -289,6 +304,8 @@ def test_envoy_gateway_equivalent_validates_and_passes_check_config(tmp_path):
     assert sorted(m.get("path", "") for m in limited) == ["/mcp", "/mcp/"]
     assert (tc["normalize_path"], tc["merge_slashes"], tc["path_with_escaped_slashes_action"]) == \
         (True, True, "REJECT_REQUEST")
+    # A broken stream's client sees the close after 0.1 s, not Envoy's default 1 s.
+    assert tc["delayed_close_timeout"] == "0.1s"
     path = tmp_path / "eg-equivalent.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # The guard's variables, as the EnvoyProxy's container env sets them from the Secret.
