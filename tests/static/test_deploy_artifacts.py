@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from stack.envoy import ENVOY_BIN, WASM, wait_live
-from stack.procs import ROOT
+from stack.procs import ROOT, Proc
 from stack.services import start_ownership
 
 DEPLOY = ROOT / "deploy"
@@ -84,6 +84,11 @@ def one(kind: str) -> dict:
     found = [d for _, d in k8s_objects() if d.get("kind") == kind]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+def named(kind: str, name: str) -> dict:
+    (found,) = [d for _, d in k8s_objects() if d.get("kind") == kind and d["metadata"]["name"] == name]
+    return found
 
 
 def hcm(cfg: dict) -> dict:
@@ -608,15 +613,50 @@ def test_dockerignore_keeps_the_workspace():
 
 
 # ---- Kubernetes ----------------------------------------------------------------------------
+def ownership_container() -> tuple[dict, dict]:
+    dep = named("Deployment", "mcp-ownership")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return dep, c
+
+
+def secret_files(pod: dict, c: dict) -> dict[str, tuple[str, str]]:
+    """Mounted Secret files of container `c`: path -> (Secret name, key)."""
+    vols = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for m in c.get("volumeMounts", []):
+        sec = vols.get(m["name"], {}).get("secret")
+        if sec is None:
+            continue
+        # Mode 0440: readable through the pod's fsGroup only.
+        assert sec["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+        keys = [(i["key"], i["path"]) for i in sec["items"]] if "items" in sec else None
+        for key, rel in keys or []:
+            out[f"{m['mountPath']}/{rel}"] = (sec["secretName"], key)
+        if keys is None:  # every key of the Secret, named after it
+            out[m["mountPath"] + "/*"] = (sec["secretName"], "*")
+    return out
+
+
 def test_ownership_manifest():
-    dep = next(d for p, d in k8s_objects() if p.name == "ownership.yaml" and d["kind"] == "Deployment")
+    dep, c = ownership_container()
     spec = dep["spec"]["template"]["spec"]
-    (c,) = spec["containers"]
     args = c["args"]
     store = args[args.index("--store") + 1]
     assert args[args.index("--listen") + 1] == "0.0.0.0:9200"
-    if store == "memory":
-        assert dep["spec"]["replicas"] == 1, "the in-memory store holds state for one instance only"
+    # The shared store by default: a rollout or restart of this service keeps every session's
+    # resumption, and replicas roll one at a time with one always up.
+    assert store == "redis://redis.mcp-system:6379", "no credentials in the URL, Redis by default"
+    assert dep["spec"]["replicas"] >= 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    # Secrets from mounted files, never a literal: every *_FILE variable names a mounted Secret key.
+    env = {e["name"]: e for e in c["env"]}
+    files = secret_files(spec, c)
+    for name in ("MCP_OWNERSHIP_TOKEN_FILE", "MCP_OWNERSHIP_ADMIN_TOKEN_FILE", "MCP_OWNERSHIP_REDIS_PASSWORD_FILE"):
+        path = env[name]["value"]
+        assert path in files or str(Path(path).parent) + "/*" in files, (name, path, files)
+    assert files["/var/run/secrets/mcp-ownership-redis/password"] == ("mcp-ownership-redis", "password")
+    assert not any("PASSWORD" in n and "FILE" not in n for n in env), "the password itself never in env"
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/healthz"
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -625,6 +665,112 @@ def test_ownership_manifest():
     assert c["resources"]["requests"] and c["resources"]["limits"]
     kinds = {d["kind"] for p, d in k8s_objects() if p.name == "ownership.yaml"}
     assert {"Namespace", "Deployment", "Service", "PodDisruptionBudget"} <= kinds
+
+
+def redis_container() -> tuple[dict, dict]:
+    sts = named("StatefulSet", "redis")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    return sts, c
+
+
+def test_redis_manifest_keeps_state_and_needs_a_password():
+    sts, c = redis_container()
+    spec = sts["spec"]["template"]["spec"]
+    args = c["args"]
+    opt = {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--")}
+    # Every write in the append-only file on a persistent volume: a Redis restart keeps the state.
+    assert opt["--appendonly"] == "yes" and opt["--dir"] == "/data"
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}[claim["metadata"]["name"]] == "/data"
+    # noeviction: the ownership service refuses new sessions before Redis refuses writes.
+    assert opt["--maxmemory-policy"] == "noeviction" and opt["--maxmemory"]
+    # The password: the config file (first argument) from the Secret the ownership service reads.
+    assert secret_files(spec, c) == {args[0]: ("mcp-ownership-redis", "redis.conf")}
+    assert "requirepass" not in " ".join(args) and "-a" not in c["readinessProbe"]["exec"]["command"][-1].split()
+    assert named("Service", "redis")["spec"]["ports"][0]["port"] == 6379
+    # Only the ownership pods reach it.
+    netpol = named("NetworkPolicy", "redis")
+    assert netpol["spec"]["podSelector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    (rule,) = netpol["spec"]["ingress"]
+    own = named("Deployment", "mcp-ownership")["spec"]["template"]["metadata"]["labels"]
+    assert [p["podSelector"]["matchLabels"] for p in rule["from"]] == [{"app.kubernetes.io/name": own["app.kubernetes.io/name"]}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+
+
+SESSION = "0123456789abcdef0123456789abcdef"
+INCARNATION = "00000000000000aa"
+
+
+def owner_call(port: int, token: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json", "authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def resume_after_restart(tmp_path: Path, store_args: list[str], env: dict) -> dict:
+    """An ownership service run as the manifest runs it (its args and env, the Secret files
+    under tmp_path), told about a session and a stream, restarted, then asked to resume it."""
+    binary = ROOT / "target" / "debug" / "mcp-ownership"
+    port = free_port()
+    token = "Z3VhcmQtdG9rZW4tZm9yLXRlc3Rz"
+    records = {"records": [
+        {"type": "session_open", "session": SESSION, "version": "2025-06-18"},
+        {"type": "stream_open", "session": SESSION, "incarnation": INCARNATION, "kind": "get",
+         "owner": "10.0.0.1:8080", "retention": 0, "supersedes": True, "opened_ms": 1},
+        {"type": "events", "session": SESSION, "incarnation": INCARNATION, "first_seq": 1, "ids": ["e1", "e2"]}]}
+    (tmp_path / "guard").write_text(token + "\n")
+    (tmp_path / "admin").write_text("YWRtaW4tdG9rZW4tZm9yLXRlc3Rz\n")
+    env = {**env, "MCP_OWNERSHIP_TOKEN_FILE": str(tmp_path / "guard"),
+           "MCP_OWNERSHIP_ADMIN_TOKEN_FILE": str(tmp_path / "admin")}
+    proc = None
+    try:
+        for step in ("record", "resume"):
+            proc = Proc(f"ownership-{step}", [binary, "--listen", f"127.0.0.1:{port}", *store_args],
+                        port=port, env=env, run_dir=tmp_path).start()
+            if step == "record":
+                assert owner_call(port, token, "/v1/records", records) == {"applied": 3}
+            else:
+                return owner_call(port, token, "/v1/resume", {"session": SESSION, "incarnation": INCARNATION,
+                                                             "kind": "get", "seq": 1})
+            proc.stop()
+    finally:
+        if proc is not None:
+            proc.stop()
+    raise AssertionError("unreachable")
+
+
+def test_k8s_store_keeps_every_session_across_an_ownership_restart(tmp_path):
+    """The shipped Redis and ownership manifests, run here as they would run in the pods (their
+    args and environment; a real redis-server and mcp-ownership on 127.0.0.1): a session recorded
+    before a restart of the ownership service still continues after it. The memory store (the
+    alternative the manifest describes) loses it: the control that this test can fail."""
+    if not shutil.which("redis-server") or not (ROOT / "target" / "debug" / "mcp-ownership").exists():
+        pytest.skip("needs redis-server (make redis) and mcp-ownership (make build)")
+    _, rc = redis_container()
+    _, oc = ownership_container()
+    password = "cGFzc3dvcmQtZm9yLXRlc3Rz"
+    conf = tmp_path / "redis.conf"
+    conf.write_text(f"requirepass {password}\n")
+    (tmp_path / "password").write_text(password + "\n")
+    (tmp_path / "data").mkdir()
+    rport = free_port()
+    args = [str(conf) if a == rc["args"][0] else str(tmp_path / "data") if a == "/data" else a for a in rc["args"]]
+    redis = subprocess.Popen(["redis-server", *args, "--port", str(rport), "--bind", "127.0.0.1",
+                              "--daemonize", "no", "--loglevel", "warning"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        oargs = oc["args"]
+        store = oargs[oargs.index("--store") + 1].replace("redis.mcp-system:6379", f"127.0.0.1:{rport}")
+        env = {e["name"]: e["value"] for e in oc["env"]}
+        env["MCP_OWNERSHIP_REDIS_PASSWORD_FILE"] = str(tmp_path / "password")
+        kept = resume_after_restart(tmp_path, ["--store", store], env)
+        assert kept["verdict"] == "continue" and kept["expected"] == ["e2"], kept
+        lost = resume_after_restart(tmp_path, ["--store", "memory"], env)
+        assert lost["verdict"] != "continue", lost
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
 
 
 def prestop_script() -> tuple[str, dict]:
@@ -681,7 +827,7 @@ def test_only_the_guard_and_the_prestop_hook_reach_the_ownership_service():
     own_labels = own_pods["spec"]["template"]["metadata"]["labels"]
     wp = one("WasmPlugin")
     server = next(d for d in docs(DEPLOY / "k8s" / "mcp-server-prestop.yaml") if d["kind"] == "Deployment")
-    netpol = one("NetworkPolicy")
+    netpol = named("NetworkPolicy", "mcp-ownership")
     assert netpol["metadata"]["namespace"] == own_pods["metadata"]["namespace"]
     assert netpol["spec"]["podSelector"]["matchLabels"].items() <= own_labels.items()
     assert netpol["spec"]["policyTypes"] == ["Ingress"]
