@@ -28,7 +28,8 @@ RULES     := observability/prometheus
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
-	@echo "             CONFIG=plugin.json to run your plugin config, STORE=memory|redis://HOST:PORT|redis-cluster://...)"
+	@echo "             CONFIG=plugin.json to run your plugin config, STORE=memory|redis://HOST:PORT|redis-cluster://...,"
+	@echo "             AFFINITY=1 to keep each session on its replica, for servers that hold sessions in process)"
 	@echo "make test    install what is missing, then lint, unit, property, wasm, validate and end-to-end tests"
 	@echo "make check   the quick loop (half a minute on a built tree): fmt, clippy, unit tests without Redis,"
 	@echo "             wasm tests (Node), static artefact tests; installs only with rustup, cargo and pip; no Envoy"
@@ -315,8 +316,11 @@ fuzz-merge: fuzz-tools
 	done
 
 # ---- demo ------------------------------------------------------------------
+# AFFINITY=1: session affinity on Mcp-Session-Id (envoy/envoy-ts-affinity.yaml).
+AFFINITY ?=
 demo: venv build
-	$(PY) scripts/demo.py --upstreams "$(UPSTREAMS)" --config "$(CONFIG)" --store "$(STORE)"
+	$(PY) scripts/demo.py --upstreams "$(UPSTREAMS)" --config "$(CONFIG)" --store "$(STORE)" \
+	  $(if $(filter 1 yes true,$(AFFINITY)),--affinity)
 
 clean:
 	cargo clean

@@ -4,6 +4,9 @@
   --upstreams ip:port,...   Envoy fronts your MCP replicas instead of the demo ones
   --config FILE.json        the plugin configuration to run (checked first with mcp-guard)
   --store memory|redis://HOST:PORT|redis-cluster://...   the ownership service's store
+  --affinity                session affinity on Mcp-Session-Id (envoy/envoy-ts-affinity.yaml), for
+                            servers that keep sessions in their process (TypeScript/Python SDKs,
+                            server-everything): every request of a session goes to its replica
 
 Prints a walk-through (continuation, restart, stripped POST cursor) and the guard's labelled
 stats, then keeps running until Ctrl-C. The walk-through never ends the demo: a step the
@@ -14,6 +17,7 @@ kernel (each child has PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import shutil
 import signal
@@ -36,6 +40,8 @@ from stack.topology import Stack
 URL = f"http://{HOST}:{ENVOY_PORT}{mcp.PATH}"
 CLI = BIN / "mcp-guard"
 STEP_TIMEOUT = 3.0  # seconds any one walk-through read may wait
+# The Envoy config with session affinity on Mcp-Session-Id, composed with the guard's owner pin.
+AFFINITY_BASE = "envoy-ts-affinity.yaml"
 
 
 def set_pdeathsig() -> None:
@@ -188,6 +194,7 @@ class Demo:
         state = self.state = Path(tempfile.mkdtemp(prefix="mcp-demo-"))
         self.stack = Stack(state, replicas="naive", replica_args={"ring": 64, "tick_ms": 500},
                            ownership_args=store_flag, upstreams=upstreams, name="demo-envoy",
+                           base=AFFINITY_BASE if args.affinity else None,
                            configure=run_config(config) if config is not None else None)
         self.stack.start()
         envoy = self.stack.envoy = Envoy("demo-envoy", self.stack.gateway_config(0))
@@ -197,6 +204,9 @@ class Demo:
             f"{HOST}:{p}" for p in REPLICA_PORTS)
         print(f"Envoy on {URL} (admin http://{HOST}:{ADMIN_PORT}), ownership on "
               f"{HOST}:{OWNERSHIP_PORT} (store: {args.store or 'memory'}), upstreams: {where}")
+        if args.affinity:
+            print(f"session affinity on Mcp-Session-Id (envoy/{AFFINITY_BASE}): the session id clients see "
+                  "carries its replica (`<replica>;UV:<server's id>`), and every request of the session goes there")
         for p in self.running():
             print(f"  {p.name}: pid {p.proc.pid if p.proc else '?'}, log {p.log_path}")
         walkthrough(envoy.cfg_path)
@@ -238,6 +248,18 @@ def inspect(cfg: Path, cursor: str, session: str) -> str:
     return (r.stdout or r.stderr).rstrip()
 
 
+def server_session(sid: str) -> str:
+    """The server's own session id, to which the guard binds cursors. With affinity the client
+    sees Envoy's envelope, `<base64 replica>;UV:<base64 server id>`."""
+    _, sep, wrapped = sid.partition(";UV:")
+    if not sep:
+        return sid
+    try:
+        return base64.b64decode(wrapped, validate=True).decode()
+    except ValueError:
+        return sid
+
+
 @step("initialize")
 def do_initialize(c: mcp.Client) -> str:
     sid = c.initialize()
@@ -259,7 +281,7 @@ def do_get_stream(c: mcp.Client, cfg: Path) -> list[mcp.Event]:
     with_ids = [e for e in evs if e.id]
     if with_ids and c.session:
         print("   the first id, decoded by `mcp-guard inspect-cursor`:")
-        print("     " + inspect(cfg, with_ids[0].id, c.session).replace("\n", "\n     "))
+        print("     " + inspect(cfg, with_ids[0].id, server_session(c.session)).replace("\n", "\n     "))
     return with_ids
 
 
@@ -347,6 +369,8 @@ def main() -> int:
     ap.add_argument("--upstreams", default="", help="ip:port,... of your MCP replicas (default: three demo replicas)")
     ap.add_argument("--config", default="", help="plugin configuration JSON to run instead of the demo one")
     ap.add_argument("--store", default="memory", help="memory | redis://HOST:PORT | redis-cluster://...")
+    ap.add_argument("--affinity", action="store_true",
+                    help="session affinity on Mcp-Session-Id (for servers that keep sessions in process)")
     ap.add_argument("--once", action="store_true", help="stop after the walk-through (for tests and CI)")
     args = ap.parse_args()
     demo = Demo()

@@ -4,7 +4,8 @@
   `initialize`-shaped POSTs at any rate, with a made-up X-Forwarded-For on each, leaves every
   other client's `initialize` alone;
 - a stream that breaks (its HTTP/1.1 upstream exits mid-SSE) reaches the client as EOF within the
-  shipped `delayed_close_timeout` (envoy/envoy.yaml), not Envoy's default second.
+  shipped `delayed_close_timeout` (envoy/envoy.yaml), not Envoy's default second;
+- `make demo AFFINITY=1` keeps a session on its replica.
 
 Clients bind to their own loopback addresses (127.0.0.2, 127.0.0.3, ...): Linux routes all of
 127.0.0.0/8 to lo.
@@ -13,8 +14,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import re
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -138,3 +143,25 @@ def test_a_broken_stream_reaches_the_client_within_the_delayed_close(fresh):
     # The client resumes only after this: within the grace plus scheduling slack, and the grace
     # is short (Envoy's default 1 s fails here).
     assert shipped <= 0.25 and max(delays) < shipped + 0.4, (shipped, delays)
+
+
+# Its own ports, clear of this suite's stack (which holds PORT_OFFSET's).
+DEMO_OFFSET = h.PORT_OFFSET + 300
+
+
+def test_demo_affinity_keeps_a_session_on_its_replica():
+    """`make demo AFFINITY=1` (scripts/demo.py --affinity): Envoy with session affinity on
+    Mcp-Session-Id; the session id the client sees carries its replica, the walk-through's
+    cursor is bound to the server's own id, and the session's GET stream and its continuation
+    are served by the same replica."""
+    env = {**os.environ, "E2E_PORT_OFFSET": str(DEMO_OFFSET), "PYTHONPATH": str(h.ROOT / "tools")}
+    r = subprocess.run([sys.executable, str(h.ROOT / "scripts" / "demo.py"), "--once", "--affinity"],
+                       env=env, capture_output=True, text=True, timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "stopped everything the demo started." in out, out
+    assert "session affinity on Mcp-Session-Id (envoy/envoy-ts-affinity.yaml)" in out, out
+    assert re.search(r"Mcp-Session-Id: \S+;UV:\S+", out), out
+    assert "bound to session: yes" in out, out
+    served = re.findall(r"served by (r\d)", out)
+    assert len(served) == 2 and served[0] == served[1], out
+    assert "replay starts at the next event: True" in out, out
