@@ -1092,3 +1092,17 @@ def test_envoy_gateway_backend_traffic_policy():
     assert 0 < cb["maxPendingRequests"] <= 10_000 and cb["maxParallelRetries"] == 0
     assert set(sp["tcpKeepalive"]) == {"idleTime", "interval", "probes"}
     assert sp["timeout"]["http"]["connectionIdleTimeout"]
+
+
+def test_readme_istio_example_takes_its_secrets_from_the_environment():
+    """README's WasmPlugin example is the shipped one in small: the key and the ownership token
+    come from the gateway's environment (a Secret), never a literal in pluginConfig."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    (wp,) = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind") == "WasmPlugin"]
+    pc = wp["spec"]["pluginConfig"]
+    assert all("secret" not in k and k.get("secret_env") for k in pc["keys"]), pc["keys"]
+    assert pc["ownership"].get("token_env"), pc["ownership"]
+    wanted = {k["secret_env"] for k in pc["keys"]} | {pc["ownership"]["token_env"]}
+    assert {e["name"] for e in wp["spec"]["vmConfig"]["env"] if e["valueFrom"] == "HOST"} == wanted
+    shipped = one("WasmPlugin")["spec"]
+    assert {e["name"] for e in shipped["vmConfig"]["env"]} == wanted
