@@ -27,7 +27,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 const MOJIBAKE_BOM: &[u8] = b"\xC3\xAF\xC2\xBB\xC2\xBF";
 
 /// One event as a parser reports it: type ("" or absent read as "message"), data, the id it carries.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Event {
     event: String,
     data: String,
@@ -627,7 +627,14 @@ fn the_model_reads_streams_as_the_sdk_parsers_do() {
         let fresh = record(&cases, &answers.0, &answers.1);
         let path = repo().join(RECORDED);
         if std::env::var("SSE_DIFF_RECORD").is_ok_and(|v| v == "1") {
-            std::fs::write(&path, serde_json::to_string(&fresh).expect("JSON") + "\n")
+            // One case per line, so a re-recording's diff shows which cases changed.
+            let lines: Vec<String> = fresh
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(Value::to_string)
+                .collect();
+            std::fs::write(&path, format!("[\n{}\n]\n", lines.join(",\n")))
                 .expect("write recorded");
         }
         let recorded: Value = std::fs::read_to_string(&path)
