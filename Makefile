@@ -112,6 +112,13 @@ lint: rust-targets
 unit: redis
 	cargo test --workspace $(REDIS_TESTS)
 
+# The client model (core/src/eventsource.rs) against the SSE parsers the real SDK clients use
+# (tests/sse-diff: eventsource-parser in Node, httpx2 in .venv), live; fails if they are absent.
+# `make check` checks the model against their recorded answers instead (tests/sse-diff/recorded.json).
+.PHONY: sse-diff
+sse-diff: interop-deps
+	SSE_DIFF_LIVE=1 cargo test -p mcp-resume-core --test sse_differential -- --nocapture
+
 # The core's unit tests as wasm32-wasip1, the guard's own target (simd128 as built), in Node's V8 with
 # Node's built-in WASI: nothing to install.
 WASI_RUNNER := CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/tools/wasi-run.mjs"
@@ -147,7 +154,7 @@ e2e-native: venv build native
 
 # A one-off build keeps no incremental caches (about 1.8 GB in target/debug/incremental).
 test: export CARGO_INCREMENTAL ?= 0
-test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke
+test: tools lint unit sse-diff wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke
 	@echo "make test: all green"
 
 # ---- the quick loop ----------------------------------------------------------

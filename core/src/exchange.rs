@@ -264,8 +264,10 @@ struct ResponseView {
     status: u32,
     /// `Mcp-Session-Id`, copied; `None` when absent or repeated.
     session_id: Option<Vec<u8>>,
-    /// The first `Content-Type` is `text/event-stream`.
+    /// Some `Content-Type` mentions `text/event-stream` (see [`is_event_stream`]).
     is_sse: bool,
+    /// A `Location` header is present.
+    location: bool,
     /// The first `Content-Encoding` names anything but identity.
     encoded: bool,
     content_length: bool,
@@ -275,7 +277,7 @@ impl ResponseView {
     fn read<F: HeaderField>(h: &[F], owner_header: &str) -> Self {
         let owner_header = owner_header.as_bytes();
         let mut r = ResponseView::default();
-        let (mut status, mut sid, mut sids, mut ct, mut ce) = (None, None, 0, None, None);
+        let (mut status, mut sid, mut sids, mut ce) = (None, None, 0, None);
         for f in h {
             let (k, v) = (f.name(), f.value());
             if k.eq_ignore_ascii_case(b":status") {
@@ -284,7 +286,10 @@ impl ResponseView {
                 sids += 1;
                 sid.get_or_insert(v);
             } else if k.eq_ignore_ascii_case(b"content-type") {
-                ct.get_or_insert(v);
+                // Every instance: clients join repeated headers (", ") and read the joined value.
+                r.is_sse |= is_event_stream(v);
+            } else if k.eq_ignore_ascii_case(b"location") {
+                r.location = true;
             } else if k.eq_ignore_ascii_case(b"content-encoding") {
                 ce.get_or_insert(v);
             } else if k.eq_ignore_ascii_case(b"content-length") {
@@ -298,25 +303,33 @@ impl ResponseView {
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
         r.session_id = sid.filter(|_| sids == 1).map(<[u8]>::to_vec);
-        r.is_sse = ct.is_some_and(is_event_stream);
         r.encoded = encoded(ce);
         r
     }
+
+    /// Whether some client reads this response's body as an event stream, so its ids must be
+    /// rewritten. The TypeScript SDK reads any 2xx GET body as SSE without looking at the
+    /// `Content-Type`, and a POST's when the media type is `text/event-stream`; Python's reads a
+    /// POST's at any status below 400 but a redirect when the `Content-Type` starts with
+    /// `text/event-stream`.
+    fn client_reads_sse(&self, get: bool) -> bool {
+        let redirect = matches!(self.status, 301 | 302 | 303 | 307 | 308) && self.location;
+        match self.status {
+            200..=299 => get || self.is_sse,
+            300..=399 => self.is_sse && !redirect,
+            _ => false,
+        }
+    }
 }
 
-/// Is a `Content-Type` value `text/event-stream` (leading whitespace and case aside)?
+/// Does a `Content-Type` value mention `text/event-stream` anywhere (ASCII case aside)? Clients
+/// differ: the TypeScript SDK compares the parsed media type, Python's takes any value that
+/// starts with it (`text/event-stream, text/plain`, `text/event-streams`), and joined headers put
+/// it after a comma. Mentioning it anywhere covers them all; a false positive only rewrites ids
+/// nobody reads.
 fn is_event_stream(ct: &[u8]) -> bool {
     const SSE: &[u8] = b"text/event-stream";
-    let t = ct.trim_ascii_start();
-    if t.first().is_some_and(|b| !b.is_ascii()) {
-        // Unicode whitespace may lead it: the text's own rules decide.
-        return lossy(ct)
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("text/event-stream");
-    }
-    t.get(..SSE.len())
-        .is_some_and(|p| p.eq_ignore_ascii_case(SSE))
+    ct.windows(SSE.len()).any(|w| w.eq_ignore_ascii_case(SSE))
 }
 
 /// The callout as a small state machine keyed by its token.
@@ -607,6 +620,10 @@ impl Exchange {
         // Everything read from the headers (copied where kept), before the first host call.
         let h = ResponseView::read(headers, &w.config.owner_header);
         let status = h.status;
+        // Whatever some client reads as SSE is relayed as a stream, its ids rewritten.
+        let sse_ok = h.client_reads_sse(self.req.method == "GET");
+        // Only a declared event stream counts as a continuation's replay.
+        let replay = h.is_sse && (200..300).contains(&status);
         self.req.response_session_id = h.session_id;
         // stateful_session echoes the chosen host to clients; the owner never leaks.
         if h.owner_header {
@@ -625,7 +642,6 @@ impl Exchange {
         self.record_session(w, host, status);
         // The body is final now: a POST's id not found yet is not coming.
         self.req.id_scan = None;
-        let sse_ok = h.is_sse && (200..300).contains(&status);
         if sse_ok && h.encoded {
             // Its ids cannot be read, rewritten or checked: never relayed.
             let (kind, request_id) = self.stream_identity();
@@ -640,7 +656,7 @@ impl Exchange {
             // (no SSE, an error, or no body at all): refused by name. A 2xx without the replay
             // shows the owner no longer holds the log; an error status (another reader holds
             // the stream, the session ended) refuses this resume only.
-            if !expected.is_empty() && (!sse_ok || end_of_stream) {
+            if !expected.is_empty() && (!replay || end_of_stream) {
                 let cursor = cursor.clone();
                 if (200..300).contains(&status) {
                     self.record_stream_lost(w, host, &cursor);

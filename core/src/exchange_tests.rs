@@ -939,5 +939,102 @@ fn a_rewritten_streams_length_is_removed_only_when_it_has_one() {
     assert!(!removed(sse_ok()), "no length: no host call");
 }
 
+/// The ids a client is handed when a fresh `method` request is answered with `response` and a body
+/// holding `id: r1`: the raw one when the guard leaves the body alone.
+fn fresh_answer_ids(method: &str, response: &[(&str, &str)]) -> Vec<String> {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let req = hdrs(&[
+        (":method", method),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &req);
+    if ex.wants_request_body() {
+        ex.on_request_body(
+            Some(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#),
+            true,
+        );
+    }
+    rs(&mut ex, &mut w, &mut host, &hdrs(response));
+    if !ex.wants_body() {
+        return vec!["r1".into()];
+    }
+    bd(&mut ex, &mut w, &mut host, b"id: r1\ndata: {}\n\n", true);
+    let ids = ids_in(&host.body());
+    assert!(
+        ids.iter().all(|c| w.config.keyring.decode(c).is_ok()),
+        "{ids:?}"
+    );
+    ids
+}
+
+#[test]
+fn every_answer_a_client_reads_as_sse_has_its_ids_rewritten() {
+    let sse = ("content-type", "text/event-stream");
+    let read_as_sse: [(&str, &[(&str, &str)]); 8] = [
+        // Two headers, which clients join to "text/plain, text/event-stream".
+        (
+            "POST",
+            &[(":status", "200"), ("content-type", "text/plain"), sse],
+        ),
+        (
+            "POST",
+            &[
+                (":status", "200"),
+                ("content-type", "text/plain, text/event-stream"),
+            ],
+        ),
+        // Python takes any value starting with it.
+        (
+            "POST",
+            &[
+                (":status", "200"),
+                ("content-type", "text/event-stream, text/plain"),
+            ],
+        ),
+        (
+            "POST",
+            &[
+                (":status", "200"),
+                ("content-type", "TEXT/Event-Stream;charset=utf-8"),
+            ],
+        ),
+        // The TypeScript SDK reads any 2xx GET body as SSE.
+        ("GET", &[(":status", "200"), ("content-type", "text/plain")]),
+        ("GET", &[(":status", "200")]),
+        // Python reads a POST's body below 400 unless it is a redirect.
+        ("POST", &[(":status", "300"), sse]),
+        ("POST", &[(":status", "307"), sse]),
+    ];
+    for (method, response) in read_as_sse {
+        let ids = fresh_answer_ids(method, response);
+        assert!(
+            ids.len() == 1 && ids[0] != "r1",
+            "{method} {response:?}: {ids:?}"
+        );
+    }
+    // Nobody reads these as SSE: the guard leaves them alone.
+    let not_sse: [(&str, &[(&str, &str)]); 3] = [
+        (
+            "POST",
+            &[(":status", "200"), ("content-type", "text/plain")],
+        ),
+        (
+            "POST",
+            &[(":status", "307"), ("location", "/elsewhere"), sse],
+        ),
+        ("GET", &[(":status", "404"), sse]),
+    ];
+    for (method, response) in not_sse {
+        assert_eq!(
+            fresh_answer_ids(method, response),
+            ["r1"],
+            "{method} {response:?}"
+        );
+    }
+}
+
 #[path = "exchange_refusal_tests.rs"]
 mod refusals;

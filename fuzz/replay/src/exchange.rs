@@ -577,7 +577,10 @@ impl Run {
                 "Mcp-Resume without a refusal: {resume:?}"
             );
         }
-        x.rewrites = x.mcp && *sse && (200..300).contains(&status);
+        // Bodies some client reads as SSE: a 2xx event stream, and any 2xx GET body (the
+        // TypeScript SDK does not look at a GET's Content-Type).
+        let is_get = get(&x.fwd, ":method") == Some(b"GET");
+        x.rewrites = x.mcp && (200..300).contains(&status) && (*sse || is_get);
         assert_eq!(
             x.ex.wants_body(),
             x.rewrites,

@@ -5,6 +5,7 @@
 mod client;
 mod config;
 mod cursor;
+mod eventsource;
 mod exchange;
 mod keys;
 mod ownership;
@@ -13,6 +14,7 @@ mod stream;
 
 pub use config::config_parse;
 pub use cursor::cursor_decode;
+pub use eventsource::eventsource;
 pub use exchange::exchange;
 pub use ownership::ownership_request;
 pub use sse::sse_rewriter;
@@ -29,4 +31,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("config_parse", config_parse),
     ("ownership_request", ownership_request),
     ("exchange", exchange),
+    ("eventsource", eventsource),
 ];
