@@ -9,11 +9,13 @@ mod host;
 use host::{Metrics, ProxyHost};
 use mcp_resume_core::config::Config;
 use mcp_resume_core::exchange::{Action as CoreAction, Exchange, Worker};
+use mcp_resume_core::host::Host as _;
 use mcp_resume_core::host::LogLevel;
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MapType};
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 proxy_wasm::main! {{
@@ -22,7 +24,12 @@ proxy_wasm::main! {{
     std::panic::set_hook(Box::new(|info| {
         host::log(LogLevel::Critical, &format!("mcp-resume-guard: panic: {info}"));
     }));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Guard::default()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(Guard {
+            id,
+            ..Guard::default()
+        })
+    });
 }}
 
 fn action(a: CoreAction) -> Action {
@@ -36,8 +43,60 @@ fn action(a: CoreAction) -> Action {
 /// queue) and the metric ids. `Guard` and `Filter` name the same things in the native build.
 #[derive(Default)]
 struct Guard {
+    /// The root context's id: the tick switches back to it after acting on a stream.
+    id: u32,
     worker: Option<Rc<RefCell<Worker>>>,
     metrics: Option<Rc<Metrics>>,
+    waiting: Waiting,
+}
+
+/// Streams whose exchange has a deadline (a continuation waiting for its owner's response
+/// headers), by context id: proxy-wasm has no per-stream timer, so the root's tick serves them.
+type Waiting = Rc<RefCell<Vec<(u32, Weak<RefCell<Exchange>>)>>>;
+
+impl Guard {
+    /// Hands every exchange whose deadline passed to the core, acting on its own stream
+    /// (`set_effective_context`; Envoy sends a local reply after the VM call). Exchanges
+    /// without a deadline any more, or gone, leave the list.
+    fn expire(&self, w: &RefCell<Worker>, m: &Metrics) {
+        let mut h = ProxyHost::new(m);
+        let due: Vec<(u32, Rc<RefCell<Exchange>>)> = {
+            let mut list = self.waiting.borrow_mut();
+            if list.is_empty() {
+                return;
+            }
+            let now = h.now_ms();
+            let mut due = Vec::new();
+            list.retain(|(id, ex)| {
+                let Some(ex) = ex.upgrade() else {
+                    return false;
+                };
+                let deadline = ex.try_borrow().ok().map(|e| e.deadline_ms());
+                match deadline {
+                    Some(None) => false,
+                    Some(Some(d)) if d <= now => {
+                        due.push((*id, ex));
+                        false
+                    }
+                    _ => true,
+                }
+            });
+            due
+        };
+        for (id, ex) in due {
+            if let Err(s) = hostcalls::set_effective_context(id) {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("mcp-resume-guard: set_effective_context failed: {s:?}"),
+                );
+                continue;
+            }
+            if let (Ok(mut w), Ok(mut ex)) = (w.try_borrow_mut(), ex.try_borrow_mut()) {
+                ex.on_deadline(&mut w, &mut h);
+            }
+        }
+        let _ = hostcalls::set_effective_context(self.id);
+    }
 }
 
 impl Context for Guard {
@@ -79,14 +138,17 @@ impl RootContext for Guard {
         if let (Some(w), Some(m)) = (&self.worker, &self.metrics) {
             let mut h = ProxyHost::new(m);
             w.borrow_mut().on_tick(&mut h);
+            self.expire(w, m);
         }
     }
 
-    fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Filter {
+            id,
             worker: self.worker.clone()?,
             metrics: self.metrics.clone()?,
-            exchange: Exchange::new(),
+            exchange: Rc::new(RefCell::new(Exchange::new())),
+            waiting: self.waiting.clone(),
         }))
     }
 
@@ -97,9 +159,12 @@ impl RootContext for Guard {
 
 /// One request/response through the guard (proxy-wasm's HTTP context).
 struct Filter {
+    id: u32,
     worker: Rc<RefCell<Worker>>,
     metrics: Rc<Metrics>,
-    exchange: Exchange,
+    /// Shared with the root's list of waiting streams ([`Guard::expire`]).
+    exchange: Rc<RefCell<Exchange>>,
+    waiting: Waiting,
 }
 
 impl Context for Filter {
@@ -112,8 +177,13 @@ impl Context for Filter {
         let body = host::call_body(body);
         let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
-        self.exchange
-            .on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+        let mut ex = self.exchange.borrow_mut();
+        ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+        // A continuation went to its owner: the root's tick watches its deadline.
+        if ex.deadline_ms().is_some() {
+            let me = Rc::downgrade(&self.exchange);
+            self.waiting.borrow_mut().push((self.id, me));
+        }
     }
 
     /// Envoy calls this once, when it destroys the stream's filter (`onDestroy`), whatever
@@ -121,7 +191,7 @@ impl Context for Filter {
     fn on_done(&mut self) -> bool {
         let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
-        self.exchange.on_stream_end(&mut w, &mut h);
+        self.exchange.borrow_mut().on_stream_end(&mut w, &mut h);
         true
     }
 }
@@ -131,16 +201,15 @@ impl HttpContext for Filter {
         let headers = host::header_map(MapType::HttpRequestHeaders);
         let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
-        action(
-            self.exchange
-                .on_request_headers(&mut w, &mut h, headers.as_deref()),
-        )
+        let mut ex = self.exchange.borrow_mut();
+        action(ex.on_request_headers(&mut w, &mut h, headers.as_deref()))
     }
 
     fn on_http_request_body(&mut self, size: usize, eos: bool) -> Action {
-        if self.exchange.wants_request_body() {
+        let mut ex = self.exchange.borrow_mut();
+        if ex.wants_request_body() {
             let chunk = host::request_body(size);
-            self.exchange.on_request_body(chunk.as_deref(), eos);
+            ex.on_request_body(chunk.as_deref(), eos);
         }
         Action::Continue
     }
@@ -148,20 +217,19 @@ impl HttpContext for Filter {
     fn on_http_response_headers(&mut self, _n: usize, eos: bool) -> Action {
         let mut h = ProxyHost::new(&self.metrics);
         let mut w = self.worker.borrow_mut();
-        if !self.exchange.wants_response_headers() {
+        let mut ex = self.exchange.borrow_mut();
+        if !ex.wants_response_headers() {
             // No map read: only the owner header goes.
-            self.exchange.on_response_headers_unread(&mut w, &mut h);
+            ex.on_response_headers_unread(&mut w, &mut h);
             return Action::Continue;
         }
         let headers = host::header_map(MapType::HttpResponseHeaders);
-        action(
-            self.exchange
-                .on_response_headers(&mut w, &mut h, headers.as_deref(), eos),
-        )
+        action(ex.on_response_headers(&mut w, &mut h, headers.as_deref(), eos))
     }
 
     fn on_http_response_body(&mut self, size: usize, eos: bool) -> Action {
-        if !self.exchange.wants_body() {
+        let mut ex = self.exchange.borrow_mut();
+        if !ex.wants_body() {
             return Action::Continue;
         }
         let chunk = host::response_body(size);
@@ -173,9 +241,6 @@ impl HttpContext for Filter {
         let mut w = self.worker.borrow_mut();
         // Pause (at the end) is StopIterationAndBuffer: Envoy holds the body until the
         // exchange finishes it from the callout's answer (`finish_held_response`).
-        action(
-            self.exchange
-                .on_response_body(&mut w, &mut h, chunk.as_deref(), eos),
-        )
+        action(ex.on_response_body(&mut w, &mut h, chunk.as_deref(), eos))
     }
 }

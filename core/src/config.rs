@@ -165,6 +165,10 @@ pub struct RawConfig {
     /// Evidence a continuation needs: `relayed` (default) or `asserted`.
     #[serde(default)]
     pub contiguity: Contiguity,
+    /// How long a continuation waits for its owner's response headers before the guard
+    /// answers it itself (`owner_busy`): a hung owner must not hang the client.
+    #[serde(default = "default_continuation_headers_timeout_ms")]
+    pub continuation_headers_timeout_ms: u64,
 }
 
 fn default_paths() -> Vec<String> {
@@ -182,6 +186,9 @@ fn default_max_hold() -> usize {
 fn default_true() -> bool {
     true
 }
+fn default_continuation_headers_timeout_ms() -> u64 {
+    5000
+}
 
 pub use crate::path::PathMatch;
 
@@ -198,6 +205,7 @@ pub struct Config {
     pub max_event_hold_bytes: usize,
     pub suppress_cursor_echo: bool,
     pub contiguity: Contiguity,
+    pub continuation_headers_timeout_ms: u64,
     /// The values taken from the environment (`secret_env`, `token_env`), in field order.
     pub from_env: Vec<EnvRef>,
 }
@@ -352,6 +360,12 @@ impl Config {
         if raw.max_event_hold_bytes < 1024 {
             return Err(err("max_event_hold_bytes", "must be at least 1024"));
         }
+        if !(100..=300_000).contains(&raw.continuation_headers_timeout_ms) {
+            return Err(err(
+                "continuation_headers_timeout_ms",
+                "must be between 100 and 300000",
+            ));
+        }
         let keyring =
             keyring(&raw.keys, env, &mut from_env)?.with_legacy_macs(raw.legacy_cursor_macs);
         Ok(Config {
@@ -365,6 +379,7 @@ impl Config {
             max_event_hold_bytes: raw.max_event_hold_bytes,
             suppress_cursor_echo: raw.suppress_cursor_echo,
             contiguity: raw.contiguity,
+            continuation_headers_timeout_ms: raw.continuation_headers_timeout_ms,
             from_env,
         })
     }
@@ -653,6 +668,28 @@ mod tests {
         assert_eq!(c.ownership.timeout_ms, 250);
         assert_eq!(c.ownership.record_window, 4096);
         assert_eq!(c.contiguity, Contiguity::Relayed);
+    }
+
+    #[test]
+    fn continuation_headers_timeout_has_a_bounded_default() {
+        let c = Config::from_json(json("").as_bytes());
+        assert_eq!(
+            c.map(|c| c.continuation_headers_timeout_ms).ok(),
+            Some(5000)
+        );
+        let field = "continuation_headers_timeout_ms";
+        assert_eq!(
+            field_of(&json(r#","continuation_headers_timeout_ms":100"#)),
+            "ok"
+        );
+        assert_eq!(
+            field_of(&json(r#","continuation_headers_timeout_ms":99"#)),
+            field
+        );
+        assert_eq!(
+            field_of(&json(r#","continuation_headers_timeout_ms":300001"#)),
+            field
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::cursor::{
     MAX_EMBEDDED_REQUEST_ID_BYTES,
 };
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
-use crate::host::{CalloutFailure, Host, Stat};
+use crate::host::{CalloutFailure, Host, LogLevel, Stat};
 use crate::jsonrpc::{RequestIdScanner, Scan};
 use crate::ownership::{
     check_version, post_headers, BranchAnswer, BranchQuery, Reason, Record, ResumeQuery,
@@ -385,6 +385,9 @@ pub struct Exchange {
     /// The replica ended this branch; the end is held while the store says (answering this
     /// token) whether another branch of the incarnation is open: then this one was overtaken.
     ending: Option<u32>,
+    /// When a continuation forwarded to its owner must have its response headers (host
+    /// clock, ms); `None` once they came or the exchange ended.
+    headers_due: Option<u64>,
 }
 
 impl Default for Exchange {
@@ -410,6 +413,7 @@ impl Exchange {
             branch: 0,
             branch_open: false,
             ending: None,
+            headers_due: None,
         }
     }
 
@@ -566,7 +570,8 @@ impl Exchange {
         else {
             return;
         };
-        host.observe_callout_ms(host.now_ms().saturating_sub(started_ms));
+        let now = host.now_ms();
+        host.observe_callout_ms(now.saturating_sub(started_ms));
         let action = match status {
             // A reset after the callout's headers, or a failure before any response, arrives
             // without headers; Envoy reports timeouts and refused connections as its own 503/504.
@@ -577,6 +582,11 @@ impl Exchange {
             }
             Some(_) => self.callout_failed(w, host, &cursor, CalloutFailure::Status),
         };
+        if let Phase::Continuing { .. } = self.phase {
+            // Forwarded to the owner: its response headers are due within the bound.
+            let wait = w.config.continuation_headers_timeout_ms;
+            self.headers_due = Some(now.saturating_add(wait));
+        }
         if action == Action::Continue {
             host.resume_request();
         }
@@ -587,6 +597,41 @@ impl Exchange {
     /// [`Exchange::on_response_headers_unread`].
     pub fn wants_response_headers(&self) -> bool {
         self.req.mcp && !matches!(self.phase, Phase::Replied)
+    }
+
+    /// When the adapter must call [`Exchange::on_deadline`] (host clock, ms): a continuation
+    /// is waiting for its owner's response headers. `None`: no deadline pending.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        match self.phase {
+            Phase::Continuing { .. } => self.headers_due,
+            _ => None,
+        }
+    }
+
+    /// The adapter's timer, for an exchange with a [`Exchange::deadline_ms`] (early calls do
+    /// nothing). Past the deadline the owner is taken as hung: the continuation is answered
+    /// here (`owner_busy`: a request stream's call settled, a GET stream's resume rejected)
+    /// through [`Host::send_local_response`], acting on this exchange's stream. `true` when
+    /// it answered.
+    pub fn on_deadline<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> bool {
+        let Some(due) = self.deadline_ms() else {
+            return false;
+        };
+        if host.now_ms() < due {
+            return false;
+        }
+        self.headers_due = None;
+        let Phase::Continuing { cursor, owner, .. } = &self.phase else {
+            return false;
+        };
+        let (cursor, owner) = (cursor.clone(), owner.clone());
+        let ms = w.config.continuation_headers_timeout_ms;
+        host.log(
+            LogLevel::Warn,
+            &format!("mcp-resume-guard: owner {owner} sent no response headers in {ms} ms"),
+        );
+        self.owner_busy(w, host, &cursor);
+        true
     }
 
     /// Response headers the exchange does not need to read (not an MCP request, or a local
@@ -604,6 +649,7 @@ impl Exchange {
         headers: Option<&[F]>,
         end_of_stream: bool,
     ) -> Action {
+        self.headers_due = None;
         if !self.wants_response_headers() {
             self.on_response_headers_unread(w, host);
             return Action::Continue;
@@ -652,13 +698,16 @@ impl Exchange {
             cursor, expected, ..
         } = &self.phase
         {
-            // Events after the cursor are recorded, and the owner answered without a replay
-            // (no SSE, an error, or no body at all): refused by name. A 2xx without the replay
-            // shows the owner no longer holds the log; an error status (another reader holds
-            // the stream, the session ended) refuses this resume only.
-            if !expected.is_empty() && (!replay || end_of_stream) {
+            // The owner answered without a replay (no SSE, an error, or no body at all) while
+            // events after the cursor are recorded, or while a request stream's call still
+            // waits for its response (a restarted owner's own 400): refused by name, never
+            // passed through unsignalled. A 2xx without the recorded replay shows the owner no
+            // longer holds the log; an error status (another reader holds the stream, the
+            // session ended) refuses this resume only.
+            let owed = !expected.is_empty() || cursor.kind == StreamKind::Request;
+            if owed && (!replay || end_of_stream) {
                 let cursor = cursor.clone();
-                if (200..300).contains(&status) {
+                if (200..300).contains(&status) && !expected.is_empty() {
                     self.record_stream_lost(w, host, &cursor);
                 }
                 self.refuse_response(
@@ -753,6 +802,7 @@ impl Exchange {
     /// The request's stream is over (complete, reset or abandoned): its branch no longer holds
     /// the stream. Adapters call this once, when the proxy is done with the request.
     pub fn on_stream_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
+        self.headers_due = None;
         if let Some((_, inc)) = &self.record_keys {
             // A word the stream can no longer use must not linger.
             if !w.overtaken.is_empty() {
@@ -894,6 +944,9 @@ impl Exchange {
             }
         };
         self.after_relay(w, host, flow, out);
+        if eos {
+            self.settle_unanswered_end(w, host, out);
+        }
     }
 
     /// The response ended: the stream's held bytes and its end checks go out.
@@ -901,7 +954,32 @@ impl Exchange {
         if let Some(stream) = self.stream.as_mut() {
             let flow = stream.finish(out);
             self.after_relay(w, host, flow, out);
+            self.settle_unanswered_end(w, host, out);
         }
+    }
+
+    /// A request stream's continuation ended without relaying a single event: its call's
+    /// response did not come, and the client would resume into the same empty answer (or
+    /// wait forever). Its end says so (`replay_missing`) and settles the call.
+    fn settle_unanswered_end<H: Host>(&mut self, w: &Worker, host: &mut H, out: &mut Vec<u8>) {
+        let Phase::Continuing { cursor, .. } = &self.phase else {
+            return;
+        };
+        let Some(stream) = self.stream.as_ref() else {
+            return;
+        };
+        let unanswered = cursor.kind == StreamKind::Request
+            && stream.rewritten() == 0
+            && stream.cut_reason().is_none()
+            && !stream.output_mid_block();
+        if !unanswered {
+            return;
+        }
+        let reason = Reason::ReplayMissing;
+        host.count(Stat::Refused(reason), 1);
+        out.extend_from_slice(control_event(reason).as_bytes());
+        self.settle_tail(w, out, reason);
+        self.phase = Phase::Replied;
     }
 
     fn after_relay<H: Host>(
@@ -1323,16 +1401,20 @@ impl Exchange {
     /// reset connection, its own 5xx, a full circuit breaker) may pass, so only this resume is
     /// refused (`owner_busy`) and a later one may continue. Either way the client hears it.
     fn owner_failed<H: Host>(&mut self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
-        let gone = host.response_code_details().as_deref() == Some(OWNER_NOT_IN_CLUSTER);
-        let reason = if gone {
-            self.record_stream_lost(w, host, cursor);
-            Reason::OwnerUnavailable
-        } else {
-            self.record_owner_failed(w, host, cursor);
-            Reason::OwnerBusy
-        };
+        if host.response_code_details().as_deref() != Some(OWNER_NOT_IN_CLUSTER) {
+            return self.owner_busy(w, host, cursor);
+        }
+        self.record_stream_lost(w, host, cursor);
         let id = cursor.request_id.as_deref();
-        self.refuse_response(w, host, reason, cursor.kind, id);
+        self.refuse_response(w, host, Reason::OwnerUnavailable, cursor.kind, id);
+    }
+
+    /// The owner failed (or did not answer) the continuation in a way that may pass: only
+    /// this resume is refused; the store declares the stream lost if such failures persist.
+    fn owner_busy<H: Host>(&mut self, w: &mut Worker, host: &mut H, cursor: &DecodedCursor) {
+        self.record_owner_failed(w, host, cursor);
+        let id = cursor.request_id.as_deref();
+        self.refuse_response(w, host, Reason::OwnerBusy, cursor.kind, id);
     }
 }
 

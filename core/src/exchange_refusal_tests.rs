@@ -270,22 +270,173 @@ fn a_continuation_answered_without_a_replay_is_refused_by_name() {
     assert!(matches!(local_reply(&host.effects), Some((409, b)) if b.contains("replay_missing")));
 }
 
+/// Effects of resuming a stream of `kind` at the recorded head (nothing recorded after it).
+fn continue_at_head(w: &mut Worker, host: &mut MockHost, kind: StreamKind) -> Exchange {
+    match kind {
+        StreamKind::Request => continue_request(w, host, &[]).0,
+        StreamKind::Get => {
+            let c = cursor(w, 42, 3, "e3");
+            let verdict =
+                format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":3}}"#);
+            resume(w, host, &c, &verdict).0
+        }
+    }
+}
+
 #[test]
-fn at_the_recorded_head_an_empty_answer_is_no_loss() {
-    for (answer, eos) in [
-        (&[(":status", "204")][..], true),
+fn at_the_recorded_head_a_request_streams_call_is_settled_but_no_loss_recorded() {
+    // Nothing is recorded after the cursor, yet the call's response is still owed: any answer
+    // but a replay settles it (a restarted owner's own 400 left TypeScript hanging for 30 s).
+    let answers: [(&[(&str, &str)], bool); 6] = [
+        (&[(":status", "204")], true),
         (
-            &[(":status", "200"), ("content-type", "text/event-stream")][..],
+            &[(":status", "200"), ("content-type", "text/event-stream")],
             true,
         ),
-    ] {
+        (
+            &[(":status", "200"), ("content-type", "application/json")],
+            false,
+        ),
+        (
+            &[(":status", "400"), ("content-type", "application/json")],
+            false,
+        ),
+        (&[(":status", "307"), ("location", "/elsewhere")], true),
+        (&[(":status", "404")], true),
+    ];
+    for (answer, eos) in answers {
         let mut w = worker();
         let mut host = MockHost::new();
-        let (mut ex, _) = continue_request(&mut w, &mut host, &[]);
+        let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Request);
         ex.on_response_headers(&mut w, &mut host, Some(&hdrs(answer)), eos);
+        assert_settles(&host.effects, Reason::ReplayMissing, serde_json::json!(7));
+        assert!(!ex.wants_body(), "{answer:?}");
+        let records = drain_records(&mut w, &mut host);
+        let lost = records
+            .iter()
+            .any(|r| matches!(r, Record::StreamLost { .. }));
+        assert!(!lost, "{answer:?}: {records:?}");
+    }
+    // A GET stream has no pending call: at its head the owner's own answer passes.
+    for answer in [&[(":status", "204")][..], &[(":status", "400")][..]] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Get);
+        ex.on_response_headers(&mut w, &mut host, Some(&hdrs(answer)), true);
         assert!(local_reply(&host.effects).is_none(), "{answer:?}");
         assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 0);
     }
+}
+
+#[test]
+fn a_request_continuation_that_ends_without_an_event_settles_its_call() {
+    for body in ["", ": keep-alive\n\n", "retry: 1000\n\n"] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Request);
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
+        let out = body_str(&host);
+        let signal = control_event(Reason::ReplayMissing);
+        assert!(out.starts_with(&format!("{body}{signal}")), "{out}");
+        let msgs = messages(&out);
+        assert_eq!(msgs.len(), 1, "{out}");
+        assert_eq!(msgs[0]["id"], serde_json::json!(7));
+        assert_eq!(msgs[0]["error"]["data"]["reason"], "replay_missing");
+        assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 1);
+    }
+    // A continuation that relays its call's response ends as the replica ended it.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Request);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    let response = "id: e4\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n\n";
+    bd(&mut ex, &mut w, &mut host, response.as_bytes(), true);
+    let out = body_str(&host);
+    assert!(!out.contains("mcp-resume"), "{out}");
+    assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 0);
+    // A GET stream's empty continuation is an ordinary early close.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Get);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, b"", true);
+    assert_eq!(body_str(&host), "");
+}
+
+#[test]
+fn a_registered_empty_request_continuation_settles_once_the_store_answers() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
+    let (mut ex, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 3, 2));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    assert_eq!(bd(&mut ex, &mut w, &mut host, b"", true), Action::Pause);
+    answer_end(&mut ex, &mut w, &mut host, Some(r#"{"forked":false}"#));
+    let tail = held_tail(&host.effects).unwrap_or_default();
+    assert!(
+        tail.starts_with(&control_event(Reason::ReplayMissing)),
+        "{tail}"
+    );
+    assert_eq!(messages(&tail).len(), 1, "{tail}");
+}
+
+#[test]
+fn a_hung_owner_is_answered_at_the_deadline() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let start = host.now_ms;
+    let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Request);
+    assert_eq!(ex.deadline_ms(), Some(start + 5000));
+    // Early: nothing happens.
+    host.now_ms = start + 4999;
+    assert!(!ex.on_deadline(&mut w, &mut host));
+    assert!(local(&host.effects).is_none());
+    // Due: the call is settled, the owner's failure recorded (it may pass: not lost).
+    host.now_ms = start + 5000;
+    assert!(ex.on_deadline(&mut w, &mut host));
+    assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7));
+    assert_eq!(host.stat(Stat::Refused(Reason::OwnerBusy)), 1);
+    assert_eq!(ex.deadline_ms(), None);
+    assert!(!ex.wants_response_headers());
+    assert!(!ex.on_deadline(&mut w, &mut host));
+    let records = drain_records(&mut w, &mut host);
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::OwnerFailed { .. })));
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    // A GET stream's resume gets the rejection, by name.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Get);
+    host.now_ms += 5000;
+    assert!(ex.on_deadline(&mut w, &mut host));
+    let (status, headers, _) = local(&host.effects).expect("no answer");
+    assert_eq!(status, 409);
+    let want = Some("rejected; reason=owner_busy");
+    assert_eq!(header_of(&headers, MCP_RESUME_HEADER), want);
+}
+
+#[test]
+fn the_deadline_is_configured_and_ends_with_the_owners_headers_or_the_stream() {
+    let mut w = Worker::new(config(r#","continuation_headers_timeout_ms":250"#));
+    let mut host = MockHost::new();
+    let start = host.now_ms;
+    // No deadline before a continuation goes to its owner.
+    assert_eq!(Exchange::new().deadline_ms(), None);
+    let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Get);
+    assert_eq!(ex.deadline_ms(), Some(start + 250));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    assert_eq!(ex.deadline_ms(), None);
+    host.now_ms += 10_000;
+    assert!(!ex.on_deadline(&mut w, &mut host));
+    assert!(local(&host.effects).is_none());
+    // A stream that ends while waiting has no deadline left either.
+    let mut ex = continue_at_head(&mut w, &mut host, StreamKind::Get);
+    ex.on_stream_end(&mut w, &mut host);
+    assert_eq!(ex.deadline_ms(), None);
 }
 
 #[test]

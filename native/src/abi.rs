@@ -13,6 +13,7 @@ pub const ABI_VERSION: &[u8] = b"v0.2.0\0";
 pub type HttpFilterConfigEnvoyPtr = *mut c_void;
 pub type HttpFilterEnvoyPtr = *mut c_void;
 pub type ConfigSchedulerPtr = *mut c_void;
+pub type FilterSchedulerPtr = *mut c_void;
 
 /// A buffer owned by Envoy, valid until the end of the current hook.
 #[repr(C)]
@@ -284,6 +285,19 @@ extern "C" {
         body: ModuleBuffer,
         timeout_milliseconds: u64,
     ) -> u32;
+
+    // ---- per-stream scheduling: an event committed from any thread runs the stream's
+    // `on_http_filter_scheduled` on its worker thread (never after the stream is gone) ----
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+        filter: HttpFilterEnvoyPtr,
+    ) -> FilterSchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: FilterSchedulerPtr,
+        event_id: u64,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(
+        scheduler: FilterSchedulerPtr,
+    );
 
     // ---- main-thread scheduling for the config ----
     pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(

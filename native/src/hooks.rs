@@ -290,6 +290,17 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     abi::TRAILERS_CONTINUE
 }
 
+/// An event the module committed to this stream's scheduler (its continuation's deadline).
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
+    event_id: u64,
+) {
+    // SAFETY: `f` is this stream's filter.
+    unsafe { with_filter("scheduled", e, f, (), |f| f.scheduled(e, event_id)) }
+}
+
 /// Envoy calls this once per stream, however it ended (before destroying the filter).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
@@ -311,7 +322,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     abi::LOCAL_REPLY_CONTINUE
 }
 
-// Streamed callouts, per-stream scheduling, per-route config and watermarks are not used; Envoy
+// Streamed callouts, per-route config and watermarks are not used; Envoy
 // looks the hooks up when it loads the filter.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
@@ -357,13 +368,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
     _reason: u32,
 ) {
 }
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
-    _event_id: u64,
-) {
-}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
     _e: HttpFilterEnvoyPtr,

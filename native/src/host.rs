@@ -17,7 +17,7 @@ pub fn log(level: LogLevel, msg: &str) {
     unsafe { abi::envoy_dynamic_module_callback_log(l, ModuleBuffer::of(msg.as_bytes())) }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 /// The config scheduler's only event: run the tick.
 pub const TICK: u64 = 1;
+/// A stream scheduler's only event: its exchange's deadline passed.
+pub const DEADLINE: u64 = 1;
 
 /// A raw Envoy pointer that may cross threads: Envoy's own objects are thread-safe where the
 /// ABI says a callback may be called from any thread (the scheduler), and otherwise only used on
@@ -129,6 +131,10 @@ pub struct Guard {
     /// Records answers that arrived while the tick that sent them was still running.
     early: Mutex<Vec<Answer>>,
     ticker: Mutex<Option<Ticker>>,
+    /// Streams whose exchange waits for a deadline: when it is due (ms) and the stream's
+    /// scheduler. Dynamic modules have no per-stream timer: the tick commits the event, the
+    /// stream's worker runs it. An entry leaves before its scheduler is deleted.
+    deadlines: Mutex<Vec<(u64, EnvoyPtr)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -167,6 +173,7 @@ impl Guard {
             ticking: AtomicBool::new(false),
             early: Mutex::new(Vec::new()),
             ticker: Mutex::new(ticker),
+            deadlines: Mutex::new(Vec::new()),
         })
     }
 
@@ -210,6 +217,31 @@ impl Guard {
         for (id, status, body) in early {
             self.deliver(id, status, body.as_deref());
         }
+        self.fire_deadlines();
+    }
+
+    /// Main thread: commits the deadline event of every stream whose deadline passed (its
+    /// worker thread runs it), once.
+    fn fire_deadlines(&self) {
+        let mut list = lock(&self.deadlines);
+        if list.is_empty() {
+            return;
+        }
+        let now = host::now_ms();
+        list.retain(|(due, scheduler)| {
+            if *due > now {
+                return true;
+            }
+            // SAFETY: commit may be called from any thread; the scheduler is deleted only
+            // after its entry left this list (under this lock).
+            unsafe {
+                abi::envoy_dynamic_module_callback_http_filter_scheduler_commit(
+                    scheduler.0,
+                    DEADLINE,
+                )
+            };
+            false
+        });
     }
 
     /// Main thread: the answer to a records callout.
@@ -252,6 +284,8 @@ pub struct Filter {
     end_owed: Cell<bool>,
     /// The exchange heard the stream's end.
     ended: Cell<bool>,
+    /// This stream's scheduler, made when its exchange first waited for a deadline.
+    scheduler: Cell<Option<EnvoyPtr>>,
 }
 
 thread_local! {
@@ -281,7 +315,53 @@ impl Filter {
             destroyed: Cell::new(false),
             end_owed: Cell::new(false),
             ended: Cell::new(false),
+            scheduler: Cell::new(None),
         }
+    }
+
+    /// After a callout's answer: a continuation forwarded to its owner waits for its response
+    /// headers until the exchange's deadline; the tick fires it ([`Guard::fire_deadlines`]).
+    fn watch_deadline(&self, envoy: HttpFilterEnvoyPtr, ex: &Exchange) {
+        let Some(due) = ex.deadline_ms() else {
+            return;
+        };
+        if self.scheduler.get().is_some() || envoy.is_null() {
+            return;
+        }
+        // SAFETY: the live filter, inside one of its hooks (worker thread).
+        let s = unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_new(envoy) };
+        if s.is_null() {
+            host::log(
+                LogLevel::Error,
+                "mcp-resume-guard: no stream scheduler: a continuation has no deadline",
+            );
+            return;
+        }
+        self.scheduler.set(Some(EnvoyPtr(s)));
+        lock(&self.guard().deadlines).push((due, EnvoyPtr(s)));
+    }
+
+    /// Leaves the deadline list and deletes the scheduler (the filter is being destroyed).
+    fn drop_scheduler(&self) {
+        let Some(s) = self.scheduler.take() else {
+            return;
+        };
+        lock(&self.guard().deadlines).retain(|(_, x)| x.0 != s.0);
+        // SAFETY: made by this filter; no longer in the list, so never committed again.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(s.0) };
+    }
+
+    /// The stream's scheduled event: the exchange's deadline passed (early calls do nothing).
+    pub fn scheduled(&self, envoy: HttpFilterEnvoyPtr, event: u64) {
+        if event != DEADLINE {
+            return;
+        }
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            return;
+        };
+        let mut h = self.host(envoy, false);
+        let mut w = self.guard().worker(self.worker);
+        ex.on_deadline(&mut w, &mut h);
     }
 
     fn guard(&self) -> &Guard {
@@ -326,6 +406,7 @@ impl Filter {
                 action = Action::Continue;
             }
         }
+        self.watch_deadline(envoy, &ex);
         if action == Action::Continue && !h.out.replied {
             abi::HEADERS_CONTINUE
         } else {
@@ -351,6 +432,8 @@ impl Filter {
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
         ex.on_callout_response(&mut w, &mut h, token, status, body.as_deref());
+        drop(w);
+        self.watch_deadline(envoy, &ex);
     }
 
     pub fn request_body(&self, envoy: HttpFilterEnvoyPtr, eos: bool) -> u32 {
@@ -456,6 +539,7 @@ impl Filter {
     /// Envoy destroys the filter; `true` when it can be freed now (no hook of it is running).
     /// A stream Envoy destroys without completing it has ended too.
     pub fn destroy(&self) -> bool {
+        self.drop_scheduler();
         self.destroyed.set(true);
         self.end_owed.set(true);
         if self.busy.get() > 0 {

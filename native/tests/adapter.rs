@@ -201,6 +201,24 @@ impl<const C: bool> Proxy for Native<C> {
                 TICK,
             )
         };
+        // The streams' events the tick committed run on their worker (this thread).
+        for (filter, event) in with(|e| std::mem::take(&mut e.scheduled)) {
+            let Some(s) = self
+                .filters
+                .keys()
+                .copied()
+                .find(|s| Self::e(*s) as usize == filter)
+            else {
+                continue;
+            };
+            unsafe {
+                envoy::envoy_dynamic_module_on_http_filter_scheduled(Self::e(s), self.f(s), event)
+            };
+        }
+    }
+    fn advance_ms(&mut self, ms: u64) {
+        // The module reads the system clock.
+        std::thread::sleep(Duration::from_millis(ms));
     }
     fn end_stream(&mut self, s: u32) {
         self.filters.remove(&s).unwrap();
@@ -599,4 +617,17 @@ fn costs() {
     assert_eq!(setup.0.calls, 6, "{}", setup.1);
     assert!(setup.0.allocations <= 10, "{:?}", setup.0);
     assert!(post.0.allocations <= 8, "{:?}", post.0);
+}
+
+/// A stream that waited for a deadline made one scheduler, deleted with the stream.
+#[test]
+fn a_streams_scheduler_is_deleted_with_the_stream() {
+    scenarios::on_big_stack(|| {
+        scenarios::a_hung_owner_is_answered_at_the_deadline::<Native>();
+        assert_eq!(
+            with(|e| e.calls.get("http_filter_scheduler_new").copied()),
+            Some(2)
+        );
+        assert_eq!(with(|e| e.schedulers), 0, "every scheduler deleted");
+    });
 }

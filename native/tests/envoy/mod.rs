@@ -46,6 +46,11 @@ extern "C" {
         filter_envoy: HttpFilterEnvoyPtr,
     ) -> *const c_void;
     pub fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_void);
+    pub fn envoy_dynamic_module_on_http_filter_scheduled(
+        e: HttpFilterEnvoyPtr,
+        f: *const c_void,
+        event_id: u64,
+    );
     pub fn envoy_dynamic_module_on_http_filter_request_headers(
         e: HttpFilterEnvoyPtr,
         f: *const c_void,
@@ -160,6 +165,10 @@ pub struct Envoy {
     /// Callbacks the module called, by name (without `envoy_dynamic_module_callback_`).
     pub calls: HashMap<&'static str, u32>,
     next_callout: u64,
+    /// Events committed to stream schedulers, not yet run: Envoy's filter pointer, event id.
+    pub scheduled: Vec<(usize, u64)>,
+    /// Stream schedulers made and not deleted.
+    pub schedulers: u32,
 }
 
 impl Envoy {
@@ -821,4 +830,34 @@ pub extern "C" fn envoy_dynamic_module_callback_http_filter_config_scheduler_del
 ) {
     hit("http_filter_config_scheduler_delete");
     DELETED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A stream scheduler: Envoy's filter pointer, boxed.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+    filter: HttpFilterEnvoyPtr,
+) -> *mut c_void {
+    hit("http_filter_scheduler_new");
+    with(|e| e.schedulers += 1);
+    Box::into_raw(Box::new(filter as usize)).cast::<c_void>()
+}
+
+/// Queued: the test runs it as Envoy's dispatcher would, on the stream's worker.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+    scheduler: *mut c_void,
+    event_id: u64,
+) {
+    hit("http_filter_scheduler_commit");
+    let filter = *scheduler.cast::<usize>();
+    with(|e| e.scheduled.push((filter, event_id)));
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_callback_http_filter_scheduler_delete(
+    scheduler: *mut c_void,
+) {
+    hit("http_filter_scheduler_delete");
+    drop(Box::from_raw(scheduler.cast::<usize>()));
+    with(|e| e.schedulers -= 1);
 }

@@ -27,8 +27,13 @@ pub const OWNER_HEADER: &str = "x-mcp-owner";
 
 /// The plugin configuration the scenarios run with.
 pub fn config() -> String {
+    config_with("")
+}
+
+/// [`config`] with more top-level fields (`extra` starts with a comma).
+pub fn config_with(extra: &str) -> String {
     format!(
-        r#"{{"ownership":{{"cluster":"{CLUSTER}"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}}]}}"#
+        r#"{{"ownership":{{"cluster":"{CLUSTER}"}},"keys":[{{"id":1,"secret":"{SECRET}","active":true}}]{extra}}}"#
     )
 }
 
@@ -73,8 +78,10 @@ pub trait Proxy: Sized {
     fn response_body(&mut self, s: u32, chunk: &[u8], eos: bool) -> Flow;
     /// The answer to callout `token`; `status` `None`: it failed without a response.
     fn callout_answer(&mut self, token: u32, status: Option<u32>, body: &[u8]);
-    /// The worker's timer.
+    /// The worker's timer; it also fires the streams' deadlines that passed.
     fn tick(&mut self);
+    /// Moves the adapter's clock on by `ms` (the test host's clock, or real time).
+    fn advance_ms(&mut self, ms: u64);
     fn end_stream(&mut self, s: u32);
     fn set_attribute(&mut self, s: u32, a: Attribute, value: &str);
 
@@ -439,6 +446,47 @@ pub fn a_headers_only_answer_to_a_continuation_is_refused<P: Proxy>() {
     p.end_stream(s);
 }
 
+/// A restarted owner answers the continuation with its own error (`400`, unknown session) while
+/// nothing after the cursor is recorded: the pending call is settled, never left hanging.
+pub fn an_owners_own_error_at_the_head_settles_the_call<P: Proxy>() {
+    let mut p: P = start();
+    let s = resume(&mut p, StreamKind::Request, &continue_verdict(&[]));
+    p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+    let answer = headers(&[(":status", "400"), ("content-type", "application/json")]);
+    p.response_headers(s, answer, false);
+    assert_settled(&p, s, "replay_missing");
+    p.end_stream(s);
+}
+
+/// A continuation whose owner sends no response headers is answered by the guard itself once
+/// `continuation_headers_timeout_ms` passed, from the adapter's timer, once.
+pub fn a_hung_owner_is_answered_at_the_deadline<P: Proxy>() {
+    let mut p = match P::start(&config_with(r#","continuation_headers_timeout_ms":100"#)) {
+        Ok(p) => p,
+        Err(e) => unreachable!("the filter refused its config: {e}"),
+    };
+    let s = resume(&mut p, StreamKind::Request, &continue_verdict(&[]));
+    assert!(p.resumed(s));
+    p.tick();
+    assert!(p.local_replies(s).is_empty(), "not before the deadline");
+    p.advance_ms(150);
+    p.tick();
+    assert_settled(&p, s, "owner_busy");
+    assert_eq!(p.counter("mcp_resume_guard.refused.owner_busy"), Some(1));
+    p.advance_ms(150);
+    p.tick();
+    assert_eq!(p.local_replies(s).len(), 1, "answered once");
+    p.end_stream(s);
+    // A continuation whose owner answered in time has no deadline left.
+    let s = resume(&mut p, StreamKind::Get, &continue_verdict(&[]));
+    p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+    p.response_headers(s, sse(&[]), false);
+    p.advance_ms(150);
+    p.tick();
+    assert!(p.local_replies(s).is_empty());
+    p.end_stream(s);
+}
+
 /// A failed continuation reads `response.code_details`: an owner no longer in the cluster is
 /// `owner_unavailable` and recorded lost; any other failure is `owner_busy`.
 pub fn an_owner_gone_from_the_cluster_is_told_from_a_busy_one<P: Proxy>() {
@@ -616,6 +664,8 @@ macro_rules! adapter_tests {
             a_posts_json_rpc_id_rides_in_its_streams_cursors,
             a_refused_request_stream_cursor_is_settled_locally,
             a_headers_only_answer_to_a_continuation_is_refused,
+            an_owners_own_error_at_the_head_settles_the_call,
+            a_hung_owner_is_answered_at_the_deadline,
             an_owner_gone_from_the_cluster_is_told_from_a_busy_one,
             the_tick_flushes_records_as_a_callout,
             the_owner_header_never_passes_on_any_path,

@@ -51,6 +51,9 @@ impl Proxy for Wasm {
     fn tick(&mut self) {
         self.0.tick().unwrap();
     }
+    fn advance_ms(&mut self, ms: u64) {
+        self.0.advance_ms(ms);
+    }
     fn end_stream(&mut self, s: u32) {
         self.0.end_stream(s).unwrap();
     }

@@ -282,10 +282,23 @@ impl Vm {
         Ok(())
     }
 
-    /// The root context's timer.
+    /// The root context's timer. A local reply it sent for a stream (switching to it with
+    /// `proxy_set_effective_context`) goes out after the call, through that stream's hooks.
     pub fn tick(&mut self) -> Result<()> {
+        let sent: Vec<(u32, usize)> = (self.state().streams.iter())
+            .map(|(ctx, s)| (*ctx, s.local_replies.len()))
+            .collect();
         self.enter(self.root);
-        self.call::<i32, ()>("proxy_on_tick", self.root as i32)
+        self.call::<i32, ()>("proxy_on_tick", self.root as i32)?;
+        for (ctx, n) in sent {
+            self.deliver_local_reply(ctx, n)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the host's clock on.
+    pub fn advance_ms(&mut self, ms: u64) {
+        self.state_mut().now_ns += ms * 1_000_000;
     }
 
     /// The stream ends, however (complete, reset, client gone), in Envoy's order: the access

@@ -1,0 +1,192 @@
+"""No call left pending (issue 29, holes 5 and 6; issue 31's hang), end to end with real Envoy.
+
+A continuation whose owner does not answer with a replay ends with a named answer, within a
+bound: a hung owner (SIGSTOP) within `continuation_headers_timeout_ms`; an owner restarted on the
+same address, answering with its own error or nothing, at once. A request stream's pending call is
+settled (200 SSE, control event, JSON-RPC error with the call's id); a GET stream's resume gets
+the rejection. Envoy's route timeouts stay 0s (SSE-safe): the guard's own timer ends the wait.
+
+The restarted owner is a small server written here, on 127.0.0.1 at a port derived from
+E2E_PORT_OFFSET, stopped at the end of its test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import pytest
+
+import harness as h
+from stack.upstream import ACCEPTED, Upstream, initialize_answer, send_sse
+from test_seed_scenarios import GUARD_HEADER, open_and_read, replica_port
+
+DEADLINE_MS = 1000
+# The tick period, the callout, Envoy and a loaded 2-core machine.
+MARGIN_S = 2.5
+PENDING_PORT = 9170 + h.PORT_OFFSET
+CALL_ID = 77
+
+
+@contextmanager
+def stopped(proc: h.Proc):
+    """The process is stopped (SIGSTOP: its sockets stay open, nothing answers) until the block ends."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def timed_resume(c: h.Client, cursor: str):
+    """A resume read to its end: the response, its body, the seconds it took."""
+    t = time.monotonic()
+    r = c.get_stream(last_event_id=cursor)
+    body = r.resp.read()
+    r.close()
+    return r, body, time.monotonic() - t
+
+
+def call(c: h.Client, tool: str, args: dict) -> h.SSEStream:
+    body = {"jsonrpc": "2.0", "id": CALL_ID, "method": "tools/call", "params": {"name": tool, "arguments": args}}
+    s = c.open("POST", body)
+    assert s.status == 200 and s.is_sse, s.status
+    return s
+
+
+def assert_within_deadline(took: float) -> None:
+    # Not before the deadline (it is the guard's timer that answered), and not long after it.
+    assert DEADLINE_MS / 1000 - 0.05 <= took <= DEADLINE_MS / 1000 + MARGIN_S, took
+
+
+def test_a_hung_owner_settles_the_pending_call_within_the_deadline(fresh):
+    env = fresh.use(continuation_headers_timeout_ms=DEADLINE_MS)
+    c = h.Client()
+    c.initialize()
+    s = call(c, "ledger_append", {"entry": "hung", "steps": 100, "step_ms": 50})
+    evs = [s.next_event() for _ in range(2)]
+    assert all(e is not None and e.id for e in evs), evs
+    owner = replica_port(s)
+    time.sleep(0.2)  # the records land
+    before = env.stats()
+    with stopped(fresh.replicas[owner]):
+        s.close()
+        r, body, took = timed_resume(c, evs[-1].id)
+    h.assert_settled(r, body, "owner_busy", request_id=CALL_ID)
+    assert_within_deadline(took)
+    after = env.stats()
+    key = "mcp_resume_guard.refused.owner_busy"
+    assert after[key] == before.get(key, 0) + 1
+
+
+def test_a_hung_owner_of_a_get_stream_is_named_within_the_deadline(fresh):
+    fresh.use(continuation_headers_timeout_ms=DEADLINE_MS)
+    c = h.Client()
+    c.initialize()
+    s, evs = open_and_read(c, 3)
+    owner = replica_port(s)
+    time.sleep(0.2)  # the records land
+    with stopped(fresh.replicas[owner]):
+        r, body, took = timed_resume(c, evs[1].id)
+    assert r.status == 409 and r.header(GUARD_HEADER) == "rejected; reason=owner_busy", (r.status, body)
+    assert json.loads(body)["error"]["data"] == {"resumed": False, "reason": "owner_busy"}
+    assert_within_deadline(took)
+
+
+# ---- an owner restarted on the same address ------------------------------------------------
+
+class FirstLife(Upstream):
+    """The owner before its restart: it opens `session`, and a call's stream breaks after its
+    priming event. Every answer closes its connection (and says so, so Envoy never reuses
+    one): the new process shares none."""
+
+    def __init__(self, port: int, session: bytes):
+        self.session = session
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        if method == b"POST" and b'"initialize"' in body:
+            out.write(closing(initialize_answer("pending", self.session)))
+        elif method == b"POST" and b'"tools/call"' in body:
+            send_sse(out, b"id: p1\ndata: \n\n")
+        else:
+            out.write(closing(ACCEPTED))
+        return False
+
+
+class SecondLife(Upstream):
+    """The same address after the restart: it knows no session, and answers every request with
+    `raw`. Records the Last-Event-ID values it receives."""
+
+    def __init__(self, port: int, raw: bytes):
+        self.raw = raw
+        self.cursors: list[bytes] = []
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        if b"last-event-id" in headers:
+            self.cursors.append(headers[b"last-event-id"])
+        out.write(self.raw)
+        return False
+
+
+def closing(answer: bytes) -> bytes:
+    """A whole HTTP/1.1 answer that says its connection closes."""
+    return answer.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
+
+
+def http_answer(status: str, ctype: bytes | None, body: bytes) -> bytes:
+    ct = b"content-type: " + ctype + b"\r\n" if ctype else b""
+    return closing(b"HTTP/1.1 %s\r\n%scontent-length: %d\r\n\r\n%s" % (status.encode(), ct, len(body), body))
+
+
+# The TypeScript SDK's answer to an unknown session.
+UNKNOWN_SESSION = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+    "code": -32000, "message": "Bad Request: No valid session ID provided"}}).encode()
+
+RESTARTED = {
+    "unknown_session_400": http_answer("400 Bad Request", b"application/json", UNKNOWN_SESSION),
+    "session_gone_404": http_answer("404 Not Found", None, b""),
+    "no_content_204": http_answer("204 No Content", None, b""),
+    "json_200": http_answer("200 OK", b"application/json", b"{}"),
+    "empty_sse_headers_only": http_answer("200 OK", b"text/event-stream", b""),
+    # Headers first, then the end with nothing in it: settled at the end of the body.
+    "empty_sse_body": b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+}
+
+
+@pytest.fixture
+def pending_envoy(fresh):
+    """Envoy whose only replica is this test's upstream (the ownership service stays real)."""
+    cfg = h.envoy_config(plugin_overrides={"retention": 0, "continuation_headers_timeout_ms": DEADLINE_MS},
+                         upstreams=[(h.HOST, PENDING_PORT)])
+    with fresh.own_gateway("envoy-pending", cfg) as env:
+        yield env
+
+
+@pytest.mark.parametrize("case", list(RESTARTED))
+def test_a_restarted_owners_answer_settles_the_pending_call(fresh, pending_envoy, case):
+    c = h.Client()
+    # A session of its own: a 404 ends the session it answers for.
+    with FirstLife(PENDING_PORT, f"pending-{case}".encode()):
+        c.initialize()
+        s = call(c, "slow", {})
+        evs = s.read_all()
+        s.close()
+    assert [e.data for e in evs] == [""], evs  # the priming event only: the call is pending
+    time.sleep(0.3)  # the records land
+    with SecondLife(PENDING_PORT, RESTARTED[case]) as up:
+        r, body, took = timed_resume(c, evs[0].id)
+    assert up.cursors == [b"p1"], up.cursors  # it did go to the owner, with its own id
+    assert took < MARGIN_S, took
+    if case == "empty_sse_body":
+        # The 200 went out before the end showed nothing came: the end says so and settles.
+        assert r.status == 200 and r.header(GUARD_HEADER) is None, (r.status, body)
+        text = body.decode()
+        assert text.startswith('event: mcp-resume\ndata: {"resumed":false,"reason":"replay_missing"}\n\n'), text
+        msg = json.loads(text.split("event: message\ndata: ", 1)[1].split("\n", 1)[0])
+        assert msg["id"] == CALL_ID and msg["error"]["data"]["reason"] == "replay_missing", msg
+    else:
+        h.assert_settled(r, body, "replay_missing", request_id=CALL_ID)
