@@ -811,6 +811,59 @@ mod tests {
     }
 
     #[test]
+    fn every_carried_request_id_rides_raw_whatever_its_length() {
+        let r = ring(7, 0xAB);
+        let long = format!("\"{}\"", "r".repeat(MAX_EMBEDDED_REQUEST_ID_BYTES - 2));
+        for id in [
+            "18446744073709551616",
+            "1e400",
+            r#""\ud800""#,
+            r#"[1,"a,b",18446744073709551616]"#,
+            &format!("\"{}\"", "r".repeat(200)),
+            &long,
+        ] {
+            let c = Cursor {
+                request_id: Some(id),
+                ..sample(Some("ev-1"))
+            };
+            let text = r.encode(&c);
+            assert!(matches!(&r.decode(&text), Ok(d) if same(&c, d)), "{id}");
+            let mut out = b"x".to_vec();
+            r.encode_to(&c, &mut out);
+            assert_eq!(out.get(1..), Some(text.as_bytes()), "{id}");
+        }
+        // Longer than the bound: not embedded, never a part of it.
+        let too_long = format!("\"{}\"", "r".repeat(MAX_EMBEDDED_REQUEST_ID_BYTES - 1));
+        let c = Cursor {
+            request_id: Some(&too_long),
+            ..sample(Some("ev-1"))
+        };
+        assert!(matches!(r.decode(&r.encode(&c)), Ok(d) if d.request_id.is_none()));
+
+        // The length is LEB128: a version-4 cursor of an older release (one length byte, ids
+        // of at most 64 bytes) reads the same; a redundant or oversized length is malformed.
+        let mut body = session_binding(b"s").to_vec();
+        body.extend_from_slice(&7u64.to_be_bytes());
+        body.extend_from_slice(&[1, 5, NOT_EMBEDDED]);
+        let old_id = format!("\"{}\"", "o".repeat(62));
+        let mut old = body.clone();
+        old.push(64);
+        old.extend_from_slice(old_id.as_bytes());
+        let d = r.decode(&signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &old));
+        assert_eq!(d.map(|d| d.request_id), Ok(Some(old_id)));
+        let mut redundant = body.clone();
+        redundant.extend_from_slice(&[0x81, 0x00, b'9']);
+        let over = MAX_EMBEDDED_REQUEST_ID_BYTES + 1;
+        let mut oversized = body.clone();
+        oversized.extend_from_slice(&[(over as u8) | 0x80, (over >> 7) as u8]);
+        oversized.extend(std::iter::repeat_n(b'1', over));
+        for b in [redundant, oversized] {
+            let text = signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &b);
+            assert_eq!(r.decode(&text), Err(CursorError::Malformed));
+        }
+    }
+
+    #[test]
     fn extremes_round_trip_and_fit_the_bound() {
         let r = ring(0, 1);
         let long = "x".repeat(MAX_REPLICA_ID_BYTES);
