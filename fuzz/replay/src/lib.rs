@@ -8,6 +8,7 @@ mod cursor;
 mod exchange;
 mod keys;
 mod ownership;
+mod request_ids;
 mod sse;
 mod stream;
 
@@ -15,6 +16,7 @@ pub use config::config_parse;
 pub use cursor::cursor_decode;
 pub use exchange::exchange;
 pub use ownership::ownership_request;
+pub use request_ids::request_ids;
 pub use sse::sse_rewriter;
 pub use stream::stream_state;
 
@@ -29,4 +31,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("config_parse", config_parse),
     ("ownership_request", ownership_request),
     ("exchange", exchange),
+    ("request_ids", request_ids),
 ];
