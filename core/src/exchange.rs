@@ -201,9 +201,10 @@ struct RequestInfo {
     /// `Mcp-Session-Id` of the response: an SSE `initialize` response relays its events
     /// before any request carried the session id.
     response_session_id: Option<Vec<u8>>,
-    /// A POST's JSON-RPC id while its body is still being read ([`RequestIdScanner`]).
+    /// A POST's JSON-RPC ids while its body is still being read ([`RequestIdScanner`]).
     id_scan: Option<Box<RequestIdScanner>>,
-    /// The POST's JSON-RPC id (raw JSON), once found: its stream's cursors carry it.
+    /// The POST's JSON-RPC ids as carried text (one raw id, or a batch's array of them), once
+    /// its body's top-level value ended: its stream's cursors carry it.
     request_id: Option<String>,
 }
 
@@ -403,8 +404,8 @@ impl Exchange {
         self.req.id_scan.is_some()
     }
 
-    /// One request body chunk (`None`: the host could not read it; the id is then unknown and
-    /// a refusal of this stream's cursors cannot name it). The chunk always passes unchanged.
+    /// One request body chunk (`None`: the host could not read it; the ids are then unknown and
+    /// a refusal of this stream's cursors cannot name them). The chunk always passes unchanged.
     pub fn on_request_body(&mut self, chunk: Option<&[u8]>, eos: bool) {
         let Some(scan) = self.req.id_scan.as_mut() else {
             return;
