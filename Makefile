@@ -277,12 +277,12 @@ chaos-smoke:
 # No sanitizer: the code is safe Rust, so coverage per second matters more; debug assertions
 # (integer overflow) stay on.
 FUZZ_S       ?= 60
-FUZZ_TARGETS ?= cursor_decode sse_rewriter stream_state config_parse ownership_request exchange eventsource
+FUZZ_TARGETS ?= cursor_decode sse_rewriter stream_state config_parse ownership_request exchange eventsource request_ids
 FUZZ_MAX_LEN ?= 4096
 FUZZ_NIGHTLY  = $(shell rustup toolchain list | awk '/^nightly/{print $$1; exit}')
 FUZZ          = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" cargo +$(FUZZ_NIGHTLY) fuzz
 FUZZ_FLAGS    = -s none -a
-FUZZ_DICT     = sse_rewriter=sse stream_state=sse config_parse=json ownership_request=json exchange=sse eventsource=sse
+FUZZ_DICT     = sse_rewriter=sse stream_state=sse config_parse=json ownership_request=json exchange=sse eventsource=sse request_ids=json
 
 fuzz-tools:
 	@test -n "$(FUZZ_NIGHTLY)" || { echo "make fuzz needs a nightly toolchain: rustup toolchain install nightly"; exit 1; }

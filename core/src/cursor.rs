@@ -12,13 +12,15 @@
 //! | seq              | 1..=10    | u64 as LEB128, minimal encoding only                    |
 //! | replica id len   | 1         | 0..=[`MAX_REPLICA_ID_BYTES`], or 0xFF = not embedded    |
 //! | replica id       | len       | UTF-8 bytes of the replica's own event id               |
-//! | request id len   | 1         | version 4 only: 1..=64 ([`MAX_EMBEDDED_REQUEST_ID_BYTES`]) |
-//! | request id       | len       | version 4 only: the JSON-RPC id of the POST (raw JSON)  |
+//! | request ids len  | 1..=2     | version 4 only: LEB128, minimal, 1..=[`MAX_EMBEDDED_REQUEST_ID_BYTES`] |
+//! | request ids      | len       | version 4 only: the POST's JSON-RPC id(s), raw JSON ([`crate::jsonrpc`]) |
 //! | MAC              | 16        | see below, over all bytes before it                     |
 //!
 //! A request stream's cursors are version **4**: version 3's layout and MAC plus the id of the
-//! request that opened the stream, so a refusal can settle the client's pending call without
-//! asking anyone. Every other cursor is version 3.
+//! request that opened the stream (or the array of a batch's ids), as the raw JSON text the client
+//! sent, so a refusal can settle the client's pending calls without asking anyone, whatever path
+//! decides it. Every other cursor is version 3. The length was one byte (ids of at most 64 bytes)
+//! before it became LEB128; both read the same below 128, so older version-4 cursors still decode.
 //!
 //! The version byte names the MAC (the layout is the same for all three):
 //! - **3**, every cursor minted now: the first 16 bytes of BLAKE3 `keyed_hash(K₃, body)`, where
@@ -78,9 +80,11 @@ const SHA256_IV: [u32; 8] = [
     0x1f83_d9ab,
     0x5be0_cd19,
 ];
-/// Longest JSON-RPC request id a version-4 cursor carries; longer ones ride in the stream's
-/// record (`StreamOpen.request_id`).
-pub const MAX_EMBEDDED_REQUEST_ID_BYTES: usize = 64;
+/// Longest request id text a version-4 cursor carries: every id the guard carries
+/// ([`crate::jsonrpc::MAX_REQUEST_IDS_BYTES`]), so no refusal depends on the store to settle.
+pub const MAX_EMBEDDED_REQUEST_ID_BYTES: usize = crate::jsonrpc::MAX_REQUEST_IDS_BYTES;
+/// Length bytes of the embedded request id (LEB128 of [`MAX_EMBEDDED_REQUEST_ID_BYTES`]).
+const REQUEST_ID_LEN_BYTES: usize = 2;
 /// Longer replica ids are not embedded (`replica_event_id = None`); the guard's records still map seq to them.
 pub const MAX_REPLICA_ID_BYTES: usize = 128;
 /// Length of the truncated tag (every version).
@@ -90,14 +94,18 @@ const NOT_EMBEDDED: u8 = 0xFF;
 const FIXED_HEAD: usize = 1 + 1 + 8 + 8 + 1;
 const MAX_VARINT: usize = 10;
 /// Largest binary cursor: fixed head, longest varint, length byte, longest replica id, the
-/// longest request id with its length byte, MAC.
+/// longest request id with its length, MAC.
 pub const MAX_CURSOR_BYTES: usize = FIXED_HEAD
     + MAX_VARINT
     + 1
     + MAX_REPLICA_ID_BYTES
-    + 1
+    + REQUEST_ID_LEN_BYTES
     + MAX_EMBEDDED_REQUEST_ID_BYTES
     + MAC_BYTES;
+/// Cursors up to this size are sealed on the stack (every cursor whose request id is at most 64
+/// bytes); larger ones, rare, in a vector.
+const INLINE_CURSOR_BYTES: usize =
+    FIXED_HEAD + MAX_VARINT + 1 + MAX_REPLICA_ID_BYTES + 1 + 64 + MAC_BYTES;
 /// Smallest binary cursor: one-byte varint, no replica id.
 const MIN_CURSOR_BYTES: usize = FIXED_HEAD + 1 + 1 + MAC_BYTES;
 /// Any longer `Last-Event-ID` is rejected before decoding (unpadded base64 of [`MAX_CURSOR_BYTES`]).
@@ -183,8 +191,8 @@ pub struct Cursor<'a> {
     pub seq: u64,
     /// Embedded only when at most [`MAX_REPLICA_ID_BYTES`] long; otherwise decodes as `None`.
     pub replica_event_id: Option<&'a str>,
-    /// The JSON-RPC id (raw JSON) of the request whose stream this is; carried only when it is
-    /// a valid id of at most [`MAX_EMBEDDED_REQUEST_ID_BYTES`] (see [`crate::jsonrpc`]).
+    /// The JSON-RPC id(s) (raw JSON, see [`crate::jsonrpc`]) of the request whose stream this
+    /// is; embedded when at most [`MAX_EMBEDDED_REQUEST_ID_BYTES`] (the scanner keeps no longer).
     pub request_id: Option<&'a str>,
 }
 
@@ -197,7 +205,7 @@ pub struct DecodedCursor {
     pub kind: StreamKind,
     pub seq: u64,
     pub replica_event_id: Option<String>,
-    /// The opening request's JSON-RPC id (raw JSON), for a version-4 cursor.
+    /// The opening request's JSON-RPC id(s) (raw JSON text), for a version-4 cursor.
     pub request_id: Option<String>,
 }
 
@@ -283,7 +291,7 @@ impl Keyring {
 
     /// Encodes with the active key.
     pub fn encode(&self, c: &Cursor<'_>) -> String {
-        let mut s = String::with_capacity(MAX_CURSOR_CHARS);
+        let mut s = String::new();
         self.encode_into(c, &mut s);
         s
     }
@@ -291,7 +299,7 @@ impl Keyring {
     /// Appends the text cursor to `out`; allocates only if `out` must grow.
     pub fn encode_into(&self, c: &Cursor<'_>, out: &mut String) {
         let buf = self.seal(c);
-        out.reserve((buf.len * 4).div_ceil(3));
+        out.reserve((buf.bytes().len() * 4).div_ceil(3));
         URL_SAFE_NO_PAD.encode_string(buf.bytes(), out);
     }
 
@@ -300,7 +308,7 @@ impl Keyring {
     pub fn encode_to(&self, c: &Cursor<'_>, out: &mut Vec<u8>) {
         let buf = self.seal(c);
         let at = out.len();
-        out.resize(at + (buf.len * 4).div_ceil(3), 0);
+        out.resize(at + (buf.bytes().len() * 4).div_ceil(3), 0);
         let written = match out.get_mut(at..) {
             Some(dst) => URL_SAFE_NO_PAD.encode_slice(buf.bytes(), dst).unwrap_or(0),
             None => 0,
@@ -335,8 +343,8 @@ impl Keyring {
             _ => buf.push(&[NOT_EMBEDDED]),
         }
         if let Some(r) = request_id {
-            // Fits in u8: MAX_EMBEDDED_REQUEST_ID_BYTES < 0xFF.
-            buf.push(&[r.len() as u8]);
+            let n = write_varint(r.len() as u64, &mut v);
+            buf.push(v.get(..n).unwrap_or_default());
             buf.push(r.as_bytes());
         }
         if let Some(key) = self.key(self.active) {
@@ -469,12 +477,13 @@ fn parse_body(version: u8, key_id: u8, body: &[u8]) -> Result<DecodedCursor, Cur
         _ => return Err(CursorError::Malformed),
     };
     let request_id = if version == CURSOR_VERSION_REQUEST {
-        let len = usize::from(r.byte()?);
+        let len = usize::try_from(read_varint(&mut r)?).map_err(|_| CursorError::Malformed)?;
+        if len > MAX_EMBEDDED_REQUEST_ID_BYTES {
+            return Err(CursorError::Malformed);
+        }
         let b = r.take(len)?;
         match std::str::from_utf8(b) {
-            Ok(id) if len <= MAX_EMBEDDED_REQUEST_ID_BYTES && valid_request_id(id) => {
-                Some(id.to_owned())
-            }
+            Ok(id) if valid_request_id(id) => Some(id.to_owned()),
             _ => return Err(CursorError::Malformed),
         }
     } else {
@@ -494,27 +503,40 @@ fn parse_body(version: u8, key_id: u8, body: &[u8]) -> Result<DecodedCursor, Cur
     })
 }
 
-/// Fixed-size encode buffer; writes past the end are impossible by construction and ignored.
+/// Encode buffer: on the stack up to [`INLINE_CURSOR_BYTES`], then in `spill` (a long request
+/// id), so the common cursor costs no allocation and no large zeroed array.
 struct Buf {
-    b: [u8; MAX_CURSOR_BYTES],
+    b: [u8; INLINE_CURSOR_BYTES],
     len: usize,
+    spill: Vec<u8>,
 }
 
 impl Buf {
     fn new() -> Self {
         Buf {
-            b: [0; MAX_CURSOR_BYTES],
+            b: [0; INLINE_CURSOR_BYTES],
             len: 0,
+            spill: Vec::new(),
         }
     }
     fn push(&mut self, s: &[u8]) {
-        if let Some(dst) = self.b.get_mut(self.len..self.len + s.len()) {
-            dst.copy_from_slice(s);
-            self.len += s.len();
+        if self.spill.is_empty() {
+            if let Some(dst) = self.b.get_mut(self.len..self.len + s.len()) {
+                dst.copy_from_slice(s);
+                self.len += s.len();
+                return;
+            }
+            self.spill
+                .extend_from_slice(self.b.get(..self.len).unwrap_or_default());
         }
+        self.spill.extend_from_slice(s);
     }
     fn bytes(&self) -> &[u8] {
-        self.b.get(..self.len).unwrap_or_default()
+        if self.spill.is_empty() {
+            self.b.get(..self.len).unwrap_or_default()
+        } else {
+            &self.spill
+        }
     }
 }
 
@@ -786,6 +808,59 @@ mod tests {
         assert!(r
             .decode(&signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &ok))
             .is_ok());
+    }
+
+    #[test]
+    fn every_carried_request_id_rides_raw_whatever_its_length() {
+        let r = ring(7, 0xAB);
+        let long = format!("\"{}\"", "r".repeat(MAX_EMBEDDED_REQUEST_ID_BYTES - 2));
+        for id in [
+            "18446744073709551616",
+            "1e400",
+            r#""\ud800""#,
+            r#"[1,"a,b",18446744073709551616]"#,
+            &format!("\"{}\"", "r".repeat(200)),
+            &long,
+        ] {
+            let c = Cursor {
+                request_id: Some(id),
+                ..sample(Some("ev-1"))
+            };
+            let text = r.encode(&c);
+            assert!(matches!(&r.decode(&text), Ok(d) if same(&c, d)), "{id}");
+            let mut out = b"x".to_vec();
+            r.encode_to(&c, &mut out);
+            assert_eq!(out.get(1..), Some(text.as_bytes()), "{id}");
+        }
+        // Longer than the bound: not embedded, never a part of it.
+        let too_long = format!("\"{}\"", "r".repeat(MAX_EMBEDDED_REQUEST_ID_BYTES - 1));
+        let c = Cursor {
+            request_id: Some(&too_long),
+            ..sample(Some("ev-1"))
+        };
+        assert!(matches!(r.decode(&r.encode(&c)), Ok(d) if d.request_id.is_none()));
+
+        // The length is LEB128: a version-4 cursor of an older release (one length byte, ids
+        // of at most 64 bytes) reads the same; a redundant or oversized length is malformed.
+        let mut body = session_binding(b"s").to_vec();
+        body.extend_from_slice(&7u64.to_be_bytes());
+        body.extend_from_slice(&[1, 5, NOT_EMBEDDED]);
+        let old_id = format!("\"{}\"", "o".repeat(62));
+        let mut old = body.clone();
+        old.push(64);
+        old.extend_from_slice(old_id.as_bytes());
+        let d = r.decode(&signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &old));
+        assert_eq!(d.map(|d| d.request_id), Ok(Some(old_id)));
+        let mut redundant = body.clone();
+        redundant.extend_from_slice(&[0x81, 0x00, b'9']);
+        let over = MAX_EMBEDDED_REQUEST_ID_BYTES + 1;
+        let mut oversized = body.clone();
+        oversized.extend_from_slice(&[(over as u8) | 0x80, (over >> 7) as u8]);
+        oversized.extend(std::iter::repeat_n(b'1', over));
+        for b in [redundant, oversized] {
+            let text = signed_as(CURSOR_VERSION_REQUEST, 0xAB, 7, &b);
+            assert_eq!(r.decode(&text), Err(CursorError::Malformed));
+        }
     }
 
     #[test]

@@ -12,13 +12,10 @@
 //! first host call of the hook (a header the host sets, removes or replaces with a local reply
 //! may move what a view points to).
 use crate::config::{Config, Policy};
-use crate::cursor::{
-    incarnation_hex, session_binding_and_key, session_key, DecodedCursor,
-    MAX_EMBEDDED_REQUEST_ID_BYTES,
-};
+use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, DecodedCursor};
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
 use crate::host::{CalloutFailure, Host, LogLevel, Stat};
-use crate::jsonrpc::{RequestIdScanner, Scan};
+use crate::jsonrpc::{split_ids, RequestIdScanner, Scan};
 use crate::ownership::{
     check_version, post_headers, BranchAnswer, BranchQuery, Reason, Record, ResumeQuery,
     ResumeVerdict, SessionEnd, StreamKind, BRANCH_PATH, RESUME_PATH,
@@ -204,9 +201,10 @@ struct RequestInfo {
     /// `Mcp-Session-Id` of the response: an SSE `initialize` response relays its events
     /// before any request carried the session id.
     response_session_id: Option<Vec<u8>>,
-    /// A POST's JSON-RPC id while its body is still being read ([`RequestIdScanner`]).
+    /// A POST's JSON-RPC ids while its body is still being read ([`RequestIdScanner`]).
     id_scan: Option<Box<RequestIdScanner>>,
-    /// The POST's JSON-RPC id (raw JSON), once found: its stream's cursors carry it.
+    /// The POST's JSON-RPC ids as carried text (one raw id, or a batch's array of them), once
+    /// its body's top-level value ended: its stream's cursors carry it.
     request_id: Option<String>,
 }
 
@@ -423,8 +421,8 @@ impl Exchange {
         self.req.id_scan.is_some()
     }
 
-    /// One request body chunk (`None`: the host could not read it; the id is then unknown and
-    /// a refusal of this stream's cursors cannot name it). The chunk always passes unchanged.
+    /// One request body chunk (`None`: the host could not read it; the ids are then unknown and
+    /// a refusal of this stream's cursors cannot name them). The chunk always passes unchanged.
     pub fn on_request_body(&mut self, chunk: Option<&[u8]>, eos: bool) {
         let Some(scan) = self.req.id_scan.as_mut() else {
             return;
@@ -1203,7 +1201,8 @@ impl Exchange {
         match verdict {
             None => self.callout_failed(w, host, &cursor, CalloutFailure::Body),
             Some(ResumeVerdict::NewStream { reason, request_id }) => {
-                // The cursor carries short ids; the store keeps the longer ones.
+                // The cursor carries every id; a store record of an older guard may name one
+                // its cursor could not.
                 let id = cursor.request_id.as_deref().or(request_id.as_deref());
                 self.refuse(w, host, reason, Some(cursor.kind), id)
             }
@@ -1331,10 +1330,8 @@ impl Exchange {
                         retention: w.config.retention,
                         supersedes: kind == StreamKind::Get,
                         opened_ms: w.clock_ms(host),
-                        // Too long for the cursor: the store keeps it for the refusal.
-                        request_id: self.req.request_id.clone().filter(|r| {
-                            kind == StreamKind::Request && r.len() > MAX_EMBEDDED_REQUEST_ID_BYTES
-                        }),
+                        // Every carried id rides in the cursor; the field serves older guards.
+                        request_id: None,
                     };
                     Self::push_record(w, host, r);
                 }
@@ -1427,25 +1424,30 @@ fn encoded(value: Option<&[u8]>) -> bool {
     })
 }
 
-/// The SSE `message` event that settles a refused request stream's pending call: a JSON-RPC
-/// error for the opening request's id (`null` when the guard does not know it).
-pub fn settle_event(reason: Reason, request_id: Option<&str>) -> String {
-    let id = request_id
-        .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
-        .unwrap_or(serde_json::Value::Null);
+/// The SSE `message` events that settle a refused request stream's pending calls: one JSON-RPC
+/// error per request id the stream carries (one for a single request, one per request of a
+/// batch; each its own event, as the SDK clients parse one message per event), the id written
+/// back as the raw JSON text the client sent, never re-parsed (`null` when the guard does not
+/// know it).
+pub fn settle_event(reason: Reason, request_ids: Option<&str>) -> String {
     let error = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": {
-            "code": REFUSED_CODE,
-            "message": format!(
-                "Last-Event-ID not honoured ({reason}): this request's stream cannot be resumed. \
-                 The call's outcome is unknown: it may or may not have run; do not assume either"
-            ),
-            "data": { "resumed": false, "reason": reason.as_str() }
-        }
+        "code": REFUSED_CODE,
+        "message": format!(
+            "Last-Event-ID not honoured ({reason}): this request's stream cannot be resumed. \
+             The call's outcome is unknown: it may or may not have run; do not assume either"
+        ),
+        "data": { "resumed": false, "reason": reason.as_str() }
     });
-    format!("event: message\ndata: {error}\n\n")
+    let ids = request_ids
+        .and_then(split_ids)
+        .unwrap_or_else(|| vec!["null"]);
+    ids.iter()
+        .map(|id| {
+            format!(
+                "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n\n"
+            )
+        })
+        .collect()
 }
 
 /// The 409 body of a rejection (JSON-RPC error shape, `id: null`).

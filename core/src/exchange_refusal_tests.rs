@@ -625,33 +625,5 @@ fn a_stray_resume_refused_by_the_owner_does_not_end_the_healthy_branch() {
     }
 }
 
-#[test]
-fn an_id_too_long_for_the_cursor_rides_in_the_record_and_comes_back_with_the_verdict() {
-    let mut w = worker();
-    let mut host = MockHost::new();
-    let long = format!("\"{}\"", "q".repeat(100));
-    let body = format!(r#"{{"jsonrpc":"2.0","method":"tools/call","id":{long}}}"#);
-    let c = post_stream(&mut w, &mut host, &[&body]);
-    assert!(matches!(w.config.keyring.decode(&c), Ok(d) if d.request_id.is_none()));
-    let records = drain_records(&mut w, &mut host);
-    let opened = records.iter().find_map(|r| match r {
-        Record::StreamOpen { request_id, .. } => Some(request_id.clone()),
-        _ => None,
-    });
-    assert_eq!(opened, Some(Some(long.clone())), "{records:?}");
-    let verdict = serde_json::json!({"verdict": "new_stream", "reason": "gap", "request_id": long})
-        .to_string();
-    let (_, fx) = resume(&mut w, &mut host, &c, &verdict);
-    assert_settles(&fx, Reason::Gap, serde_json::json!("q".repeat(100)));
-    // A short id stays in the cursor only.
-    let c = post_stream(&mut w, &mut host, &[r#"{"id":3}"#]);
-    assert!(matches!(w.config.keyring.decode(&c), Ok(d) if d.request_id.as_deref() == Some("3")));
-    let records = drain_records(&mut w, &mut host);
-    assert!(records.iter().all(|r| !matches!(
-        r,
-        Record::StreamOpen {
-            request_id: Some(_),
-            ..
-        }
-    )));
-}
+#[path = "exchange_id_tests.rs"]
+mod ids;

@@ -1,56 +1,125 @@
-//! The JSON-RPC `id` of a POST body, found as the body streams past.
+//! The JSON-RPC request ids of a POST body, found as the body streams past.
 //!
-//! A refusal of a request stream's cursor must settle the client's pending call, so the
-//! error it carries needs the id of the request that opened the stream. The guard never
-//! buffers the body: [`RequestIdScanner`] reads each chunk once, keeps a few bytes of state
-//! and the id itself (at most [`MAX_REQUEST_ID_BYTES`]), and stops at the id. SDKs put `id`
-//! after `params` (TypeScript builds `{...request, jsonrpc, id}`), so the whole body may be
-//! read, up to [`MAX_SCAN_BYTES`].
+//! A refusal of a request stream's cursor must settle the client's pending calls, so the
+//! errors it carries need the ids of the requests that opened the stream, exactly as the
+//! client's own JSON parser reads them. The guard never buffers the body: [`RequestIdScanner`]
+//! reads each chunk once, keeps a few bytes of state and the ids themselves (at most
+//! [`MAX_REQUEST_IDS_BYTES`] in all), and reads the body to the end of its top-level value,
+//! because that is where a JSON parser settles what the body says:
+//! - the **last** of duplicate `id` keys wins (as in `JSON.parse`, Python's `json`, serde);
+//! - keys are compared decoded (`"i\u0064"` is `id`);
+//! - an id is kept as its **raw JSON text** and written back verbatim: a number beyond 64 bits
+//!   or a string with a lone surrogate (`"\ud800"`) is never re-parsed into a lossy type;
+//! - a **batch** (a JSON array, allowed by protocol 2025-03-26) yields the ids of all its
+//!   requests (members with a `method`; notifications and responses have no call pending).
+//!
+//! The carried text is one id (`7`, `"abc"`) for a single request, or a JSON array of the raw
+//! ids (`[1,"a"]`, no whitespace) for a batch; [`split_ids`] reads it back.
 
-/// Longest id the guard carries (raw JSON text: a number, or a string with its quotes): the
-/// cursor embeds up to [`crate::cursor::MAX_EMBEDDED_REQUEST_ID_BYTES`], the record the rest.
-pub use crate::ownership::MAX_REQUEST_ID_BYTES;
-/// A body longer than this without its top-level `id` is not scanned further.
-pub const MAX_SCAN_BYTES: usize = 1 << 20;
+/// Longest carried text (one id, or a batch's array of ids). Every cursor of the stream embeds
+/// it ([`crate::cursor::MAX_EMBEDDED_REQUEST_ID_BYTES`]), so it must stay well inside header
+/// limits: a cursor carrying the longest is under 6 KiB of base64, below Envoy's 60 KiB of
+/// request headers and common 8 KiB per-line proxy limits. Longer ids are not carried (see
+/// docs/wire-contract.md, the settling answer).
+pub const MAX_REQUEST_IDS_BYTES: usize = 4096;
+/// A body whose top-level value has not ended after this many bytes is not scanned further
+/// (its ids are not carried). Scanning is linear, constant-memory and skips string contents with
+/// `memchr`; SDKs write the id after `params`, so a large argument must not hide it.
+pub const MAX_SCAN_BYTES: usize = 64 << 20;
+/// Longest raw key that can still decode to `method` (each letter as a `\uXXXX` escape).
+const MAX_KEY_BYTES: usize = 6 * 6;
 
 /// Where the scan stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scan {
     /// Read more.
     Pending,
-    /// The top-level `id`, as raw JSON text (a number, or a string with its quotes).
+    /// The request ids as carried text: one raw id, or a batch's array of raw ids.
     Found(String),
-    /// No usable id: not an object (a batch, garbage), no `id`, a `null` or other id that
-    /// cannot be carried, or the body was too long.
+    /// No id to carry: not a request (a notification, a response, garbage), ids that are not
+    /// numbers or strings, ids longer than [`MAX_REQUEST_IDS_BYTES`], or a body too long.
     None,
 }
 
-/// Position inside the top-level object.
+/// Position inside a member-level object (a single request, or one element of a batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Key,
     Colon,
     Value,
+    After,
 }
 
-/// Incremental scanner for the top-level `"id"` member of one JSON object.
+/// What a member-level key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Other,
+    Id,
+    Method,
+}
+
+/// The token being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lex {
+    Between,
+    /// A string; `keep` says whether its bytes are kept (a member key, an id).
+    Str {
+        keep: Keep,
+        esc: bool,
+    },
+    /// A number or literal; kept when it is an id.
+    Scalar {
+        id: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Skip,
+    Key,
+    Id,
+}
+
+/// The last `id` of the current member-level object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum IdSlot {
+    Absent,
+    /// Not a number or string (`null`, `true`, an object…): no call the client can match.
+    Invalid,
+    TooLong,
+    Valid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Top {
+    Unknown,
+    Object,
+    Array,
+}
+
+/// Incremental scanner for the request ids of one JSON-RPC message or batch.
 #[derive(Debug, Clone)]
 pub struct RequestIdScanner {
     result: Scan,
-    started: bool,
     seen: usize,
+    top: Top,
     depth: u32,
-    in_str: bool,
-    esc: bool,
+    /// Depth of the member-level object being read; 0 outside one.
+    member: u32,
     slot: Slot,
-    /// The top-level key being read: its first bytes, and whether it can still be `id`.
-    key: [u8; 2],
-    key_len: usize,
-    key_plain: bool,
-    /// The last top-level key was exactly `id`.
-    key_is_id: bool,
-    /// The id's bytes, while it is being read.
-    value: Option<Vec<u8>>,
+    lex: Lex,
+    key: Vec<u8>,
+    key_long: bool,
+    role: Role,
+    /// The id text being read, and whether it outgrew the bound.
+    cur: Vec<u8>,
+    cur_long: bool,
+    obj_id: IdSlot,
+    obj_method: bool,
+    /// Ids of the requests read so far, and whether one could not be carried.
+    ids: Vec<String>,
+    ids_bytes: usize,
+    overflow: bool,
 }
 
 impl Default for RequestIdScanner {
@@ -63,17 +132,22 @@ impl RequestIdScanner {
     pub fn new() -> Self {
         RequestIdScanner {
             result: Scan::Pending,
-            started: false,
             seen: 0,
+            top: Top::Unknown,
             depth: 0,
-            in_str: false,
-            esc: false,
-            slot: Slot::Key,
-            key: [0; 2],
-            key_len: 0,
-            key_plain: true,
-            key_is_id: false,
-            value: None,
+            member: 0,
+            slot: Slot::After,
+            lex: Lex::Between,
+            key: Vec::new(),
+            key_long: false,
+            role: Role::Other,
+            cur: Vec::new(),
+            cur_long: false,
+            obj_id: IdSlot::Absent,
+            obj_method: false,
+            ids: Vec::new(),
+            ids_bytes: 0,
+            overflow: false,
         }
     }
 
@@ -87,8 +161,24 @@ impl RequestIdScanner {
         if self.result != Scan::Pending {
             return &self.result;
         }
-        for &b in chunk {
-            self.byte(b);
+        let mut i = 0;
+        while let Some(rest) = chunk.get(i..).filter(|r| !r.is_empty()) {
+            if self.lex
+                == (Lex::Str {
+                    keep: Keep::Skip,
+                    esc: false,
+                })
+            {
+                // The bulk of a large body is string content nobody keeps: jump over it.
+                match memchr::memchr2(b'"', b'\\', rest) {
+                    Some(at) => i += at,
+                    None => break,
+                }
+            }
+            if let Some(&b) = chunk.get(i) {
+                self.byte(b);
+            }
+            i += 1;
             if self.result != Scan::Pending {
                 return &self.result;
             }
@@ -100,7 +190,7 @@ impl RequestIdScanner {
         &self.result
     }
 
-    /// The body ended: an id still being read (a number at the very end) is complete.
+    /// The body ended: a body whose top-level value did not end carries no id.
     pub fn finish(&mut self) -> &Scan {
         if self.result == Scan::Pending {
             self.result = Scan::None;
@@ -108,123 +198,321 @@ impl RequestIdScanner {
         &self.result
     }
 
+    fn at_member(&self) -> bool {
+        self.member != 0 && self.depth == self.member
+    }
+
     fn byte(&mut self, b: u8) {
-        if !self.started {
-            match b {
-                b' ' | b'\t' | b'\r' | b'\n' => {}
-                b'{' => {
-                    self.started = true;
-                    self.depth = 1;
+        match self.lex {
+            Lex::Str { keep, esc } => {
+                let closing = !esc && b == b'"';
+                match keep {
+                    // A key is kept without its quotes, an id with them.
+                    Keep::Key if closing => {}
+                    Keep::Key if self.key.len() < MAX_KEY_BYTES => self.key.push(b),
+                    Keep::Key => self.key_long = true,
+                    Keep::Id => self.keep_id_byte(b),
+                    Keep::Skip => {}
                 }
-                _ => self.result = Scan::None,
+                if closing {
+                    self.lex = Lex::Between;
+                    self.end_string(keep);
+                } else {
+                    let esc = !esc && b == b'\\';
+                    self.lex = Lex::Str { keep, esc };
+                }
+                return;
             }
-            return;
-        }
-        if let Some(v) = self.value.as_mut() {
-            if self.in_str {
-                // A string id: ends at its closing quote.
-                v.push(b);
-                if std::mem::take(&mut self.esc) {
-                } else if b == b'\\' {
-                    self.esc = true;
-                } else if b == b'"' {
-                    self.in_str = false;
-                    self.end_value();
+            Lex::Scalar { id } => {
+                if !matches!(
+                    b,
+                    b',' | b'}' | b']' | b':' | b'"' | b'{' | b'[' | b' ' | b'\t' | b'\r' | b'\n'
+                ) {
+                    if id {
+                        self.keep_id_byte(b);
+                    }
                     return;
                 }
-                if v.len() > MAX_REQUEST_ID_BYTES {
-                    self.result = Scan::None;
-                }
-                return;
-            }
-            match b {
-                b' ' | b'\t' | b'\r' | b'\n' if v.is_empty() => {}
-                b'"' if v.is_empty() => {
-                    v.push(b);
-                    self.in_str = true;
-                }
-                b'{' | b'[' if v.is_empty() => self.result = Scan::None,
-                b',' | b'}' | b' ' | b'\t' | b'\r' | b'\n' => self.end_value(),
-                _ => {
-                    v.push(b);
-                    if v.len() > MAX_REQUEST_ID_BYTES {
-                        self.result = Scan::None;
-                    }
+                self.lex = Lex::Between;
+                if id {
+                    self.end_id(json_number(&self.cur));
                 }
             }
-            return;
+            Lex::Between => {}
         }
-        if self.in_str {
-            if std::mem::take(&mut self.esc) {
-                self.key_plain = false;
-                return;
-            }
-            match b {
-                b'\\' => {
-                    self.esc = true;
-                    self.key_plain = false;
-                }
-                b'"' => {
-                    self.in_str = false;
-                    if self.depth == 1 && self.slot == Slot::Key {
-                        self.key_is_id = self.key_plain && self.key_len == 2 && self.key == *b"id";
-                        self.slot = Slot::Colon;
-                    }
-                }
-                _ if self.depth == 1 && self.slot == Slot::Key => {
-                    match self.key.get_mut(self.key_len) {
-                        Some(k) => *k = b,
-                        None => self.key_plain = false,
-                    }
-                    self.key_len = self.key_len.saturating_add(1);
-                }
-                _ => {}
-            }
-            return;
-        }
+        self.structural(b);
+    }
+
+    fn structural(&mut self, b: u8) {
+        let value_here = self.at_member() && self.slot == Slot::Value;
         match b {
-            b'"' => {
-                self.in_str = true;
-                if self.depth == 1 && self.slot == Slot::Key {
-                    self.key_len = 0;
-                    self.key_plain = true;
+            b' ' | b'\t' | b'\r' | b'\n' => {}
+            b'{' | b'[' if self.top == Top::Unknown => {
+                self.depth = 1;
+                if b == b'{' {
+                    self.top = Top::Object;
+                    self.open_member();
+                } else {
+                    self.top = Top::Array;
                 }
             }
-            b'{' | b'[' => self.depth = self.depth.saturating_add(1),
+            _ if self.top == Top::Unknown => self.result = Scan::None,
+            b'"' => {
+                let keep = if self.at_member() && self.slot == Slot::Key {
+                    self.key.clear();
+                    self.key_long = false;
+                    Keep::Key
+                } else if value_here && self.value_starts() == Role::Id {
+                    self.cur.push(b);
+                    Keep::Id
+                } else {
+                    Keep::Skip
+                };
+                self.lex = Lex::Str { keep, esc: false };
+            }
+            b'{' | b'[' => {
+                if value_here && self.value_starts() == Role::Id {
+                    self.obj_id = IdSlot::Invalid;
+                }
+                self.depth = self.depth.saturating_add(1);
+                if self.top == Top::Array && self.depth == 2 && b == b'{' {
+                    self.open_member();
+                }
+            }
             b'}' | b']' => {
+                if self.at_member() {
+                    self.close_member();
+                }
                 self.depth = self.depth.saturating_sub(1);
                 if self.depth == 0 {
-                    // The object ended without an id.
-                    self.result = Scan::None;
+                    self.done();
                 }
             }
-            b':' if self.depth == 1 && self.slot == Slot::Colon => {
-                self.slot = Slot::Value;
-                if std::mem::take(&mut self.key_is_id) {
-                    self.value = Some(Vec::with_capacity(8));
+            b':' if self.at_member() && self.slot == Slot::Colon => self.slot = Slot::Value,
+            b',' if self.at_member() => self.slot = Slot::Key,
+            _ => {
+                let id = value_here && self.value_starts() == Role::Id;
+                if id {
+                    self.cur.push(b);
                 }
+                self.lex = Lex::Scalar { id };
             }
-            b',' if self.depth == 1 => self.slot = Slot::Key,
-            _ => {}
         }
     }
 
-    /// The id's text is complete: keep it if it is a JSON number or string.
-    fn end_value(&mut self) {
-        let raw = self.value.take().unwrap_or_default();
-        let ok = match raw.first() {
-            Some(b'"') => serde_json::from_slice::<String>(&raw).is_ok(),
-            Some(_) => serde_json::from_slice::<serde_json::Number>(&raw).is_ok(),
-            None => false,
+    /// A member value starts: what its key named (a `method` makes the object a request).
+    fn value_starts(&mut self) -> Role {
+        self.slot = Slot::After;
+        match self.role {
+            Role::Method => self.obj_method = true,
+            Role::Id => {
+                self.cur.clear();
+                self.cur_long = false;
+            }
+            Role::Other => {}
+        }
+        self.role
+    }
+
+    fn keep_id_byte(&mut self, b: u8) {
+        if self.cur.len() < MAX_REQUEST_IDS_BYTES {
+            self.cur.push(b);
+        } else {
+            self.cur_long = true;
+        }
+    }
+
+    fn end_string(&mut self, keep: Keep) {
+        match keep {
+            Keep::Key => {
+                self.role = if self.key_long {
+                    Role::Other
+                } else {
+                    key_role(&self.key)
+                };
+                self.slot = Slot::Colon;
+            }
+            Keep::Id => self.end_id(json_string(&self.cur)),
+            Keep::Skip => {}
+        }
+    }
+
+    /// The id's text is complete; the last `id` of an object is the one its parser keeps.
+    fn end_id(&mut self, lexically_valid: bool) {
+        let raw = std::mem::take(&mut self.cur);
+        self.obj_id = if self.cur_long {
+            IdSlot::TooLong
+        } else {
+            match String::from_utf8(raw) {
+                Ok(s) if lexically_valid => IdSlot::Valid(s),
+                _ => IdSlot::Invalid,
+            }
         };
-        self.result = match String::from_utf8(raw) {
-            Ok(s) if ok => Scan::Found(s),
+    }
+
+    fn open_member(&mut self) {
+        self.member = self.depth;
+        self.slot = Slot::Key;
+        self.obj_id = IdSlot::Absent;
+        self.obj_method = false;
+    }
+
+    fn close_member(&mut self) {
+        self.member = 0;
+        if !self.obj_method {
+            return;
+        }
+        match std::mem::replace(&mut self.obj_id, IdSlot::Absent) {
+            IdSlot::Valid(id) => {
+                // Each id with its comma (or bracket): memory stays bounded however long the batch.
+                self.ids_bytes = self.ids_bytes.saturating_add(id.len() + 1);
+                if self.ids_bytes > MAX_REQUEST_IDS_BYTES + 1 {
+                    self.overflow = true;
+                } else {
+                    self.ids.push(id);
+                }
+            }
+            IdSlot::TooLong => self.overflow = true,
+            IdSlot::Absent | IdSlot::Invalid => {}
+        }
+    }
+
+    fn done(&mut self) {
+        let ids = std::mem::take(&mut self.ids);
+        let carried = match self.top {
+            _ if self.overflow || ids.is_empty() => None,
+            Top::Array => Some(format!("[{}]", ids.join(","))),
+            _ => ids.into_iter().next_back(),
+        };
+        self.result = match carried {
+            Some(c) if c.len() <= MAX_REQUEST_IDS_BYTES => Scan::Found(c),
             _ => Scan::None,
         };
     }
 }
 
-/// The id of a whole body (tests, fuzzing).
+/// A member key, raw (without quotes): `id`, `method`, or another, compared decoded.
+fn key_role(raw: &[u8]) -> Role {
+    let decoded;
+    let key: &[u8] = if raw.contains(&b'\\') {
+        let mut quoted = Vec::with_capacity(raw.len() + 2);
+        quoted.push(b'"');
+        quoted.extend_from_slice(raw);
+        quoted.push(b'"');
+        match serde_json::from_slice::<String>(&quoted) {
+            Ok(k) => {
+                decoded = k;
+                decoded.as_bytes()
+            }
+            // A lone surrogate: whatever it decodes to, it is neither key.
+            Err(_) => return Role::Other,
+        }
+    } else {
+        raw
+    };
+    match key {
+        b"id" => Role::Id,
+        b"method" => Role::Method,
+        _ => Role::Other,
+    }
+}
+
+/// JSON's number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, any magnitude.
+fn json_number(s: &[u8]) -> bool {
+    fn digits(s: &[u8]) -> (usize, &[u8]) {
+        let n = s.iter().take_while(|b| b.is_ascii_digit()).count();
+        (n, s.get(n..).unwrap_or_default())
+    }
+    let s = s.strip_prefix(b"-").unwrap_or(s);
+    let leading_zero = s.first() == Some(&b'0');
+    let (n, mut s) = digits(s);
+    if n == 0 || (n > 1 && leading_zero) {
+        return false;
+    }
+    if let Some(rest) = s.strip_prefix(b".") {
+        let (m, r) = digits(rest);
+        if m == 0 {
+            return false;
+        }
+        s = r;
+    }
+    if let Some(rest) = s.strip_prefix(b"e").or_else(|| s.strip_prefix(b"E")) {
+        let rest = rest
+            .strip_prefix(b"+")
+            .or_else(|| rest.strip_prefix(b"-"))
+            .unwrap_or(rest);
+        let (m, r) = digits(rest);
+        if m == 0 {
+            return false;
+        }
+        s = r;
+    }
+    s.is_empty()
+}
+
+/// JSON's string grammar (with its quotes): valid escapes, no raw control characters. A `\u`
+/// escape may name a lone surrogate: `JSON.parse` and Python's `json` accept it.
+fn json_string(s: &[u8]) -> bool {
+    let Some(inner) = s.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\"")) else {
+        return false;
+    };
+    let mut it = inner.iter();
+    while let Some(&b) = it.next() {
+        match b {
+            b'"' | 0..=0x1F => return false,
+            b'\\' => match it.next() {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {}
+                Some(b'u') => {
+                    if !(0..4).all(|_| it.next().is_some_and(u8::is_ascii_hexdigit)) {
+                        return false;
+                    }
+                }
+                _ => return false,
+            },
+            _ => {}
+        }
+    }
+    true
+}
+
+/// One id the guard carries: a JSON number or string, as raw text.
+pub fn valid_id(raw: &str) -> bool {
+    match raw.as_bytes().first() {
+        Some(b'"') => json_string(raw.as_bytes()),
+        Some(_) => json_number(raw.as_bytes()),
+        None => false,
+    }
+}
+
+/// The raw ids of a carried text (one id, or a batch's array of ids without whitespace);
+/// `None` when it is not such a text or is longer than [`MAX_REQUEST_IDS_BYTES`].
+pub fn split_ids(carried: &str) -> Option<Vec<&str>> {
+    if carried.len() > MAX_REQUEST_IDS_BYTES {
+        return None;
+    }
+    let Some(inner) = carried.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else {
+        return valid_id(carried).then(|| vec![carried]);
+    };
+    // Split at the commas outside strings.
+    let mut ids = Vec::new();
+    let (mut start, mut in_str, mut esc) = (0, false, false);
+    for (i, b) in inner.bytes().enumerate() {
+        match b {
+            _ if std::mem::take(&mut esc) => {}
+            b'\\' if in_str => esc = true,
+            b'"' => in_str = !in_str,
+            b',' if !in_str => {
+                ids.push(inner.get(start..i)?);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    ids.push(inner.get(start..)?);
+    ids.iter().all(|id| valid_id(id)).then_some(ids)
+}
+
+/// The ids of a whole body (tests, fuzzing).
 pub fn request_id(body: &[u8]) -> Option<String> {
     let mut s = RequestIdScanner::new();
     s.push(body);
@@ -234,80 +522,11 @@ pub fn request_id(body: &[u8]) -> Option<String> {
     }
 }
 
-/// Is `id` an id the guard carries (a JSON number or string, at most [`MAX_REQUEST_ID_BYTES`])?
-pub fn valid_request_id(id: &str) -> bool {
-    request_id(format!("{{\"id\":{id}}}").as_bytes()).as_deref() == Some(id)
+/// Is `carried` a text the guard carries (see [`split_ids`])?
+pub fn valid_request_id(carried: &str) -> bool {
+    split_ids(carried).is_some()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_the_top_level_id_wherever_it_is() {
-        let cases: &[(&str, Option<&str>)] = &[
-            (
-                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#,
-                Some("7"),
-            ),
-            (
-                r#"{"method":"tools/call","params":{"id":99,"arguments":{"id":"x"}},"jsonrpc":"2.0","id":12}"#,
-                Some("12"),
-            ),
-            (r#" { "id" : "abc-1" , "method":"x"}"#, Some(r#""abc-1""#)),
-            (r#"{"id":"a\"b\\"}"#, Some(r#""a\"b\\""#)),
-            (r#"{"id":-1.5e3}"#, Some("-1.5e3")),
-            (r#"{"params":["id",{"id":1}],"id":2}"#, Some("2")),
-            (r#"{"i\u0064":5,"id":6}"#, Some("6")),
-            (r#"{"method":"notifications/initialized"}"#, None),
-            (r#"{"id":null}"#, None),
-            (r#"{"id":true}"#, None),
-            (r#"{"id":{"a":1}}"#, None),
-            (r#"{"id":[1]}"#, None),
-            (r#"{"id":01}"#, None),
-            (r#"[{"id":1}]"#, None),
-            ("garbage", None),
-            ("", None),
-        ];
-        for (body, want) in cases {
-            assert_eq!(request_id(body.as_bytes()).as_deref(), *want, "{body}");
-        }
-    }
-
-    #[test]
-    fn any_split_into_chunks_gives_the_same_id() {
-        let body = br#"{"method":"tools/call","params":{"name":"t","arguments":{"id":"no","s":"}\"{"}},"jsonrpc":"2.0","id":"req-42"}"#;
-        for cut in 0..body.len() {
-            let (a, b) = body.split_at(cut);
-            let mut s = RequestIdScanner::new();
-            s.push(a);
-            s.push(b);
-            assert_eq!(
-                s.finish(),
-                &Scan::Found(r#""req-42""#.into()),
-                "cut at {cut}"
-            );
-        }
-        // A number at the very end of the body is complete at finish.
-        let mut s = RequestIdScanner::new();
-        s.push(br#"{"id":123"#);
-        assert_eq!(s.result(), &Scan::Pending);
-        assert_eq!(s.finish(), &Scan::None, "an unterminated object has no id");
-    }
-
-    #[test]
-    fn long_ids_and_long_bodies_are_bounded() {
-        let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(MAX_REQUEST_ID_BYTES));
-        assert_eq!(request_id(long.as_bytes()), None);
-        let fits = format!(r#"{{"id":"{}"}}"#, "x".repeat(MAX_REQUEST_ID_BYTES - 2));
-        assert!(request_id(fits.as_bytes()).is_some());
-        let mut s = RequestIdScanner::new();
-        s.push(br#"{"params":""#);
-        let filler = vec![b'a'; MAX_SCAN_BYTES];
-        assert_eq!(s.push(&filler), &Scan::None);
-        assert!(valid_request_id("7"));
-        assert!(valid_request_id(r#""a""#));
-        assert!(!valid_request_id("null"));
-        assert!(!valid_request_id(r#"1,"x":2"#));
-    }
-}
+#[path = "jsonrpc_tests.rs"]
+pub(crate) mod tests;

@@ -17,7 +17,8 @@ pub const MAX_EVENT_ID_BYTES: usize = 128;
 pub const MAX_LONG_ID_BYTES: usize = 64 * 1024;
 /// Full long ids the store keeps per incarnation (the newest).
 pub const LONG_IDS_KEPT: usize = 16;
-/// Bytes of a `StreamOpen.request_id` (raw JSON text).
+/// Bytes of a `StreamOpen.request_id` (raw JSON text), as older guards wrote it; the guard's own
+/// bound is [`crate::jsonrpc::MAX_REQUEST_IDS_BYTES`], all of it in the cursor.
 pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// Bytes of a protocol version string.
 pub const MAX_VERSION_BYTES: usize = 64;
@@ -253,7 +254,9 @@ pub enum Record {
         opened_ms: u64,
         /// The JSON-RPC id of the request this stream answers, as raw JSON text (a number or
         /// a string token, at most [`MAX_REQUEST_ID_BYTES`]); kept per incarnation and handed
-        /// back in a `new_stream` verdict for it. Absent from older guards.
+        /// back in a `new_stream` verdict for it. Only older guards send it (they embedded ids of
+        /// at most 64 bytes in the cursor and recorded longer ones here); a guard now embeds
+        /// every id it carries in the cursor, so a refusal never depends on the store to settle.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         request_id: Option<String>,
     },

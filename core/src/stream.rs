@@ -182,13 +182,14 @@ impl StreamState {
         s
     }
 
-    /// Carries the opening request's JSON-RPC id in every cursor of this stream.
+    /// Carries the opening request's JSON-RPC id(s) (carried text, [`crate::jsonrpc`]) in every
+    /// cursor of this stream.
     pub fn with_request_id(mut self, id: Option<String>) -> Self {
         self.ids.request_id = id;
         self
     }
 
-    /// The opening request's JSON-RPC id this stream carries.
+    /// The opening request's JSON-RPC id(s) this stream carries.
     pub fn request_id(&self) -> Option<&str> {
         self.ids.request_id.as_deref()
     }

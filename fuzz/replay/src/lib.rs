@@ -9,6 +9,7 @@ mod eventsource;
 mod exchange;
 mod keys;
 mod ownership;
+mod request_ids;
 mod sse;
 mod stream;
 
@@ -17,6 +18,7 @@ pub use cursor::cursor_decode;
 pub use eventsource::eventsource;
 pub use exchange::exchange;
 pub use ownership::ownership_request;
+pub use request_ids::request_ids;
 pub use sse::sse_rewriter;
 pub use stream::stream_state;
 
@@ -32,4 +34,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("ownership_request", ownership_request),
     ("exchange", exchange),
     ("eventsource", eventsource),
+    ("request_ids", request_ids),
 ];
