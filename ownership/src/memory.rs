@@ -75,8 +75,9 @@ struct Incarnation {
     /// `None` while only Events/StreamLost have landed (a placeholder).
     opened: Option<Opened>,
     lost: bool,
-    /// Store time of the first `owner_failed` not followed by recorded events.
-    failed_since: Option<u64>,
+    /// Store times of the first and the latest `owner_failed` since the owner last answered
+    /// for the stream (events recorded, or a continuation's clean end).
+    failed: Option<(u64, u64)>,
     head: u64,
     window: BTreeMap<u64, String>,
     /// seq -> full replica id, for the newest LONG_IDS_KEPT seqs whose id was long.
@@ -90,8 +91,8 @@ struct Incarnation {
     trimmed_below: u64,
 }
 
-/// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and the
-/// newest [`BRANCHES_KEPT`] continuations, numbers `top + 1 - BRANCHES_KEPT ..= top`.
+/// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and at most
+/// [`BRANCHES_KEPT`] continuations (see [`Branches::prune`]).
 struct Branches {
     /// The highest number handed out.
     top: u64,
@@ -126,8 +127,7 @@ impl Branches {
         }
     }
 
-    /// Register the next branch as open; the continuation [`BRANCHES_KEPT`] numbers older is
-    /// dropped (branch 0 never is).
+    /// Register the next branch as open, within the table's bound (see [`Branches::prune`]).
     fn open_next(&mut self) -> u64 {
         self.top += 1;
         let b = Branch {
@@ -137,18 +137,37 @@ impl Branches {
             latest: None,
         };
         self.kept.insert(self.top, b);
-        if let Some(old) = self.top.checked_sub(BRANCHES_KEPT).filter(|g| *g >= 1) {
-            self.kept.remove(&old);
-        }
+        self.prune(self.top);
         self.top
     }
 
+    /// Keep at most [`BRANCHES_KEPT`] continuations (branch 0 always stays, and `keep`): the
+    /// first to go are ended ones, then open ones that never relayed (a registration whose
+    /// answer nobody used, e.g. a retry its client dropped), then the oldest. A branch that
+    /// relays after it went is followed as one that starts relaying then.
+    fn prune(&mut self, keep: u64) {
+        while self.kept.len() > 1 + BRANCHES_KEPT as usize {
+            let victim = self
+                .kept
+                .iter()
+                .filter(|(g, _)| **g >= 1 && **g != keep)
+                .min_by_key(|(g, b)| (b.prune_class(), **g))
+                .map(|(g, _)| *g);
+            match victim {
+                Some(v) => {
+                    self.kept.remove(&v);
+                }
+                None => break,
+            }
+        }
+    }
+
     /// Are branch `g`'s events refused: another open, newer branch relayed after `g` started,
-    /// or `g` is older than every branch kept? A branch's first events never are, an ended
-    /// branch's never are, nor a number never handed out.
+    /// or `g` was cut? A branch's first events never are, an ended branch's never are, nor
+    /// those of a branch the table no longer lists (it starts relaying now).
     fn overtaken(&self, g: u64) -> bool {
         match self.kept.get(&g) {
-            None => g < self.top,
+            None => false,
             Some(Branch { cut: true, .. }) => true,
             Some(Branch {
                 open: true,
@@ -162,26 +181,54 @@ impl Branches {
         }
     }
 
-    /// Branch `g`'s events were accepted at store order `tick` (an ended branch keeps its order).
+    /// Branch `g`'s events were accepted at store order `tick` (an ended branch keeps its order;
+    /// a handed-out branch the table no longer lists comes back, open, relaying from now).
     fn relayed(&mut self, g: u64, tick: u64) {
         self.writer = Some(g);
+        if (1..=self.top).contains(&g) && !self.kept.contains_key(&g) {
+            let b = Branch {
+                open: true,
+                cut: false,
+                first: None,
+                latest: None,
+            };
+            self.kept.insert(g, b);
+            self.prune(g);
+        }
         if let Some(b) = self.kept.get_mut(&g).filter(|b| b.open) {
             b.first.get_or_insert(tick);
             b.latest = Some(tick);
         }
     }
 
-    /// Mark `g` ended; is another branch numbered 1 or more still open?
+    /// Mark `g` ended; is another branch numbered 1 or more open and relaying? A registered
+    /// branch that never relayed (its guard never used the answer, or its replica sent
+    /// nothing yet) takes the stream from nobody.
     ///
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
     fn end(&mut self, g: u64, told: bool) -> bool {
-        let forked = self.kept.iter().any(|(h, b)| *h >= 1 && *h != g && b.open);
+        let forked = self
+            .kept
+            .iter()
+            .any(|(h, b)| *h >= 1 && *h != g && b.open && b.first.is_some());
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.cut |= told && forked;
         }
         forked
+    }
+}
+
+impl Branch {
+    /// Which branches a full table drops first (lowest): ended and not cut, then open and
+    /// never relayed, then the rest.
+    fn prune_class(&self) -> u8 {
+        match (self.open, self.cut, self.first) {
+            (false, false, _) => 0,
+            (true, _, None) => 1,
+            _ => 2,
+        }
     }
 }
 
@@ -609,7 +656,7 @@ impl Inner {
                         b.relayed(*branch, tick);
                     }
                     // The owner relayed again: an earlier failure passed.
-                    inc.failed_since = None;
+                    inc.failed = None;
                 }
                 if *trimmed > 0 {
                     // Left out on purpose by the guard: a hole below never fills.
@@ -644,9 +691,11 @@ impl Inner {
                 session,
                 incarnation,
             } => {
-                // The first failure counts: repeats never push the window back.
+                // The first failure opens the window (repeats never push it back); the latest
+                // says whether failures stood through it.
                 self.mark(session, incarnation, now_ms, limits, |inc| {
-                    inc.failed_since.get_or_insert(now_ms);
+                    let (first, last) = inc.failed.get_or_insert((now_ms, now_ms));
+                    *last = now_ms.max(*last).max(*first);
                 });
             }
             Record::OwnerGone { owner } => {
@@ -664,18 +713,25 @@ impl Inner {
         Ok(())
     }
 
-    /// The branch table of a known incarnation (an opened or a pending session), if it has one.
-    fn branches_mut(&mut self, session: &str, incarnation: &str) -> Option<&mut Branches> {
+    /// A known incarnation (of an opened or a pending session).
+    fn incarnation_mut(&mut self, session: &str, incarnation: &str) -> Option<&mut Incarnation> {
         let s = match self.sessions.get_mut(session) {
             Some(s) => s,
             None => self.pending.get_mut(session)?,
         };
-        s.incarnations.get_mut(incarnation)?.branches.as_mut()
+        s.incarnations.get_mut(incarnation)
     }
 
+    /// `told`: the guard asks at the branch's clean end, so its owner answered for the stream
+    /// (a served continuation): an earlier failure passed.
     fn end_branch(&mut self, session: &str, incarnation: &str, branch: u64, told: bool) -> bool {
-        self.branches_mut(session, incarnation)
-            .is_some_and(|b| b.end(branch, told))
+        let Some(inc) = self.incarnation_mut(session, incarnation) else {
+            return false;
+        };
+        if told {
+            inc.failed = None;
+        }
+        inc.branches.as_mut().is_some_and(|b| b.end(branch, told))
     }
 
     /// The next branch of an opened incarnation of an active session (`None` otherwise).
@@ -724,16 +780,16 @@ impl Inner {
         if s.state == SessionState::Active {
             self.touch(q.session, now_ms);
         }
-        // An owner that kept failing for the whole window: lost for good.
+        // An owner that kept failing through the whole window (a failure at each end, no
+        // answer between): lost for good.
         if let Some(inc) = self
             .sessions
             .get_mut(q.session)
             .and_then(|s| s.incarnations.get_mut(q.incarnation))
         {
-            if inc
-                .failed_since
-                .is_some_and(|t| now_ms.saturating_sub(t) > limits.owner_failure_window_ms)
-            {
+            if inc.failed.is_some_and(|(first, last)| {
+                last.saturating_sub(first) > limits.owner_failure_window_ms
+            }) {
                 inc.lost = true;
             }
         }

@@ -8,10 +8,10 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` and `fl` first and latest `owner_failed` ms since the owner last answered (events, a clean end), `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and the newest `BRANCHES_KEPT` numbers from 1; expires and is deleted with the incarnation |
+//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
 //! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
 //! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
@@ -19,6 +19,8 @@
 //!
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
 //! significant digits, which would round sequence numbers near 2^53.
+
+use crate::store::BRANCHES_KEPT;
 
 /// Helpers shared by every script. `ARGV[1]` is always the key base `P{S}`.
 const PRELUDE: &str = r#"
@@ -69,12 +71,36 @@ local function put_branch(inc, g, b)
   if b.open then o = '1' elseif b.cut then o = '2' end
   redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest))
 end
--- Are branch g's events refused: another open, newer branch relayed after g started, or g is
--- older than every branch kept? A branch's first events never are, nor an ended branch's,
--- nor a number never handed out.
+-- Keep at most kept_branches continuations (branch 0 always stays, and `keep`): the first to
+-- go are ended ones, then open ones that never relayed, then the oldest (as the memory store).
+local function prune_class(b)
+  if not b.open and not b.cut then return 0 end
+  if b.open and b.first < 0 then return 1 end
+  return 2
+end
+local function prune(inc, t, keep)
+  local n = 0
+  for h, _ in pairs(t.kept) do if h >= 1 then n = n + 1 end end
+  while n > kept_branches do
+    local v, vc = nil, nil
+    for h, e in pairs(t.kept) do
+      if h >= 1 and h ~= keep then
+        local c = prune_class(e)
+        if not v or c < vc or (c == vc and h < v) then v, vc = h, c end
+      end
+    end
+    if not v then break end
+    t.kept[v] = nil
+    redis.call('HDEL', bkey(inc), fmt(v))
+    n = n - 1
+  end
+end
+-- Are branch g's events refused: another open, newer branch relayed after g started, or g was
+-- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
+-- table no longer lists (it starts relaying now).
 local function overtaken(t, g)
   local b = t.kept[g]
-  if not b then return g < t.top end
+  if not b then return false end
   if b.cut then return true end
   if not b.open or b.first < 0 then return false end
   for h, e in pairs(t.kept) do
@@ -82,13 +108,14 @@ local function overtaken(t, g)
   end
   return false
 end
--- Mark g ended; is another branch numbered 1 or more still open?
+-- Mark g ended; is another branch numbered 1 or more open and relaying? A registered branch
+-- that never relayed takes the stream from nobody.
 -- told: the guard asked at the branch's end and tells its client `forked` on a yes: that branch
 -- lost a fork, so it is cut (its records give way to the survivor's).
 local function end_branch(inc, t, g, told)
   local forked = false
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open then forked = true end
+    if h >= 1 and h ~= g and e.open and e.first >= 0 then forked = true end
   end
   local b = t.kept[g]
   if b and (b.open or (told and forked and not b.cut)) then
@@ -322,7 +349,7 @@ elseif typ == 'ev' then
   end
   if n > 0 then
     -- The owner relayed again: an earlier failure passed.
-    redis.call('HDEL', ik, 'ff')
+    redis.call('HDEL', ik, 'ff', 'fl')
     local head = math.max(old_head, first + n - 1)
     -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
     local floor = head - max_window + 1
@@ -352,8 +379,14 @@ elseif typ == 'ev' then
     end
     redis.call('PEXPIRE', wk, keep_ms)
     if table_ then redis.call('HSET', bkey(inc), 'w', fmt(branch)) end
-    -- The branch's relay order (an ended branch keeps its own).
+    -- The branch's relay order (an ended branch keeps its own; a handed-out branch the table
+    -- no longer lists comes back, open, relaying from now).
     local b = table_ and table_.kept[branch]
+    if table_ and not b and branch >= 1 and branch <= table_.top then
+      b = {open = true, cut = false, first = -1, latest = -1}
+      table_.kept[branch] = b
+      prune(inc, table_, branch)
+    end
     if b and b.open then
       local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
       if b.first < 0 then b.first = tick end
@@ -373,8 +406,11 @@ elseif typ == 'be' then
 elseif typ == 'of' then
   session_for_write('a')
   touch_inc(ARGV[9])
-  -- The first failure counts: repeats never push the window back.
+  -- The first failure opens the window (repeats never push it back); the latest (`fl`) says
+  -- whether failures stood through it.
   redis.call('HSETNX', ikey(ARGV[9]), 'ff', fmt(now))
+  local fl = tonumber(redis.call('HGET', ikey(ARGV[9]), 'fl') or '0')
+  if now > fl then redis.call('HSET', ikey(ARGV[9]), 'fl', fmt(now)) end
   evict(ARGV[9])
 elseif typ == 'sl' then
   session_for_write('a')
@@ -432,7 +468,7 @@ if st == 'a' then
   try('PEXPIRE', bk, keep_ms)
   if refused then code = code + 10 end
 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq', 'tf')
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq', 'tf', 'fl')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
@@ -447,9 +483,10 @@ if kind == 'g' then
 end
 local lost = 0
 if f[7] == '1' then lost = 1 end
--- An owner that kept failing for the whole window: lost for good (a refused write changes
--- nothing: the verdict is the same, and the next resume decides again).
-if lost == 0 and f[9] and now - tonumber(f[9]) > failure_window then
+-- An owner that kept failing through the whole window (a failure at each end, no answer
+-- between): lost for good (a refused write changes nothing: the verdict is the same, and the
+-- next resume decides again).
+if lost == 0 and f[9] and f[12] and tonumber(f[12]) - tonumber(f[9]) > failure_window then
   lost = 1
   redis.pcall('HSET', ik, 'l', '1')
 end
@@ -519,11 +556,15 @@ if mode == 'open' then
     redis.call('HSET', ik, 'b', '1')
   end
   redis.call('HSET', bk, fmt(top), '1 -1 -1')
-  -- Branch 0 stays; the continuation `kept` numbers older goes.
-  if top > kept then redis.call('HDEL', bk, fmt(top - kept)) end
+  if top > kept then
+    local t = branches(inc)
+    if t then prune(inc, t, top) end
+  end
   redis.call('PEXPIRE', bk, keep_ms)
   return top
 end
+-- A clean end: the owner answered for the stream (a served continuation), a failure passed.
+redis.call('HDEL', ik, 'ff', 'fl')
 if redis.call('HGET', ik, 'b') ~= '1' then return 0 end
 local t = branches(inc)
 if t and end_branch(inc, t, tonumber(ARGV[6]), true) then return 1 end
@@ -559,12 +600,17 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', e))
 return 1
 "#;
 
+/// The branch rules with the table's bound.
+fn branches() -> String {
+    format!("local kept_branches = {BRANCHES_KEPT}\n{BRANCHES}")
+}
+
 pub fn apply_script() -> String {
-    format!("{PRELUDE}{BRANCHES}{APPLY}")
+    format!("{PRELUDE}{}{APPLY}", branches())
 }
 
 pub fn branch_script() -> String {
-    format!("{PRELUDE}{BRANCHES}{BRANCH}")
+    format!("{PRELUDE}{}{BRANCH}", branches())
 }
 
 pub fn snapshot_script() -> String {

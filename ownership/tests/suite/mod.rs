@@ -660,9 +660,10 @@ pub fn failed(session: &str, inc: &str) -> Record {
     }
 }
 
-/// A blip at the owner is not a loss: after `owner_failed`, resumes may still continue until
-/// the first failure not followed by events is older than the window; then the incarnation is
-/// lost for good. Events from the owner clear a failure; repeats never push the window back.
+/// A blip at the owner is not a loss: the incarnation is lost only when failures stood through
+/// the whole window (an `owner_failed` at each end of it) with no answer from the owner between.
+/// Events from the owner, or a continuation's clean end, clear a failure; repeats never push
+/// the window back.
 pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
     let window = 30_000;
     let s = make(Limits {
@@ -674,18 +675,33 @@ pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
     apply_at(&s, &[failed(S1, A)], T0 + 1_000).await;
     assert_eq!(verdict_at(&s, S1, 2, T0 + 2_000).await, right, "a blip");
     assert_eq!(verdict_at(&s, S1, 2, T0 + 1_000 + window).await, right);
+    // A quiet stream after one blip: no failure stood through the window, no loss.
+    assert_eq!(
+        verdict_at(&s, S1, 2, T0 + 35_000).await,
+        right,
+        "one healed blip never turns into a loss"
+    );
     // The owner relayed again: the failure passed; a new one starts a new window.
-    apply_at(&s, &[events(S1, A, 4, 4)], T0 + 20_000).await;
+    apply_at(&s, &[events(S1, A, 4, 4)], T0 + 36_000).await;
     let right = cont(OWNER_X, ids(3, 4), 4);
     assert_eq!(verdict_at(&s, S1, 2, T0 + 40_000).await, right);
     apply_at(&s, &[failed(S1, A)], T0 + 50_000).await;
     apply_at(&s, &[failed(S1, A)], T0 + 50_000 + window - 10).await;
-    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_000 + window).await, right);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, right);
+    // A served continuation (its clean end) clears the failures before it.
+    let b = continue_branch_of(&s, S1, A, StreamKind::Get, 4, T0 + 50_002 + window).await;
+    assert!(!s.end_branch(S1, A, b, T0 + 50_003 + window).await.unwrap());
+    apply_at(&s, &[failed(S1, A)], T0 + 50_004 + window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_005 + window).await, right);
+    // Failures that stood through the whole window: lost.
+    apply_at(&s, &[failed(S1, A)], T0 + 50_004 + 2 * window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_005 + 2 * window).await, right);
+    apply_at(&s, &[failed(S1, A)], T0 + 50_006 + 2 * window).await;
     let gone = new_stream(Reason::OwnerUnavailable);
-    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, gone);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_007 + 2 * window).await, gone);
     // Lost for good: later events do not bring it back.
-    apply_at(&s, &[events(S1, A, 5, 5)], T0 + 50_002 + window).await;
-    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_003 + window).await, gone);
+    apply_at(&s, &[events(S1, A, 5, 5)], T0 + 50_008 + 2 * window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_009 + 2 * window).await, gone);
 }
 
 pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
@@ -1544,6 +1560,25 @@ pub async fn continue_branch<S: Store>(s: &S, inc: &str, seq: u64) -> Option<u64
     }
 }
 
+/// A continuation of `session`'s stream `inc` at `seq`, resolved at `now`: its branch number
+/// (it must continue, registered).
+pub async fn continue_branch_of<S: Store>(
+    s: &S,
+    session: &str,
+    inc: &str,
+    kind: StreamKind,
+    seq: u64,
+    now: u64,
+) -> u64 {
+    let q = query(session, inc, kind, seq);
+    match resolve_branched(s, &q, no_wait(), now).await.verdict {
+        ResumeVerdict::Continue {
+            branch: Some(b), ..
+        } => b,
+        other => panic!("{inc} at {seq} must continue, registered: {other:?}"),
+    }
+}
+
 const FORKED: Option<&str> = Some(REJECTED_FORKED);
 const MISMATCH: Option<&str> = Some(REJECTED_MISMATCH);
 
@@ -1663,7 +1698,10 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
         continue_branch(&s, A, 3).await.unwrap(),
     );
     assert_eq!(refusals(&s, &[relayed(A, b2, 4, 5)]).await, [None]);
-    assert!(s.end_branch(S1, A, b2, T0).await.unwrap(), "b1 is open");
+    assert!(
+        !s.end_branch(S1, A, b2, T0).await.unwrap(),
+        "b1 is open but never relayed: it takes the stream from nobody"
+    );
     assert_eq!(
         refusals(&s, &[relayed(A, b1, 4, 6), relayed(A, b1, 7, 7)]).await,
         [None, None]
@@ -1700,7 +1738,8 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
 }
 
 /// `end_branch` marks the branch ended and answers forked exactly when another branch numbered
-/// 1 or more is open (branch 0 never counts); without a table it writes nothing.
+/// 1 or more is open and relaying (branch 0 never counts, nor one that never relayed); without
+/// a table it writes nothing.
 pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     assert!(!s.end_branch(S1, A, 1, T0).await.unwrap(), "no session");
@@ -1711,6 +1750,11 @@ pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
         continue_branch(&s, A, 3).await.unwrap(),
     );
     assert_eq!((b1, b2), (1, 2), "ending before registering made no table");
+    assert!(
+        !s.end_branch(S1, A, 0, T0).await.unwrap(),
+        "b1 and b2 are open but never relayed"
+    );
+    apply(&s, &[relayed(A, b2, 4, 4)]).await;
     assert!(s.end_branch(S1, A, b1, T0).await.unwrap());
     assert!(s.end_branch(S1, A, b1, T0).await.unwrap(), "idempotent");
     assert!(!s.end_branch(S1, A, b2, T0).await.unwrap());
@@ -1720,6 +1764,7 @@ pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
         continue_branch(&s, A, 3).await.unwrap(),
         continue_branch(&s, A, 3).await.unwrap(),
     );
+    apply(&s, &[relayed(A, b4, 5, 5), relayed(A, b5, 5, 5)]).await;
     assert!(s.end_branch(S1, A, 0, T0).await.unwrap(), "b4, b5 open");
     assert!(s.end_branch(S1, A, b5, T0).await.unwrap(), "b4 open");
     assert!(!s.end_branch(S1, A, b4, T0).await.unwrap());
@@ -1789,9 +1834,11 @@ pub async fn branch_end_record<S: Store>(make: impl Fn(Limits) -> S) {
     );
 }
 
-/// An incarnation keeps branch 0 and its newest 16 continuations: an older one is dropped, and
-/// its events count as overtaken; continuations that never relay overtake nobody (branch 0
-/// keeps relaying through any number of them); a number never handed out is not arbitrated.
+/// An incarnation keeps branch 0 and at most 16 continuations: past that, ended ones go first,
+/// then open ones that never relayed, then the oldest; a branch that relays after it went is
+/// followed as one that starts relaying then. Continuations that never relay overtake nobody
+/// (branch 0 keeps relaying through any number of them); a number never handed out is not
+/// arbitrated.
 pub async fn oldest_branches_dropped<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
@@ -1815,8 +1862,61 @@ pub async fn oldest_branches_dropped<S: Store>(make: impl Fn(Limits) -> S) {
             ]
         )
         .await,
-        [FORKED, None, None, FORKED],
-        "17 continuations: 1 dropped; 2 relayed after 0 started"
+        [None, None, None, FORKED],
+        "17 continuations: 2 (never relayed) dropped, not 1; 2 comes back relaying; \
+         1 and 2 relayed after 0 started"
+    );
+    assert_eq!(
+        refusals(&s, &[relayed(A, 1, 6, 6), relayed(A, 2, 6, 6)]).await,
+        [FORKED, None],
+        "2 came back newer than 1: the fork rule as usual"
+    );
+    // Unused registrations go before a cut branch: it stays cut, its late events refused.
+    for _ in 0..20 {
+        continue_branch(&s, A, 6).await.unwrap();
+    }
+    assert_eq!(
+        refusals(&s, &[relayed(A, 1, 7, 7), relayed(A, 2, 7, 7)]).await,
+        [FORKED, None]
+    );
+}
+
+/// Registrations whose guard never used the answer (resumes the client dropped while the
+/// guard waited) are never a reader: they never make the real reader `forked` at its clean
+/// end, never push it out of the table, and never get its events refused.
+pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let reader = continue_branch(&s, A, 3).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, reader, 4, 5)]).await, [None]);
+    // Three dropped retries, then the reader's next events and its clean end.
+    for _ in 0..3 {
+        continue_branch(&s, A, 5).await.unwrap();
+    }
+    assert_eq!(refusals(&s, &[relayed(A, reader, 6, 6)]).await, [None]);
+    assert!(
+        !s.end_branch(S1, A, reader, T0).await.unwrap(),
+        "no other branch relays: the reader's end is its replica's own"
+    );
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 6).await,
+        cont(OWNER_X, vec![], 6),
+        "its last cursor continues"
+    );
+    // A quiet reader (nothing relayed yet), then more dropped retries than the table keeps.
+    let quiet = continue_branch(&s, A, 6).await.unwrap();
+    for _ in 0..20 {
+        continue_branch(&s, A, 6).await.unwrap();
+    }
+    assert_eq!(
+        refusals(&s, &[relayed(A, quiet, 7, 8), relayed(A, quiet, 9, 9)]).await,
+        [None, None],
+        "the quiet reader relays on, however many unused registrations came after it"
+    );
+    assert!(!s.end_branch(S1, A, quiet, T0).await.unwrap());
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 8).await,
+        cont(OWNER_X, ids(9, 9), 9)
     );
 }
 
@@ -1938,9 +2038,17 @@ pub async fn diverging_open_continuations_are_a_fork<S: Store>(make: impl Fn(Lim
             continue_branch(&s, inc, 3).await.unwrap(),
             continue_branch(&s, inc, 3).await.unwrap(),
         );
+        // e2 relays first (a replay of a recorded event), then e1 writes past the head.
         assert_eq!(
-            refusals(&s, &[relayed_as(inc, e1, 4, &["x4".into()])]).await,
-            [None]
+            refusals(
+                &s,
+                &[
+                    relayed_as(inc, e2, 3, &[id(3)]),
+                    relayed_as(inc, e1, 4, &["x4".into()])
+                ]
+            )
+            .await,
+            [None, None]
         );
         if told {
             assert!(s.end_branch(S1, inc, e1, T0).await.unwrap(), "e2 is open");
@@ -2061,6 +2169,7 @@ macro_rules! store_suite {
             end_branch_answers_forked,
             branch_end_record,
             oldest_branches_dropped,
+            unused_registrations_never_fork_the_reader,
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
             gateways_with_skewed_clocks_pick_the_newest_get_stream,
