@@ -22,8 +22,8 @@ use mcp_resume_core::ownership::{
 use tokio::sync::watch;
 
 use crate::store::{
-    Applied, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store, StoreError,
-    StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, STORE_FULL,
+    Applied, BranchOpen, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store,
+    StoreError, StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, STORE_FULL,
 };
 
 /// A record the store did not apply: the named problem and its detail.
@@ -984,10 +984,12 @@ impl Store for MemoryStore {
         session: &str,
         incarnation: &str,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<BranchOpen, StoreError> {
+        // One lock holds an incarnation and its table: they cannot be lost apart.
         Ok(self
             .lock()
-            .open_branch(session, incarnation, now_ms, &self.limits))
+            .open_branch(session, incarnation, now_ms, &self.limits)
+            .map_or(BranchOpen::Unregistered, BranchOpen::Numbered))
     }
 
     async fn end_branch(

@@ -65,6 +65,18 @@ impl Default for Limits {
     }
 }
 
+/// What [`Store::open_branch`] came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchOpen {
+    /// Registered, with this number.
+    Numbered(u64),
+    /// Not registered: the branch goes on unarbitrated.
+    Unregistered,
+    /// The incarnation's branch table was lost apart from it: the incarnation is lost
+    /// (`records_lost` for this resume), rather than numbered anew.
+    Lost,
+}
+
 /// What [`Store::snapshot`] is asked about: the cursor's (session, incarnation, seq).
 #[derive(Debug, Clone, Copy)]
 pub struct SnapshotQuery<'a> {
@@ -240,27 +252,32 @@ pub trait Store: Send + Sync + 'static {
     /// Register the next branch of an opened incarnation (1, 2, … in the store's own order,
     /// atomically for every instance of a shared store) as open, and return its number. The
     /// incarnation's branch table is made by its first call, with branch 0 (its first
-    /// response) open and relaying from the start; it keeps the newest [`BRANCHES_KEPT`]
-    /// continuations.
-    /// `None`: the incarnation is not opened here, or the store refused the write (a resume
-    /// never fails for it: the branch is then not arbitrated).
+    /// response) open and relaying from the start; it keeps at most [`BRANCHES_KEPT`]
+    /// continuations (ended ones go first, then open ones that never relayed, then the oldest).
+    /// [`BranchOpen::Unregistered`]: the incarnation is not opened here, or the store refused
+    /// the write (a resume never fails for it: the branch is then not arbitrated).
+    /// [`BranchOpen::Lost`]: the table was lost apart from its incarnation (a shared store's
+    /// eviction or failover); the incarnation is marked lost, never numbered anew.
     ///
     /// With a table, `apply` arbitrates the incarnation's `events` (docs/forks.md): the events
     /// of branch `g` are refused ([`REJECTED_FORKED`](mcp_resume_core::ownership::REJECTED_FORKED)) when another open branch `h > g` had
-    /// events accepted after `g`'s first accepted ones, or when `g` is older than every branch
-    /// kept. A branch's first events are always accepted; an ended branch's events are applied
-    /// but never move its order. Without a table (no continuation registered) events are
-    /// applied as they come.
+    /// events accepted after `g`'s first accepted ones, or once `g` was cut. A branch's first
+    /// events are always accepted (a branch the table no longer lists comes back, relaying
+    /// from then); an ended branch's events are applied but never move its order. Without a
+    /// table (no continuation registered) events are applied as they come.
     fn open_branch(
         &self,
         session: &str,
         incarnation: &str,
         now_ms: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<BranchOpen, StoreError>> + Send;
 
     /// Mark a branch ended (as a `branch_end` record does) and say whether another branch
-    /// numbered 1 or more of the incarnation is still open: the replica ended this one for a
-    /// newer reader (`forked`). Branch 0 never counts. No table: `false`, nothing written.
+    /// numbered 1 or more of the incarnation is still open and relaying: the replica ended
+    /// this one for a newer reader (`forked`). Branch 0 never counts, nor a branch that never
+    /// relayed. No table: `false`, nothing written. A table lost apart from its incarnation:
+    /// `true` (the end cannot be arbitrated, so it is signalled), the incarnation marked lost.
+    /// It also clears the owner failure window: the owner answered for the stream.
     fn end_branch(
         &self,
         session: &str,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use mcp_ownership::store::{Applied, Facts, SnapshotQuery, StoreError, StoreStats};
+use mcp_ownership::store::{Applied, BranchOpen, Facts, SnapshotQuery, StoreError, StoreStats};
 use mcp_ownership::{router, AppState, Limits, MemoryStore, ResumeOptions, Store};
 use mcp_resume_core::ownership::Record;
 use serde_json::{json, Value};
@@ -580,7 +580,7 @@ impl Store for DownStore {
     async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
-    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<Option<u64>, StoreError> {
+    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<BranchOpen, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn end_branch(&self, _: &str, _: &str, _: u64, _: u64) -> Result<bool, StoreError> {
@@ -832,7 +832,7 @@ impl Store for Deaf {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
-    async fn open_branch(&self, s: &str, i: &str, now: u64) -> Result<Option<u64>, StoreError> {
+    async fn open_branch(&self, s: &str, i: &str, now: u64) -> Result<BranchOpen, StoreError> {
         self.0.open_branch(s, i, now).await
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
@@ -1050,7 +1050,7 @@ impl Store for NoBranches {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
-    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<Option<u64>, StoreError> {
+    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<BranchOpen, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {

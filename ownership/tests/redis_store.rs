@@ -383,3 +383,72 @@ async fn a_lost_session_hash_never_revives_a_superseded_stream() {
     apply(&s, &[open(S1), events(S1, B, 3, 3)]).await;
     assert_eq!(verdict(&s, S1, A, StreamKind::Get, 3).await, lost);
 }
+
+/// An incarnation's branch table lost apart from it (an eviction, or a failover losing the
+/// last writes) is detected and named: the incarnation is lost (`records_lost` for the resume
+/// that finds it, `replay_mismatch` for a survivor's events, `forked` for a clean end), never
+/// numbered anew (a renumbered branch could be silently ended, or cut the newer one).
+#[tokio::test]
+async fn a_lost_branch_table_is_named_never_renumbered() {
+    use mcp_ownership::Store;
+    use mcp_resume_core::ownership::{Reason, ResumeVerdict, StreamKind, REJECTED_MISMATCH};
+    use suite::*;
+    let s = make(Limits::default());
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", server())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let table = |inc: &str| format!("{}:b:{inc}", s.session_base(S1));
+    apply(
+        &s,
+        &[
+            open(S1),
+            req_stream(A),
+            events(S1, A, 1, 3),
+            req_stream(B),
+            events(S1, B, 1, 3),
+        ],
+    )
+    .await;
+    // The table goes (evicted): the survivor's events, its end and the next resume say so.
+    let b1 = continue_branch(&s, A, 3).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, b1, 4, 4)]).await, [None]);
+    let _: () = redis::cmd("DEL")
+        .arg(table(A))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 5, 5)]).await,
+        [Some(REJECTED_MISMATCH)]
+    );
+    assert!(s.end_branch(S1, A, b1, T0).await.unwrap(), "signalled");
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 4).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
+    // The table's last write is lost (a failover): it names an older top than its incarnation
+    // recorded. The resume that meets it is refused, never handed a number in use.
+    let b1 = continue_branch(&s, B, 3).await.unwrap();
+    let b2 = continue_branch(&s, B, 3).await.unwrap();
+    assert_eq!((b1, b2), (1, 2));
+    let _: () = redis::cmd("HSET")
+        .arg(table(B))
+        .arg("n")
+        .arg(b1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HDEL")
+        .arg(table(B))
+        .arg(b2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let q = query(S1, B, StreamKind::Request, 3);
+    assert_eq!(
+        resolve_branched(&s, &q, no_wait(), T0).await.verdict,
+        ResumeVerdict::NewStream {
+            reason: Reason::RecordsLost,
+            request_id: None
+        }
+    );
+}

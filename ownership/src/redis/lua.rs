@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` and `fl` first and latest `owner_failed` ms since the owner last answered (events, a clean end), `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` and `fl` first and latest `owner_failed` ms since the owner last answered (events, a clean end), `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table, `bn` the table's `n` as last written (a table gone, or with another `n`, was lost apart from the incarnation: it is then lost, never renumbered) |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
 //! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
@@ -65,6 +65,15 @@ local function branches(inc)
   end
   if not t.top then return nil end
   return t
+end
+-- The incarnation has a table (`b`), but it is gone or is not the one last written (`bn`
+-- mirrors its `n`): it was lost apart from its incarnation (evicted, failed over). Then the
+-- incarnation is lost, never numbered anew.
+local function table_lost(inc)
+  local f = redis.call('HMGET', ikey(inc), 'b', 'bn')
+  if f[1] ~= '1' then return false end
+  local n = redis.call('HGET', bkey(inc), 'n')
+  return (not n) or (f[2] and f[2] ~= n)
 end
 local function put_branch(inc, g, b)
   local o = '0'
@@ -288,7 +297,13 @@ elseif typ == 'ev' then
     local f = redis.call('HMGET', ik, 'h', 'b')
     old_head = tonumber(f[1] or '0')
     -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
-    if f[2] == '1' then table_ = branches(inc) end
+    if f[2] == '1' then
+      if table_lost(inc) then
+        redis.call('HSET', ik, 'l', '1')
+        return result .. ' table_lost'
+      end
+      table_ = branches(inc)
+    end
     -- The guard cuts an overtaken branch now: it holds the stream no more (another branch's
     -- end must not count it as open), and its later events are refused too.
     local function cut()
@@ -398,7 +413,9 @@ elseif typ == 'ev' then
 elseif typ == 'be' then
   -- ARGV: ..., inc, branch. A known branch is marked ended; nothing else is written.
   local inc = ARGV[9]
-  if redis.call('HGET', ikey(inc), 'b') == '1' then
+  if table_lost(inc) then
+    redis.call('HSET', ikey(inc), 'l', '1')
+  elseif redis.call('HGET', ikey(inc), 'b') == '1' then
     local t = branches(inc)
     if t then end_branch(inc, t, tonumber(ARGV[10]), false) end
   end
@@ -538,14 +555,19 @@ return out
 /// A continuation's branch. ARGV: base, now, ttl, mode, inc, branch, keep_ms, kept.
 /// `open`: registers the next branch of an opened incarnation and returns its number (the
 /// table, with branch 0, is made by the first), -1 when the incarnation is not opened, -2 when
-/// Redis refused the write (maxmemory). `end`: marks `branch` ended; returns 1 when another
-/// branch numbered 1 or more is open, else 0.
+/// Redis refused the write (maxmemory), -3 when the table was lost apart from the incarnation
+/// (now marked lost). `end`: marks `branch` ended; returns 1 when another branch numbered 1 or
+/// more is open and relaying, or when the table was lost (the end is signalled), else 0.
 const BRANCH: &str = r#"
 local mode, inc = ARGV[4], ARGV[5]
 local ik, bk = ikey(inc), bkey(inc)
 if mode == 'open' then
   local keep_ms, kept = tonumber(ARGV[7]), tonumber(ARGV[8])
   if redis.call('HGET', ik, 'o') ~= '1' then return -1 end
+  if table_lost(inc) then
+    redis.pcall('HSET', ik, 'l', '1')
+    return -3
+  end
   -- The first write is the one Redis at maxmemory refuses (later ones in the script are let
   -- through): a refusal is an answer, never a failed resume.
   local top = redis.pcall('HINCRBY', bk, 'n', 1)
@@ -555,6 +577,7 @@ if mode == 'open' then
     redis.call('HSET', bk, 't', '0', '0', '1 0 -1')
     redis.call('HSET', ik, 'b', '1')
   end
+  redis.call('HSET', ik, 'bn', fmt(top))
   redis.call('HSET', bk, fmt(top), '1 -1 -1')
   if top > kept then
     local t = branches(inc)
@@ -566,6 +589,11 @@ end
 -- A clean end: the owner answered for the stream (a served continuation), a failure passed.
 redis.call('HDEL', ik, 'ff', 'fl')
 if redis.call('HGET', ik, 'b') ~= '1' then return 0 end
+-- Lost apart from its incarnation: the end cannot be arbitrated, so it is signalled.
+if table_lost(inc) then
+  redis.call('HSET', ik, 'l', '1')
+  return 1
+end
 local t = branches(inc)
 if t and end_branch(inc, t, tonumber(ARGV[6]), true) then return 1 end
 return 0

@@ -245,6 +245,12 @@ impl RedisStore {
                          incarnation is lost"
                             .to_owned(),
                     ),
+                    "table_lost" => (
+                        REJECTED_MISMATCH,
+                        "the incarnation's branch table was lost (evicted or failed over): \
+                         the incarnation is lost"
+                            .to_owned(),
+                    ),
                     other => return Err(corrupt("apply", format!("record reply {other:?}"))),
                 };
                 out.refused.push(Refusal {

@@ -1585,8 +1585,13 @@ const MISMATCH: Option<&str> = Some(REJECTED_MISMATCH);
 /// Each continuation gets the next number of its incarnation (1, 2, …), in the store's order,
 /// concurrent ones too; a new stream gets none, nor an incarnation not opened.
 pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S) {
+    use mcp_ownership::store::BranchOpen::Unregistered;
     let s = make(Limits::default());
-    assert_eq!(s.open_branch(S1, A, T0).await.unwrap(), None, "no session");
+    assert_eq!(
+        s.open_branch(S1, A, T0).await.unwrap(),
+        Unregistered,
+        "no session"
+    );
     apply(
         &s,
         &[
@@ -1600,8 +1605,16 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
         ],
     )
     .await;
-    assert_eq!(s.open_branch(S1, C, T0).await.unwrap(), None, "unknown");
-    assert_eq!(s.open_branch(S1, D, T0).await.unwrap(), None, "not opened");
+    assert_eq!(
+        s.open_branch(S1, C, T0).await.unwrap(),
+        Unregistered,
+        "unknown"
+    );
+    assert_eq!(
+        s.open_branch(S1, D, T0).await.unwrap(),
+        Unregistered,
+        "not opened"
+    );
     for want in 1..=3 {
         assert_eq!(continue_branch(&s, A, 2).await, Some(want));
     }
@@ -1617,7 +1630,13 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
     // Concurrent continuations: each its own number, none skipped.
     let opened =
         futures_util::future::join_all((0..12).map(|_| s.open_branch(S1, B, T0 + 1))).await;
-    let mut got: Vec<u64> = opened.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    let mut got: Vec<u64> = opened
+        .into_iter()
+        .map(|r| match r.unwrap() {
+            mcp_ownership::store::BranchOpen::Numbered(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .collect();
     got.sort_unstable();
     assert_eq!(got, (2..=13).collect::<Vec<u64>>());
 }
