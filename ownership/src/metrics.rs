@@ -80,7 +80,7 @@ pub const STORE_OPS: [&str; 7] = [
 ];
 
 /// How a continuation's branch was registered (`branches` counter).
-pub const BRANCH_OUTCOMES: [&str; 3] = ["registered", "unregistered", "store_error"];
+pub const BRANCH_OUTCOMES: [&str; 4] = ["registered", "unregistered", "lost", "store_error"];
 /// The store's answers to `POST /v1/branch` (`branch_ends` counter).
 pub const BRANCH_END_OUTCOMES: [&str; 2] = ["forked", "not_forked"];
 
@@ -159,7 +159,7 @@ impl Metrics {
         );
         registry.register(
             "mcp_ownership_branches",
-            "Continuations by how their branch was registered: registered (numbered), unregistered (the store refused the write or no longer has the incarnation) or store_error; the last two continue unarbitrated",
+            "Continuations by how their branch was registered: registered (numbered), unregistered (the store refused the write or no longer has the incarnation), lost (the incarnation's branch table was lost apart from it: the resume is refused records_lost) or store_error; unregistered and store_error continue unarbitrated",
             branches.clone(),
         );
         registry.register(

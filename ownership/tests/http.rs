@@ -933,6 +933,10 @@ async fn branch_endpoint_and_refused_events() {
         let (_, v) = post(&app, "/v1/resume", resume_body(A, 3)).await;
         assert_eq!(v["branch"], want, "{v}");
     }
+    // Branch 1 relays: a branch that never relayed makes no other one forked.
+    let relayed = json!({"records": [{"type": "events", "session": S1, "incarnation": A,
+                                      "first_seq": 4, "ids": ["e4"], "branch": 1}]});
+    post(&app, "/v1/records", relayed).await;
     let ask = |branch: u64, inc: &str| json!({"session": S1, "incarnation": inc, "branch": branch});
     for (q, forked) in [(ask(2, A), true), (ask(1, A), false), (ask(1, B), false)] {
         let (st, v) = post(&app, "/v1/branch", q.clone()).await;
@@ -1031,7 +1035,7 @@ async fn branch_endpoint_and_refused_events() {
         "mcp_ownership_events_refused_total{error=\"forked\"} 1",
         "mcp_ownership_events_refused_total{error=\"replay_mismatch\"} 1",
         "mcp_ownership_sessions_refused_total 0",
-        "mcp_ownership_records_applied_total{type=\"events\"} 5",
+        "mcp_ownership_records_applied_total{type=\"events\"} 6",
     ] {
         assert!(text.contains(line), "{line}\n{text}");
     }
