@@ -473,33 +473,83 @@ impl Inner {
     }
 
     /// Bring the pending area and the bytes back within their caps (never dropping `keep`):
-    /// pending entries first, oldest first; then, for bytes, the least recently active
-    /// sessions (idle ones are the least recently active).
-    fn enforce_caps(&mut self, keep: &str, limits: &Limits) {
+    /// pending entries first, oldest first; then, for bytes, sessions idle past their TTL. A
+    /// session active within the TTL is never evicted: growth at the cap is refused instead
+    /// (see [`Inner::room_for`]).
+    fn enforce_caps(&mut self, keep: &str, now_ms: u64, limits: &Limits) {
         while self.pending.len() > limits.max_pending_sessions.max(1) {
             match self.oldest_pending(keep) {
                 Some(v) => self.drop_pending(&v),
                 None => break,
             }
         }
-        while self.bytes > limits.max_bytes {
-            if let Some(v) = self.oldest_pending(keep) {
-                self.drop_pending(&v);
-                continue;
-            }
-            let victim = self
-                .lru
-                .iter()
-                .find(|(_, id)| id != keep)
-                .map(|(_, id)| id.clone());
-            match victim {
-                Some(v) => {
-                    self.drop_session(&v);
-                    self.evicted += 1;
-                }
+        self.make_room(0, keep, now_ms, limits);
+    }
+
+    /// Free pending entries (oldest first, never `keep`), then sessions idle past their TTL,
+    /// until `extra` more bytes fit under the cap; whether they do.
+    fn make_room(&mut self, extra: usize, keep: &str, now_ms: u64, limits: &Limits) -> bool {
+        let fits = |i: &Inner| i.bytes.saturating_add(extra) <= limits.max_bytes;
+        while !fits(self) {
+            match self.oldest_pending(keep) {
+                Some(v) => self.drop_pending(&v),
                 None => break,
             }
         }
+        if !fits(self) {
+            self.free_idle(now_ms, limits.session_idle_ttl_ms);
+        }
+        fits(self)
+    }
+
+    /// Room for what `r` may add (an upper bound), for the records that grow a session:
+    /// `events` with ids and `stream_open`. Refused at the cap: the session that pushes the
+    /// store past it pays, never another one.
+    fn room_for(
+        &mut self,
+        r: &Record,
+        key: &str,
+        now_ms: u64,
+        limits: &Limits,
+    ) -> Result<(), Refused> {
+        let grows = match r {
+            Record::Events {
+                incarnation,
+                ids,
+                long,
+                ..
+            } if !ids.is_empty() => {
+                ids.iter().map(|i| entry_cost(i)).sum::<usize>()
+                    + long.iter().map(|l| entry_cost(&l.id)).sum::<usize>()
+                    + INCARNATION_OVERHEAD
+                    + incarnation.len()
+            }
+            Record::StreamOpen {
+                incarnation,
+                owner,
+                request_id,
+                ..
+            } => {
+                INCARNATION_OVERHEAD
+                    + incarnation.len()
+                    + owner.len()
+                    + request_id.as_ref().map_or(0, String::len)
+            }
+            _ => return Ok(()),
+        } + SESSION_OVERHEAD
+            + key.len();
+        if self.make_room(grows, key, now_ms, limits) {
+            return Ok(());
+        }
+        self.last_refused = Some(now_ms);
+        Err((
+            STORE_FULL,
+            format!(
+                "about {} bytes held, at most {} (--max-store-bytes) with every session active \
+                 within the idle TTL: this session's growth is refused",
+                self.bytes, limits.max_bytes
+            ),
+        ))
     }
 
     fn oldest_pending(&self, keep: &str) -> Option<String> {
@@ -515,11 +565,12 @@ impl Inner {
             return self.apply_record(r, now_ms, limits);
         };
         self.expire_one(key, now_ms, limits);
+        self.room_for(r, key, now_ms, limits)?;
         let before = self.cost_of(key);
         let out = self.apply_record(r, now_ms, limits);
         let after = self.cost_of(key);
         self.bytes = (self.bytes + after).saturating_sub(before);
-        self.enforce_caps(key, limits);
+        self.enforce_caps(key, now_ms, limits);
         out
     }
 
@@ -679,6 +730,9 @@ impl Inner {
                 while inc.long.len() > LONG_IDS_KEPT {
                     Incarnation::pop_oldest(&mut inc.long, bytes);
                 }
+                if !ids.is_empty() {
+                    fit_session(s, limits.max_session_events, incarnation);
+                }
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
             Record::StreamLost {
@@ -754,7 +808,7 @@ impl Inner {
         let n = inc.branches.get_or_insert_with(Branches::new).open_next();
         let after = self.cost_of(session);
         self.bytes = (self.bytes + after).saturating_sub(before);
-        self.enforce_caps(session, limits);
+        self.enforce_caps(session, now_ms, limits);
         Some(n)
     }
 
@@ -935,6 +989,34 @@ fn arbitrate(
         ));
     }
     Ok(())
+}
+
+/// Keep at most `max` recorded events in the session: the least recently recorded
+/// incarnations give all theirs up first, the one just written (`current`, the most recently
+/// recorded) its oldest last. Their cursors then read `gap`.
+fn fit_session(s: &mut Session, max: usize, current: &str) {
+    let mut total: usize = s.incarnations.values().map(|i| i.window.len()).sum();
+    while total > max {
+        let victim = s
+            .incarnations
+            .iter_mut()
+            .filter(|(_, i)| !i.window.is_empty())
+            .min_by_key(|(_, i)| i.last_tick);
+        let Some((id, inc)) = victim else {
+            break;
+        };
+        if id != current {
+            total -= inc.window.len();
+            inc.window.clear();
+            inc.long.clear();
+            inc.entry_bytes = 0;
+            continue;
+        }
+        while total > max && !inc.window.is_empty() {
+            Incarnation::pop_oldest(&mut inc.window, &mut inc.entry_bytes);
+            total -= 1;
+        }
+    }
 }
 
 /// Keep at most `max` incarnations, dropping the least recently recorded (never `keep`).

@@ -53,6 +53,7 @@ pub struct Metrics {
     pub records: Family<TypeLabels, Counter>,
     pub records_rejected: Counter,
     pub sessions_refused: Counter,
+    pub growth_refused: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
     pub branches: Family<OutcomeLabels, Counter>,
     pub branch_ends: Family<OutcomeLabels, Counter>,
@@ -112,6 +113,7 @@ impl Metrics {
         let records = Family::<TypeLabels, Counter>::default();
         let records_rejected = Counter::default();
         let sessions_refused = Counter::default();
+        let growth_refused = Counter::default();
         let pending = Gauge::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
         let branches = Family::<OutcomeLabels, Counter>::default();
@@ -151,6 +153,11 @@ impl Metrics {
             "mcp_ownership_sessions_refused",
             "session_open records refused for want of room (store_full): the session cap or the byte budget is reached with every session active within the idle TTL",
             sessions_refused.clone(),
+        );
+        registry.register(
+            "mcp_ownership_growth_refused",
+            "Records that would grow an opened session (events, stream_open) refused for want of room (store_full): the store is at its byte cap with every session active within the idle TTL; the session that pushes it pays, no session is evicted",
+            growth_refused.clone(),
         );
         registry.register(
             "mcp_ownership_resume_waits",
@@ -249,6 +256,7 @@ impl Metrics {
             records,
             records_rejected,
             sessions_refused,
+            growth_refused,
             resume_waits,
             branches,
             branch_ends,

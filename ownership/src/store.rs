@@ -26,9 +26,15 @@ pub struct Limits {
     /// Sessions kept in all; past it the least recently active one is evicted.
     pub max_sessions: usize,
     /// Estimated bytes kept in all (memory store). Above [`HIGH_WATER_PERCENT`] of it new
-    /// sessions are refused (`store_full`); past it sessions are evicted, idle ones first.
-    /// A shared store leaves bytes to its own byte budget (see `RedisOptions::max_bytes`).
+    /// sessions are refused (`store_full`); a record that would grow a session past it
+    /// (`events` with ids, `stream_open`) is refused too. A session active within the idle
+    /// TTL is never evicted for room. A shared store leaves bytes to its own byte budget
+    /// (see `RedisOptions::max_bytes`).
     pub max_bytes: usize,
+    /// Recorded events a session keeps across its incarnations: past it, its least recently
+    /// recorded incarnations give theirs up first, then the one just written its oldest. One
+    /// session's traffic never grows into the others' room.
+    pub max_session_events: usize,
     /// Sessions with records but no `session_open` yet, kept in all (apart from
     /// `max_sessions`); past it the oldest such entry is dropped. They never evict or count
     /// against opened sessions, so records for made-up session ids cost opened sessions nothing.
@@ -47,7 +53,8 @@ pub const BRANCHES_KEPT: u64 = 16;
 /// Percent of a byte budget above which new sessions are refused.
 pub const HIGH_WATER_PERCENT: usize = 90;
 
-/// The named error of a refused `session_open`.
+/// The named error of a record refused for want of room: a `session_open`, or a session's
+/// growth (`events` with ids, `stream_open`) at the store's byte cap.
 pub const STORE_FULL: &str = "store_full";
 
 impl Default for Limits {
@@ -58,6 +65,7 @@ impl Default for Limits {
             session_idle_ttl_ms: 3_600_000,
             max_sessions: 100_000,
             max_bytes: 256 << 20,
+            max_session_events: 16_384,
             max_pending_sessions: 10_000,
             pending_ttl_ms: 60_000,
             owner_failure_window_ms: 30_000,

@@ -205,7 +205,8 @@ async fn without_the_token_every_endpoint_is_401_and_nothing_changes() {
     )
     .await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
-    // The guard's token asks about a branch's end (the two resumes above made branches 1, 2).
+    // The guard's token asks about a branch's end (the two resumes above made branches 1, 2;
+    // 2 never relayed, so 1 was not forked).
     let (st, text) = call(
         &app,
         Method::POST,
@@ -214,7 +215,7 @@ async fn without_the_token_every_endpoint_is_401_and_nothing_changes() {
         branch.clone(),
     )
     .await;
-    assert_eq!((st, text.as_str()), (StatusCode::OK, r#"{"forked":true}"#));
+    assert_eq!((st, text.as_str()), (StatusCode::OK, r#"{"forked":false}"#));
     let (st, text) = call(
         &app,
         Method::POST,

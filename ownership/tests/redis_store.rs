@@ -452,3 +452,45 @@ async fn a_lost_branch_table_is_named_never_renumbered() {
         }
     );
 }
+
+/// At the byte budget (`--redis-max-bytes`) a session's growth (`events` with ids, a new
+/// stream) is refused by name (`store_full`), as the memory store does at its cap; the records
+/// that end or mark things still land, and nothing already recorded is touched.
+#[tokio::test]
+async fn growth_is_refused_at_the_byte_budget() {
+    use mcp_ownership::store::STORE_FULL;
+    use mcp_ownership::Store;
+    use mcp_resume_core::ownership::StreamKind;
+    use suite::*;
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let base = s.session_base(S1);
+    let opts = RedisOptions {
+        prefix: base.trim_end_matches(&format!("{{{S1}}}")).to_owned(),
+        op_timeout: Duration::from_secs(2),
+        // Far below what any Redis holds: every primary is past it.
+        max_bytes: Some(1),
+        ..RedisOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}", server());
+    let full = RedisStore::new(&url, Limits::default(), opts).unwrap();
+    let done = full
+        .apply(
+            &[
+                events(S1, A, 4, 5),
+                req_stream(B),
+                failed(S1, A),
+                branch_end(S1, A, 1),
+            ],
+            T0,
+        )
+        .await
+        .unwrap();
+    let mut got: Vec<(usize, &str)> = done.refused.iter().map(|r| (r.index, r.error)).collect();
+    got.sort_unstable();
+    assert_eq!(got, [(0, STORE_FULL), (1, STORE_FULL)], "{done:?}");
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 2).await,
+        cont(OWNER_X, ids(3, 3), 3)
+    );
+}

@@ -210,6 +210,34 @@ local function diverges(recorded, new)
   return ri ~= ni or (rd ~= nil and nd ~= nil and rd ~= nd)
 end
 
+-- Keep at most `max` recorded events in the session: the least recently recorded incarnations
+-- give all theirs up first, the one just written (`current`, the most recently recorded) its
+-- oldest last (as the memory store). Their cursors then read `gap`.
+local function fit_session(current, max)
+  local incs = redis.call('ZRANGE', nkey, 0, -1)
+  local lens, total = {}, 0
+  for i, x in ipairs(incs) do
+    lens[i] = redis.call('HLEN', wkey(x))
+    total = total + lens[i]
+  end
+  for i, x in ipairs(incs) do
+    if total <= max then break end
+    if lens[i] > 0 then
+      if x ~= current then
+        redis.call('DEL', wkey(x), lkey(x))
+        total = total - lens[i]
+      else
+        local seqs = redis.call('HKEYS', wkey(x))
+        table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+        local del = {}
+        for j = 1, math.min(total - max, #seqs) do del[#del + 1] = seqs[j] end
+        chunked('HDEL', wkey(x), del, 1000)
+        total = total - #del
+      end
+    end
+  end
+end
+
 -- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
 local function evict(keep)
   local limit = math.max(max_incs, 1)
@@ -279,15 +307,16 @@ elseif typ == 'st' then
   end
   evict(inc)
 elseif typ == 'ev' then
-  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, trimmed, (seq, full id) * n_long,
-  -- ids...
+  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, trimmed, max_session_events,
+  -- (seq, full id) * n_long, ids...
   local inc = ARGV[9]
   local first = tonumber(ARGV[10])
   local long_kept = tonumber(ARGV[11])
   local branch = tonumber(ARGV[12])
   local n_long = tonumber(ARGV[13])
   local trimmed = tonumber(ARGV[14])
-  local ids_at = 14 + 2 * n_long
+  local max_events = tonumber(ARGV[15])
+  local ids_at = 15 + 2 * n_long
   local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
@@ -346,7 +375,7 @@ elseif typ == 'ev' then
   if n_long > 0 then
     local lk = lkey(inc)
     for j = 0, n_long - 1 do
-      redis.call('HSET', lk, ARGV[15 + 2 * j], ARGV[16 + 2 * j])
+      redis.call('HSET', lk, ARGV[16 + 2 * j], ARGV[17 + 2 * j])
     end
     -- Only the newest long_kept seqs keep their full id.
     local extra = redis.call('HLEN', lk) - long_kept
@@ -393,6 +422,7 @@ elseif typ == 'ev' then
       end
     end
     redis.call('PEXPIRE', wk, keep_ms)
+    fit_session(inc, max_events)
     if table_ then redis.call('HSET', bkey(inc), 'w', fmt(branch)) end
     -- The branch's relay order (an ended branch keeps its own; a handed-out branch the table
     -- no longer lists comes back, open, relaying from now).

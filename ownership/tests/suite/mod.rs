@@ -1939,6 +1939,60 @@ pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(
     );
 }
 
+/// A session keeps at most `max_session_events` recorded events across its incarnations: past
+/// it, its least recently recorded incarnations give theirs up first (their cursors read
+/// `gap`), then the one just written its oldest. Another session keeps everything.
+pub async fn session_events_budget<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        max_session_events: 10,
+        ..Limits::default()
+    });
+    apply(
+        &s,
+        &[
+            open(S2),
+            get_stream(S2, A, T0),
+            events(S2, A, 1, 8),
+            open(S1),
+            req_stream(A),
+            events(S1, A, 1, 6),
+            req_stream(B),
+            events(S1, B, 1, 4),
+        ],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 1).await,
+        cont(OWNER_X, ids(2, 6), 6),
+        "10 events: all kept"
+    );
+    apply(&s, &[events(S1, B, 5, 8)]).await;
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 1).await,
+        new_stream(Reason::Gap),
+        "the least recently recorded incarnation gave its events up"
+    );
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 1).await,
+        cont(OWNER_X, ids(2, 8), 8)
+    );
+    apply(&s, &[events(S1, B, 9, 12)]).await;
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 1).await,
+        new_stream(Reason::Gap),
+        "then the written one its oldest"
+    );
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 2).await,
+        cont(OWNER_X, ids(3, 12), 12)
+    );
+    assert_eq!(
+        verdict(&s, S2, A, StreamKind::Get, 1).await,
+        cont(OWNER_X, ids(2, 8), 8),
+        "another session keeps everything"
+    );
+}
+
 /// Events whose seqs are recorded with another event (id, or digest when both have one) are
 /// refused (`replay_mismatch`) and the incarnation is lost; the same events again (a retried
 /// batch), an id without digest, and events straddling or past the head are applied.
@@ -2189,6 +2243,7 @@ macro_rules! store_suite {
             branch_end_record,
             oldest_branches_dropped,
             unused_registrations_never_fork_the_reader,
+            session_events_budget,
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
             gateways_with_skewed_clocks_pick_the_newest_get_stream,
