@@ -735,11 +735,17 @@ fn a_clean_end_at_the_head_asks_once_and_is_forked_only_when_another_branch_is_o
     }
 }
 
-/// No usable answer, or no callout at all: the end goes out as the replica sent it, and the
-/// branch's end reaches the store as a record.
+/// No usable answer, or no callout at all: the store could not say whether a newer reader took
+/// the stream, so the end is signalled (`ownership_unavailable`), never passed as the replica's
+/// own, counted as a callout failure; the branch's end reaches the store as a record.
 #[test]
-fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
-    for how in ["no answer", "garbage", "no dispatch"] {
+fn an_end_the_store_cannot_answer_is_signalled_and_recorded() {
+    let signal = crate::stream::control_event(Reason::OwnershipUnavailable);
+    for (how, failure) in [
+        ("no answer", CalloutFailure::NoResponse),
+        ("garbage", CalloutFailure::Body),
+        ("no dispatch", CalloutFailure::Dispatch),
+    ] {
         let mut w = worker();
         let mut host = MockHost::new();
         let c = cursor(&w, 42, 7, "e7");
@@ -749,17 +755,25 @@ fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
         host.refuse_dispatch = how == "no dispatch";
         let act = bd(&mut a, &mut w, &mut host, b"", true);
         host.refuse_dispatch = false;
-        match how {
-            "no dispatch" => assert_eq!(act, Action::Continue),
+        let tail = match how {
+            "no dispatch" => {
+                assert_eq!(act, Action::Continue);
+                host.effects.iter().find_map(|e| match e {
+                    Effect::BodyChunk(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                })
+            }
             "no answer" => {
                 answer_end(&mut a, &mut w, &mut host, None);
-                assert_eq!(held_tail(&host.effects).as_deref(), Some(""));
+                held_tail(&host.effects)
             }
             _ => {
                 answer_end(&mut a, &mut w, &mut host, Some("{"));
-                assert_eq!(held_tail(&host.effects).as_deref(), Some(""));
+                held_tail(&host.effects)
             }
-        }
+        };
+        assert_eq!(tail.as_deref(), Some(signal.as_str()), "{how}");
+        assert_eq!(host.stat(Stat::CalloutFailures(failure)), 1, "{how}");
         a.on_stream_end(&mut w, &mut host);
         let records = drain_records(&mut w, &mut host);
         assert!(
