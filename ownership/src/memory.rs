@@ -181,10 +181,13 @@ impl Branches {
         }
     }
 
-    /// Branch `g`'s events were accepted at store order `tick` (an ended branch keeps its order;
-    /// a handed-out branch the table no longer lists comes back, open, relaying from now).
-    fn relayed(&mut self, g: u64, tick: u64) {
-        self.writer = Some(g);
+    /// Branch `g`'s events were accepted at store order `tick` (`wrote`: with ids; without,
+    /// its owner answered it: a continuation's response opened). It relays from then: an ended
+    /// branch keeps its order; a handed-out branch the table no longer lists comes back, open.
+    fn relayed(&mut self, g: u64, tick: u64, wrote: bool) {
+        if wrote {
+            self.writer = Some(g);
+        }
         if (1..=self.top).contains(&g) && !self.kept.contains_key(&g) {
             let b = Branch {
                 open: true,
@@ -698,17 +701,17 @@ impl Inner {
                 let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
-                if !ids.is_empty() {
-                    if let Err(refused) = arbitrate(inc, incarnation, *branch, *first_seq, ids) {
-                        evict(s, limits.max_incarnations_per_session, incarnation);
-                        return Err(refused);
-                    }
-                    if let Some(b) = &mut inc.branches {
-                        b.relayed(*branch, tick);
-                    }
-                    // The owner relayed again: an earlier failure passed.
-                    inc.failed = None;
+                // Without ids: the owner answered the branch (its response opened). An
+                // overtaken branch is told so either way.
+                if let Err(refused) = arbitrate(inc, incarnation, *branch, *first_seq, ids) {
+                    evict(s, limits.max_incarnations_per_session, incarnation);
+                    return Err(refused);
                 }
+                if let Some(b) = &mut inc.branches {
+                    b.relayed(*branch, tick, !ids.is_empty());
+                }
+                // The owner answered for the stream again: an earlier failure passed.
+                inc.failed = None;
                 if *trimmed > 0 {
                     // Left out on purpose by the guard: a hole below never fills.
                     inc.trimmed_below = inc.trimmed_below.max(*first_seq);
@@ -926,7 +929,7 @@ fn contiguity(
     (want.saturating_add(1), Vec::new())
 }
 
-/// The arbiter's word on `events` of `branch` (non-empty `ids` from `first`): refused when a
+/// The arbiter's word on `events` of `branch` (`ids` from `first`, maybe none): refused when a
 /// newer branch overtook it, or when a seq at or below the head is recorded with another event
 /// (then the incarnation is lost: its replica diverged from the log). Appends past the head
 /// cost nothing here.

@@ -322,28 +322,30 @@ elseif typ == 'ev' then
   touch_inc(inc)
   local ik, wk = ikey(inc), wkey(inc)
   local old_head, table_ = 0, nil
+  -- Without ids: the owner answered the branch (its response opened). An overtaken branch is
+  -- told so either way.
+  local f = redis.call('HMGET', ik, 'h', 'b')
+  old_head = tonumber(f[1] or '0')
+  -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
+  if f[2] == '1' then
+    if table_lost(inc) then
+      redis.call('HSET', ik, 'l', '1')
+      return result .. ' table_lost'
+    end
+    table_ = branches(inc)
+  end
+  -- The guard cuts an overtaken branch now: it holds the stream no more (another branch's
+  -- end must not count it as open), and its later events are refused too.
+  local function cut()
+    local b = table_.kept[branch]
+    if b and not b.cut then
+      b.open, b.cut = false, true
+      put_branch(inc, branch, b)
+    end
+    return result .. ' forked'
+  end
+  if table_ and overtaken(table_, branch) then return cut() end
   if n > 0 then
-    local f = redis.call('HMGET', ik, 'h', 'b')
-    old_head = tonumber(f[1] or '0')
-    -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
-    if f[2] == '1' then
-      if table_lost(inc) then
-        redis.call('HSET', ik, 'l', '1')
-        return result .. ' table_lost'
-      end
-      table_ = branches(inc)
-    end
-    -- The guard cuts an overtaken branch now: it holds the stream no more (another branch's
-    -- end must not count it as open), and its later events are refused too.
-    local function cut()
-      local b = table_.kept[branch]
-      if b and not b.cut then
-        b.open, b.cut = false, true
-        put_branch(inc, branch, b)
-      end
-      return result .. ' forked'
-    end
-    if table_ and overtaken(table_, branch) then return cut() end
     -- Seqs at or below the head recorded with another event: the replica diverged from the
     -- log, and the incarnation is lost. Appends past the head read nothing.
     local last = math.min(first + n - 1, old_head)
@@ -391,9 +393,9 @@ elseif typ == 'ev' then
     local tf = tonumber(redis.call('HGET', ik, 'tf') or '0')
     if first > tf then redis.call('HSET', ik, 'tf', fmt(first)) end
   end
+  -- The owner answered for the stream again: an earlier failure passed.
+  redis.call('HDEL', ik, 'ff', 'fl')
   if n > 0 then
-    -- The owner relayed again: an earlier failure passed.
-    redis.call('HDEL', ik, 'ff', 'fl')
     local head = math.max(old_head, first + n - 1)
     -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
     local floor = head - max_window + 1
@@ -424,10 +426,12 @@ elseif typ == 'ev' then
     redis.call('PEXPIRE', wk, keep_ms)
     fit_session(inc, max_events)
     if table_ then redis.call('HSET', bkey(inc), 'w', fmt(branch)) end
+  end
+  if table_ then
     -- The branch's relay order (an ended branch keeps its own; a handed-out branch the table
     -- no longer lists comes back, open, relaying from now).
-    local b = table_ and table_.kept[branch]
-    if table_ and not b and branch >= 1 and branch <= table_.top then
+    local b = table_.kept[branch]
+    if not b and branch >= 1 and branch <= table_.top then
       b = {open = true, cut = false, first = -1, latest = -1}
       table_.kept[branch] = b
       prune(inc, table_, branch)

@@ -1939,6 +1939,57 @@ pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(
     );
 }
 
+/// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
+pub fn answered(inc: &str, branch: u64, next: u64) -> Record {
+    Record::Events {
+        session: S1.into(),
+        incarnation: inc.into(),
+        first_seq: next,
+        ids: Vec::new(),
+        long: Vec::new(),
+        branch,
+        trimmed: 0,
+    }
+}
+
+/// A continuation its owner answered counts as relaying before any event (a quiet stream at
+/// its head): the older reader the replica closed for it ends `forked`, never silent; and the
+/// answer clears the owner failure window (standing evidence ends with it). An overtaken
+/// branch's answer is refused (`forked`) like its events.
+pub async fn an_answered_continuation_counts_as_relaying<S: Store>(make: impl Fn(Limits) -> S) {
+    let window = 30_000;
+    let s = make(Limits {
+        owner_failure_window_ms: window,
+        ..Limits::default()
+    });
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let b1 = continue_branch(&s, A, 3).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, b1, 4, 4)]).await, [None]);
+    apply_at(&s, &[failed(S1, A)], T0 + 1_000).await;
+    let b2 = continue_branch(&s, A, 4).await.unwrap();
+    assert_eq!(refusals(&s, &[answered(A, b2, 5)]).await, [None]);
+    assert!(
+        s.end_branch(S1, A, b1, T0 + 2_000).await.unwrap(),
+        "the replica closed b1 for the answered b2"
+    );
+    apply_at(&s, &[failed(S1, A)], T0 + 2_000 + window).await;
+    let q = query(S1, A, StreamKind::Request, 3);
+    assert_eq!(
+        resolve_with(&s, &q, no_wait(), T0 + 2_001 + window)
+            .await
+            .verdict,
+        cont(OWNER_X, ids(4, 4), 4),
+        "b2's answer cleared the failure before it"
+    );
+    let b3 = continue_branch_of(&s, S1, A, StreamKind::Request, 4, T0 + 2_002 + window).await;
+    apply_at(&s, &[answered(A, b3, 5)], T0 + 2_003 + window).await;
+    assert_eq!(
+        refusals(&s, &[answered(A, b2, 5), relayed(A, b3, 5, 5)]).await,
+        [FORKED, None],
+        "b3 answered after b2 did: b2 is overtaken"
+    );
+}
+
 /// A session keeps at most `max_session_events` recorded events across its incarnations: past
 /// it, its least recently recorded incarnations give theirs up first (their cursors read
 /// `gap`), then the one just written its oldest. Another session keeps everything.
@@ -2244,6 +2295,7 @@ macro_rules! store_suite {
             oldest_branches_dropped,
             unused_registrations_never_fork_the_reader,
             session_events_budget,
+            an_answered_continuation_counts_as_relaying,
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
             gateways_with_skewed_clocks_pick_the_newest_get_stream,
