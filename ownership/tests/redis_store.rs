@@ -494,3 +494,32 @@ async fn growth_is_refused_at_the_byte_budget() {
         cont(OWNER_X, ids(3, 3), 3)
     );
 }
+
+/// The branch scripts wait for replicas like records (`--redis-wait-replicas`): a table a
+/// failover could lose apart from its incarnation is never acknowledged. Here no replica
+/// exists, so numbering a branch fails (the continuation then goes on unarbitrated).
+#[tokio::test]
+async fn branch_scripts_wait_for_replicas_like_records() {
+    use mcp_ownership::store::StoreError;
+    use mcp_ownership::Store;
+    use suite::*;
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let base = s.session_base(S1);
+    let opts = RedisOptions {
+        prefix: base.trim_end_matches(&format!("{{{S1}}}")).to_owned(),
+        op_timeout: Duration::from_millis(600),
+        wait_replicas: 1,
+        ..RedisOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}", server());
+    let durable = RedisStore::new(&url, Limits::default(), opts).unwrap();
+    match durable.open_branch(S1, A, T0).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("replicas acknowledged"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    match durable.end_branch(S1, A, 1, T0).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("replicas acknowledged"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
