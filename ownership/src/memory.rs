@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use crate::store::{
     Applied, BranchOpen, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store,
-    StoreError, StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, STORE_FULL,
+    StoreError, StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, REGISTRATION_GRACE_MS, STORE_FULL,
 };
 
 /// A record the store did not apply: the named problem and its detail.
@@ -109,6 +109,8 @@ struct Branch {
     first: Option<u64>,
     /// Store order of its latest accepted events.
     latest: Option<u64>,
+    /// When it was registered (store time; 0: branch 0, or back in the table by relaying).
+    registered_ms: u64,
 }
 
 impl Branches {
@@ -119,6 +121,7 @@ impl Branches {
             cut: false,
             first: Some(0),
             latest: None,
+            registered_ms: 0,
         };
         Branches {
             top: 0,
@@ -128,13 +131,14 @@ impl Branches {
     }
 
     /// Register the next branch as open, within the table's bound (see [`Branches::prune`]).
-    fn open_next(&mut self) -> u64 {
+    fn open_next(&mut self, now_ms: u64) -> u64 {
         self.top += 1;
         let b = Branch {
             open: true,
             cut: false,
             first: None,
             latest: None,
+            registered_ms: now_ms,
         };
         self.kept.insert(self.top, b);
         self.prune(self.top);
@@ -194,6 +198,7 @@ impl Branches {
                 cut: false,
                 first: None,
                 latest: None,
+                registered_ms: 0,
             };
             self.kept.insert(g, b);
             self.prune(g);
@@ -205,16 +210,20 @@ impl Branches {
     }
 
     /// Mark `g` ended; is another branch numbered 1 or more open and relaying? A registered
-    /// branch that never relayed (its guard never used the answer, or its replica sent
-    /// nothing yet) takes the stream from nobody.
+    /// branch that never relayed counts only within [`REGISTRATION_GRACE_MS`] of its
+    /// registration (its request may still be reaching the replica); past it (its guard never
+    /// used the answer) it takes the stream from nobody.
     ///
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
-    fn end(&mut self, g: u64, told: bool) -> bool {
-        let forked = self
-            .kept
-            .iter()
-            .any(|(h, b)| *h >= 1 && *h != g && b.open && b.first.is_some());
+    fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
+        let forked = self.kept.iter().any(|(h, b)| {
+            *h >= 1
+                && *h != g
+                && b.open
+                && (b.first.is_some()
+                    || now_ms.saturating_sub(b.registered_ms) <= REGISTRATION_GRACE_MS)
+        });
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.cut |= told && forked;
@@ -764,7 +773,7 @@ impl Inner {
                 incarnation,
                 branch,
             } => {
-                self.end_branch(session, incarnation, *branch, false);
+                self.end_branch(session, incarnation, *branch, false, now_ms);
             }
         }
         Ok(())
@@ -781,14 +790,23 @@ impl Inner {
 
     /// `told`: the guard asks at the branch's clean end, so its owner answered for the stream
     /// (a served continuation): an earlier failure passed.
-    fn end_branch(&mut self, session: &str, incarnation: &str, branch: u64, told: bool) -> bool {
+    fn end_branch(
+        &mut self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        told: bool,
+        now_ms: u64,
+    ) -> bool {
         let Some(inc) = self.incarnation_mut(session, incarnation) else {
             return false;
         };
         if told {
             inc.failed = None;
         }
-        inc.branches.as_mut().is_some_and(|b| b.end(branch, told))
+        inc.branches
+            .as_mut()
+            .is_some_and(|b| b.end(branch, told, now_ms))
     }
 
     /// The next branch of an opened incarnation of an active session (`None` otherwise).
@@ -808,7 +826,10 @@ impl Inner {
             .incarnations
             .get_mut(incarnation)
             .filter(|i| i.opened.is_some())?;
-        let n = inc.branches.get_or_insert_with(Branches::new).open_next();
+        let n = inc
+            .branches
+            .get_or_insert_with(Branches::new)
+            .open_next(now_ms);
         let after = self.cost_of(session);
         self.bytes = (self.bytes + after).saturating_sub(before);
         self.enforce_caps(session, now_ms, limits);
@@ -1082,9 +1103,11 @@ impl Store for MemoryStore {
         session: &str,
         incarnation: &str,
         branch: u64,
-        _now_ms: u64,
+        now_ms: u64,
     ) -> Result<bool, StoreError> {
-        Ok(self.lock().end_branch(session, incarnation, branch, true))
+        Ok(self
+            .lock()
+            .end_branch(session, incarnation, branch, true, now_ms))
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

@@ -50,6 +50,12 @@ pub struct Limits {
 /// one's events count as overtaken.
 pub const BRANCHES_KEPT: u64 = 16;
 
+/// How long a registered continuation that has not relayed yet counts as another reader at a
+/// clean end (`forked`): its request may still be on its way to the replica, which may hand it
+/// the stream. Past it, a registration whose answer nobody used (a resume its client dropped)
+/// takes the stream from nobody.
+pub const REGISTRATION_GRACE_MS: u64 = 3_000;
+
 /// Percent of a byte budget above which new sessions are refused.
 pub const HIGH_WATER_PERCENT: usize = 90;
 
@@ -283,7 +289,7 @@ pub trait Store: Send + Sync + 'static {
     /// Mark a branch ended (as a `branch_end` record does) and say whether another branch
     /// numbered 1 or more of the incarnation is still open and relaying: the replica ended
     /// this one for a newer reader (`forked`). Branch 0 never counts, nor a branch that never
-    /// relayed. No table: `false`, nothing written. A table lost apart from its incarnation:
+    /// relayed once [`REGISTRATION_GRACE_MS`] passed since it was registered. No table: `false`, nothing written. A table lost apart from its incarnation:
     /// `true` (the end cannot be arbitrated, so it is signalled), the incarnation marked lost.
     /// It also clears the owner failure window: the owner answered for the stream.
     fn end_branch(

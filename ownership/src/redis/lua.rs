@@ -11,7 +11,7 @@
 //! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` and `fl` first and latest `owner_failed` ms since the owner last answered (events, a clean end), `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table, `bn` the table's `n` as last written (a table gone, or with another `n`, was lost apart from the incarnation: it is then lost, never renumbered) |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
+//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest> <registered ms>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0) and when it was registered (0: unknown), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
 //! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
 //! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
@@ -20,7 +20,7 @@
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
 //! significant digits, which would round sequence numbers near 2^53.
 
-use crate::store::BRANCHES_KEPT;
+use crate::store::{BRANCHES_KEPT, REGISTRATION_GRACE_MS};
 
 /// Helpers shared by every script. `ARGV[1]` is always the key base `P{S}`.
 const PRELUDE: &str = r#"
@@ -59,8 +59,8 @@ local function branches(inc)
     elseif k == 'w' then
       t.writer = tonumber(v)
     elseif k ~= 't' then
-      local o, f, l = string.match(v, '^(%d) (%-?%d+) (%-?%d+)$')
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l)} end
+      local o, f, l, r = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*)$')
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0} end
     end
   end
   if not t.top then return nil end
@@ -78,7 +78,7 @@ end
 local function put_branch(inc, g, b)
   local o = '0'
   if b.open then o = '1' elseif b.cut then o = '2' end
-  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest))
+  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0))
 end
 -- Keep at most kept_branches continuations (branch 0 always stays, and `keep`): the first to
 -- go are ended ones, then open ones that never relayed, then the oldest (as the memory store).
@@ -118,13 +118,15 @@ local function overtaken(t, g)
   return false
 end
 -- Mark g ended; is another branch numbered 1 or more open and relaying? A registered branch
--- that never relayed takes the stream from nobody.
+-- that never relayed counts only within registration_grace ms of its registration (`at`).
 -- told: the guard asked at the branch's end and tells its client `forked` on a yes: that branch
 -- lost a fork, so it is cut (its records give way to the survivor's).
 local function end_branch(inc, t, g, told)
   local forked = false
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open and e.first >= 0 then forked = true end
+    if h >= 1 and h ~= g and e.open and (e.first >= 0 or now - e.at <= registration_grace) then
+      forked = true
+    end
   end
   local b = t.kept[g]
   if b and (b.open or (told and forked and not b.cut)) then
@@ -432,7 +434,7 @@ elseif typ == 'ev' then
     -- no longer lists comes back, open, relaying from now).
     local b = table_.kept[branch]
     if not b and branch >= 1 and branch <= table_.top then
-      b = {open = true, cut = false, first = -1, latest = -1}
+      b = {open = true, cut = false, first = -1, latest = -1, at = 0}
       table_.kept[branch] = b
       prune(inc, table_, branch)
     end
@@ -612,7 +614,7 @@ if mode == 'open' then
     redis.call('HSET', ik, 'b', '1')
   end
   redis.call('HSET', ik, 'bn', fmt(top))
-  redis.call('HSET', bk, fmt(top), '1 -1 -1')
+  redis.call('HSET', bk, fmt(top), '1 -1 -1 ' .. fmt(now))
   if top > kept then
     local t = branches(inc)
     if t then prune(inc, t, top) end
@@ -664,7 +666,10 @@ return 1
 
 /// The branch rules with the table's bound.
 fn branches() -> String {
-    format!("local kept_branches = {BRANCHES_KEPT}\n{BRANCHES}")
+    format!(
+        "local kept_branches = {BRANCHES_KEPT}\nlocal registration_grace = \
+         {REGISTRATION_GRACE_MS}\n{BRANCHES}"
+    )
 }
 
 pub fn apply_script() -> String {

@@ -18,7 +18,7 @@ pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
 
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
-use mcp_ownership::store::{Limits, Store, STORE_FULL};
+use mcp_ownership::store::{Limits, Store, REGISTRATION_GRACE_MS, STORE_FULL};
 use mcp_resume_core::ownership::{
     Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, REJECTED_FORKED,
     REJECTED_MISMATCH,
@@ -690,7 +690,7 @@ pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
     assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, right);
     // A served continuation (its clean end) clears the failures before it.
     let b = continue_branch_of(&s, S1, A, StreamKind::Get, 4, T0 + 50_002 + window).await;
-    assert!(!s.end_branch(S1, A, b, T0 + 50_003 + window).await.unwrap());
+    s.end_branch(S1, A, b, T0 + 50_003 + window).await.unwrap();
     apply_at(&s, &[failed(S1, A)], T0 + 50_004 + window).await;
     assert_eq!(verdict_at(&s, S1, 2, T0 + 50_005 + window).await, right);
     // Failures that stood through the whole window: lost.
@@ -1718,8 +1718,8 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
     );
     assert_eq!(refusals(&s, &[relayed(A, b2, 4, 5)]).await, [None]);
     assert!(
-        !s.end_branch(S1, A, b2, T0).await.unwrap(),
-        "b1 is open but never relayed: it takes the stream from nobody"
+        s.end_branch(S1, A, b2, T0).await.unwrap(),
+        "b1 is open (registered within the grace)"
     );
     assert_eq!(
         refusals(&s, &[relayed(A, b1, 4, 6), relayed(A, b1, 7, 7)]).await,
@@ -1757,8 +1757,8 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
 }
 
 /// `end_branch` marks the branch ended and answers forked exactly when another branch numbered
-/// 1 or more is open and relaying (branch 0 never counts, nor one that never relayed); without
-/// a table it writes nothing.
+/// 1 or more is open and relaying, or registered within the grace (branch 0 never counts);
+/// without a table it writes nothing.
 pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     assert!(!s.end_branch(S1, A, 1, T0).await.unwrap(), "no session");
@@ -1769,11 +1769,6 @@ pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
         continue_branch(&s, A, 3).await.unwrap(),
     );
     assert_eq!((b1, b2), (1, 2), "ending before registering made no table");
-    assert!(
-        !s.end_branch(S1, A, 0, T0).await.unwrap(),
-        "b1 and b2 are open but never relayed"
-    );
-    apply(&s, &[relayed(A, b2, 4, 4)]).await;
     assert!(s.end_branch(S1, A, b1, T0).await.unwrap());
     assert!(s.end_branch(S1, A, b1, T0).await.unwrap(), "idempotent");
     assert!(!s.end_branch(S1, A, b2, T0).await.unwrap());
@@ -1783,7 +1778,6 @@ pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
         continue_branch(&s, A, 3).await.unwrap(),
         continue_branch(&s, A, 3).await.unwrap(),
     );
-    apply(&s, &[relayed(A, b4, 5, 5), relayed(A, b5, 5, 5)]).await;
     assert!(s.end_branch(S1, A, 0, T0).await.unwrap(), "b4, b5 open");
     assert!(s.end_branch(S1, A, b5, T0).await.unwrap(), "b4 open");
     assert!(!s.end_branch(S1, A, b4, T0).await.unwrap());
@@ -1795,6 +1789,19 @@ pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
         !s.end_branch(S2, A, 1, T0).await.unwrap(),
         "unknown session"
     );
+    // Past the grace, a registration that never relayed counts no more; one that relayed does.
+    let (b6, b7, b8) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    let later = T0 + REGISTRATION_GRACE_MS + 1;
+    assert!(
+        !s.end_branch(S1, A, b6, later).await.unwrap(),
+        "b7, b8 aged"
+    );
+    apply_at(&s, &[relayed(A, b8, 4, 4)], later).await;
+    assert!(s.end_branch(S1, A, b7, later).await.unwrap(), "b8 relays");
 }
 
 /// A `branch_end` record marks its branch ended (idempotent); one for an unknown session,
@@ -1901,8 +1908,10 @@ pub async fn oldest_branches_dropped<S: Store>(make: impl Fn(Limits) -> S) {
 }
 
 /// Registrations whose guard never used the answer (resumes the client dropped while the
-/// guard waited) are never a reader: they never make the real reader `forked` at its clean
-/// end, never push it out of the table, and never get its events refused.
+/// guard waited) are no reader once the grace passed: they never make the real reader `forked`
+/// at its clean end, never push it out of the table, and never get its events refused. Within
+/// the grace a newer registration counts (its request may be reaching the replica, which may
+/// hand it the stream).
 pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
@@ -1913,30 +1922,34 @@ pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(
         continue_branch(&s, A, 5).await.unwrap();
     }
     assert_eq!(refusals(&s, &[relayed(A, reader, 6, 6)]).await, [None]);
+    let later = T0 + REGISTRATION_GRACE_MS + 1;
     assert!(
-        !s.end_branch(S1, A, reader, T0).await.unwrap(),
+        !s.end_branch(S1, A, reader, later).await.unwrap(),
         "no other branch relays: the reader's end is its replica's own"
     );
+    let q = query(S1, A, StreamKind::Request, 6);
     assert_eq!(
-        verdict(&s, S1, A, StreamKind::Request, 6).await,
+        resolve_with(&s, &q, no_wait(), later).await.verdict,
         cont(OWNER_X, vec![], 6),
         "its last cursor continues"
     );
     // A quiet reader (nothing relayed yet), then more dropped retries than the table keeps.
-    let quiet = continue_branch(&s, A, 6).await.unwrap();
+    let quiet = continue_branch_of(&s, S1, A, StreamKind::Request, 6, later).await;
     for _ in 0..20 {
-        continue_branch(&s, A, 6).await.unwrap();
+        continue_branch_of(&s, S1, A, StreamKind::Request, 6, later).await;
     }
     assert_eq!(
         refusals(&s, &[relayed(A, quiet, 7, 8), relayed(A, quiet, 9, 9)]).await,
         [None, None],
         "the quiet reader relays on, however many unused registrations came after it"
     );
-    assert!(!s.end_branch(S1, A, quiet, T0).await.unwrap());
-    assert_eq!(
-        verdict(&s, S1, A, StreamKind::Request, 8).await,
-        cont(OWNER_X, ids(9, 9), 9)
+    let aged = later + REGISTRATION_GRACE_MS + 1;
+    let newer = continue_branch_of(&s, S1, A, StreamKind::Request, 9, aged).await;
+    assert!(
+        s.end_branch(S1, A, quiet, aged + 10).await.unwrap(),
+        "a registration within the grace: the replica may have handed it the stream"
     );
+    assert!(!s.end_branch(S1, A, newer, aged + 20).await.unwrap());
 }
 
 /// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
@@ -1969,8 +1982,10 @@ pub async fn an_answered_continuation_counts_as_relaying<S: Store>(make: impl Fn
     let b2 = continue_branch(&s, A, 4).await.unwrap();
     assert_eq!(refusals(&s, &[answered(A, b2, 5)]).await, [None]);
     assert!(
-        s.end_branch(S1, A, b1, T0 + 2_000).await.unwrap(),
-        "the replica closed b1 for the answered b2"
+        s.end_branch(S1, A, b1, T0 + REGISTRATION_GRACE_MS + 2_000)
+            .await
+            .unwrap(),
+        "the replica closed b1 for the answered b2 (past the grace: the answer counts)"
     );
     apply_at(&s, &[failed(S1, A)], T0 + 2_000 + window).await;
     let q = query(S1, A, StreamKind::Request, 3);
