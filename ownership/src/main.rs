@@ -85,9 +85,10 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 50), allow_negative_numbers = true)]
     redis_max_bytes: Option<u64>,
 
-    /// An owner that failed continuations (owner_failed: refused, reset, its own 5xx) and
-    /// relayed nothing since is taken as gone once its first failure is this old; before, a
-    /// resume may try it again (a blip is not a loss).
+    /// An owner that failed continuations (owner_failed: refused, reset, its own 5xx) is taken
+    /// as gone once its failures stood through this long (a failure at each end) with no
+    /// answer between (events, a served continuation); before, a resume may try it again (a
+    /// blip is not a loss).
     #[arg(long, env = "MCP_OWNERSHIP_OWNER_FAILURE_WINDOW_MS", value_name = "MS",
           default_value_t = defaults::OWNER_FAILURE_WINDOW_MS, value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_negative_numbers = true)]
     owner_failure_window_ms: u64,
