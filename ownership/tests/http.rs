@@ -1101,3 +1101,51 @@ async fn a_branch_the_store_cannot_register_still_continues() {
         assert!(text.contains(line), "{line}\n{text}");
     }
 }
+
+/// A session's growth at the byte cap is refused by name (`store_full`, in `rejected`) and
+/// counted apart from refused sessions (`mcp_ownership_growth_refused_total`, the alert
+/// `McpOwnershipStoreFullGrowth`); what the session already holds still continues.
+#[tokio::test]
+async fn growth_at_the_cap_is_named_and_counted() {
+    let limits = Limits {
+        max_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let app = router(AppState::new(MemoryStore::new(limits), opts(0)));
+    let (st, ack) = post(&app, "/v1/records", setup_records()).await;
+    assert_eq!((st, ack), (StatusCode::OK, json!({"applied": 3})));
+    // Four more streams of 120-byte ids: the cap is reached before the session's own bounds.
+    let big: Vec<String> = (0..64).map(|i| format!("{i:0>120}")).collect();
+    let mut refused = 0;
+    for round in 0..50u64 {
+        for inc in [
+            "00000000000000b1",
+            "00000000000000b2",
+            "00000000000000b3",
+            "00000000000000b4",
+        ] {
+            let batch = json!({"records": [{"type": "events", "session": S1, "incarnation": inc,
+                                            "first_seq": 1 + round * 64, "ids": big}]});
+            let (st, ack) = post(&app, "/v1/records", batch).await;
+            assert_eq!(st, StatusCode::OK, "{ack}");
+            if let Some(r) = ack["rejected"].as_array().and_then(|r| r.first()) {
+                assert_eq!(r["error"], "store_full", "{ack}");
+                assert!(
+                    r["detail"].as_str().unwrap().contains("--max-store-bytes"),
+                    "{ack}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "the cap was reached");
+    let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    for line in [
+        format!("mcp_ownership_growth_refused_total {refused}"),
+        "mcp_ownership_sessions_refused_total 0".to_owned(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(v["verdict"], "continue", "{v}");
+}
