@@ -1248,7 +1248,22 @@ impl Exchange {
                     max_hold,
                 )
                 .with_contiguity(cfg.contiguity);
-                (s, has_sid.then(|| incarnation_hex(cursor.incarnation)))
+                let inc_hex = has_sid.then(|| incarnation_hex(cursor.incarnation));
+                if let (true, Some(hex)) = (self.branch_open, &inc_hex) {
+                    // Its owner answered: the branch relays from now (a quiet one too), and a
+                    // failure the store holds for the stream passed (docs/forks.md).
+                    let r = Record::Events {
+                        session: skey.clone(),
+                        incarnation: hex.clone(),
+                        first_seq: cursor.seq.saturating_add(1),
+                        ids: Vec::new(),
+                        long: Vec::new(),
+                        branch: self.branch,
+                        trimmed: 0,
+                    };
+                    Self::push_record(w, host, r);
+                }
+                (s, inc_hex)
             }
             _ => {
                 let kind = if self.req.method == "GET" {
