@@ -774,7 +774,8 @@ impl Exchange {
                     if !self.cut_sent {
                         ask_end = self.ask_branch_end(w, host);
                         if ask_end.is_none() {
-                            self.finish_stream(w, host, &mut out);
+                            let _reset =
+                                self.end_unarbitrated(host, CalloutFailure::Dispatch, &mut out);
                         }
                     }
                 }
@@ -855,7 +856,7 @@ impl Exchange {
     }
 
     /// The store's answer about an ended branch (`status` `None`: no answer). Without a usable
-    /// answer the end goes on as the replica sent it, and is reported as a record.
+    /// answer the end is signalled, and reported as a record.
     fn on_branch_answer<H: Host>(
         &mut self,
         w: &mut Worker,
@@ -863,37 +864,66 @@ impl Exchange {
         status: Option<u32>,
         body: Option<&[u8]>,
     ) {
-        let answer: Option<BranchAnswer> = match status {
-            Some(200) => body.and_then(|b| serde_json::from_slice(b).ok()),
-            _ => None,
+        let answer: Result<BranchAnswer, CalloutFailure> = match status {
+            Some(200) => body
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .ok_or(CalloutFailure::Body),
+            Some(_) => Err(CalloutFailure::Status),
+            None => Err(CalloutFailure::NoResponse),
         };
-        if answer.is_some() {
+        if answer.is_ok() {
             // The store marked the branch ended.
             self.branch_open = false;
         }
-        if !answer.is_some_and(|a| a.forked) {
+        let mut out = std::mem::take(&mut w.scratch);
+        out.clear();
+        let reset = match answer {
             // The replica's own end: the stream is finished as it would have been at once.
-            let mut out = std::mem::take(&mut w.scratch);
-            out.clear();
-            self.finish_stream(w, host, &mut out);
+            Ok(BranchAnswer { forked: false }) => {
+                self.finish_stream(w, host, &mut out);
+                false
+            }
+            Ok(BranchAnswer { forked: true }) => {
+                host.count(Stat::Forked, 1);
+                // Not settled: the newer branch carries the call on.
+                self.end_signalled(host, Reason::Forked, &mut out)
+            }
+            Err(how) => self.end_unarbitrated(host, how, &mut out),
+        };
+        if !reset {
             host.finish_held_response(&out);
-            w.scratch = out;
-            self.flush_relayed(w, host);
-            return;
         }
+        w.scratch = out;
+        self.flush_relayed(w, host);
+    }
+
+    /// A clean end the store could not arbitrate (no usable answer, or no way to ask): it may
+    /// be a fork loser's, so it is signalled (`ownership_unavailable`), never passed as the
+    /// replica's own; the client's next resume asks again.
+    fn end_unarbitrated<H: Host>(
+        &mut self,
+        host: &mut H,
+        how: CalloutFailure,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        host.count(Stat::CalloutFailures(how), 1);
+        self.end_signalled(host, Reason::OwnershipUnavailable, out)
+    }
+
+    /// End a held branch with the control event for `reason`, or reset it (`true`) when the
+    /// output so far ends inside an event: a control event cannot follow half an event.
+    fn end_signalled<H: Host>(&mut self, host: &mut H, reason: Reason, out: &mut Vec<u8>) -> bool {
         self.phase = Phase::Replied;
-        host.count(Stat::Forked, 1);
         if self
             .stream
             .as_ref()
             .is_some_and(StreamState::output_mid_block)
         {
-            // A control event cannot follow half an event: the reset says it instead.
             host.reset_response();
-            return;
+            return true;
         }
-        // Not settled: the newer branch carries the call on.
-        host.finish_held_response(control_event(Reason::Forked).as_bytes());
+        out.extend_from_slice(control_event(reason).as_bytes());
+        false
     }
 
     fn branch_query(&self) -> Option<BranchQuery> {
@@ -1311,7 +1341,22 @@ impl Exchange {
                     max_hold,
                 )
                 .with_contiguity(cfg.contiguity);
-                (s, has_sid.then(|| incarnation_hex(cursor.incarnation)))
+                let inc_hex = has_sid.then(|| incarnation_hex(cursor.incarnation));
+                if let (true, Some(hex)) = (self.branch_open, &inc_hex) {
+                    // Its owner answered: the branch relays from now (a quiet one too), and a
+                    // failure the store holds for the stream passed (docs/forks.md).
+                    let r = Record::Events {
+                        session: skey.clone(),
+                        incarnation: hex.clone(),
+                        first_seq: cursor.seq.saturating_add(1),
+                        ids: Vec::new(),
+                        long: Vec::new(),
+                        branch: self.branch,
+                        trimmed: 0,
+                    };
+                    Self::push_record(w, host, r);
+                }
+                (s, inc_hex)
             }
             _ => {
                 let kind = if self.req.method == "GET" {

@@ -678,8 +678,8 @@ fn an_older_continuation_that_ends_empty_is_forked_not_a_mismatch() {
     a.on_stream_end(&mut w, &mut host);
     let records = drain_records(&mut w, &mut host);
     assert!(
-        records.is_empty(),
-        "no loss, and the store already knows the end: {records:?}"
+        matches!(records.as_slice(), [Record::Events { ids, branch: 1, .. }] if ids.is_empty()),
+        "only its owner's answer; no loss, and the store already knows the end: {records:?}"
     );
     // Without a newer branch the same end is a replay mismatch, as before.
     let (mut d, _) = resume(&mut w, &mut host, &c, &branch_verdict(&["e8"], 8, 3));
@@ -735,11 +735,17 @@ fn a_clean_end_at_the_head_asks_once_and_is_forked_only_when_another_branch_is_o
     }
 }
 
-/// No usable answer, or no callout at all: the end goes out as the replica sent it, and the
-/// branch's end reaches the store as a record.
+/// No usable answer, or no callout at all: the store could not say whether a newer reader took
+/// the stream, so the end is signalled (`ownership_unavailable`), never passed as the replica's
+/// own, counted as a callout failure; the branch's end reaches the store as a record.
 #[test]
-fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
-    for how in ["no answer", "garbage", "no dispatch"] {
+fn an_end_the_store_cannot_answer_is_signalled_and_recorded() {
+    let signal = crate::stream::control_event(Reason::OwnershipUnavailable);
+    for (how, failure) in [
+        ("no answer", CalloutFailure::NoResponse),
+        ("garbage", CalloutFailure::Body),
+        ("no dispatch", CalloutFailure::Dispatch),
+    ] {
         let mut w = worker();
         let mut host = MockHost::new();
         let c = cursor(&w, 42, 7, "e7");
@@ -749,24 +755,80 @@ fn an_end_the_store_cannot_answer_goes_on_and_is_recorded() {
         host.refuse_dispatch = how == "no dispatch";
         let act = bd(&mut a, &mut w, &mut host, b"", true);
         host.refuse_dispatch = false;
-        match how {
-            "no dispatch" => assert_eq!(act, Action::Continue),
+        let tail = match how {
+            "no dispatch" => {
+                assert_eq!(act, Action::Continue);
+                host.effects.iter().find_map(|e| match e {
+                    Effect::BodyChunk(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                })
+            }
             "no answer" => {
                 answer_end(&mut a, &mut w, &mut host, None);
-                assert_eq!(held_tail(&host.effects).as_deref(), Some(""));
+                held_tail(&host.effects)
             }
             _ => {
                 answer_end(&mut a, &mut w, &mut host, Some("{"));
-                assert_eq!(held_tail(&host.effects).as_deref(), Some(""));
+                held_tail(&host.effects)
             }
-        }
+        };
+        assert_eq!(tail.as_deref(), Some(signal.as_str()), "{how}");
+        assert_eq!(host.stat(Stat::CalloutFailures(failure)), 1, "{how}");
         a.on_stream_end(&mut w, &mut host);
         let records = drain_records(&mut w, &mut host);
         assert!(
-            matches!(records.as_slice(), [Record::BranchEnd { branch: 4, .. }]),
+            matches!(
+                records.as_slice(),
+                [Record::Events { ids, branch: 4, .. }, Record::BranchEnd { branch: 4, .. }]
+                    if ids.is_empty()
+            ),
             "{how}: {records:?}"
         );
         assert_eq!(host.stat(Stat::Forked), 0);
+    }
+}
+
+/// A registered continuation its owner answered (200 SSE) says so at once, before any event
+/// (`events` without ids from its first seq): the store counts it as relaying, and a failure it
+/// held for the stream passed. Events that follow join that record; a branch the store did not
+/// register, and a fresh stream, send none.
+#[test]
+fn a_continuation_its_owner_answered_says_so_before_any_event() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = cursor(&w, 42, 7, "e7");
+    let answered = |records: &[Record]| -> Vec<(u64, u64, usize)> {
+        records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Events {
+                    first_seq,
+                    ids,
+                    branch,
+                    ..
+                } => Some((*branch, *first_seq, ids.len())),
+                _ => None,
+            })
+            .collect()
+    };
+    // Quiet at the head: the answer alone.
+    let (mut a, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 3));
+    rs(&mut a, &mut w, &mut host, &sse_ok());
+    assert_eq!(answered(&drain_records(&mut w, &mut host)), [(3, 8, 0)]);
+    // Events that follow in the same flush join it.
+    let (mut b, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 5));
+    rs(&mut b, &mut w, &mut host, &sse_ok());
+    bd(&mut b, &mut w, &mut host, b"id: e8\ndata: 8\n\n", false);
+    assert_eq!(answered(&drain_records(&mut w, &mut host)), [(5, 8, 1)]);
+    // Not registered, or a fresh stream: nothing before its events.
+    let (mut d, _) = resume(&mut w, &mut host, &c, &branch_verdict(&[], 7, 0));
+    rs(&mut d, &mut w, &mut host, &sse_ok());
+    let mut f = Exchange::new();
+    rq(&mut f, &mut w, &mut host, &get(&[]));
+    rs(&mut f, &mut w, &mut host, &sse_ok());
+    assert_eq!(answered(&drain_records(&mut w, &mut host)), []);
+    for x in [&mut a, &mut b, &mut d, &mut f] {
+        x.on_stream_end(&mut w, &mut host);
     }
 }
 

@@ -415,8 +415,9 @@ impl RecordQueue {
                 };
                 let mut long = long.into_iter().peekable();
                 let mut open = self.find_open(&stream, first_seq);
-                if open.is_none() && trimmed > 0 {
-                    // Its own record, so what it says was trimmed stays with its first seq.
+                if open.is_none() && (trimmed > 0 || ids.is_empty()) {
+                    // Its own record, so what it says was trimmed stays with its first seq; one
+                    // without ids says its branch's owner answered (events that follow join it).
                     open = self.open_record(&stream, first_seq, trimmed);
                 }
                 for (i, id) in ids.iter().enumerate() {

@@ -303,7 +303,12 @@ pub async fn records<S: Store>(
         applied -= done.refused.len();
         for r in done.refused {
             match r.error {
-                STORE_FULL => st.metrics.sessions_refused.inc(),
+                STORE_FULL
+                    if matches!(batch.valid.get(r.index), Some(Record::SessionOpen { .. })) =>
+                {
+                    st.metrics.sessions_refused.inc()
+                }
+                STORE_FULL => st.metrics.growth_refused.inc(),
                 error => st
                     .metrics
                     .events_refused

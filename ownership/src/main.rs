@@ -27,6 +27,7 @@ mod defaults {
     pub const MAX_PENDING_SESSIONS: usize = 10_000;
     pub const OWNER_FAILURE_WINDOW_MS: u64 = 30_000;
     pub const MAX_STORE_BYTES: usize = 256 << 20;
+    pub const MAX_SESSION_EVENTS: usize = 16_384;
 }
 
 /// mcp-ownership: ownership service for mcp-resume-guard.
@@ -84,9 +85,10 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 50), allow_negative_numbers = true)]
     redis_max_bytes: Option<u64>,
 
-    /// An owner that failed continuations (owner_failed: refused, reset, its own 5xx) and
-    /// relayed nothing since is taken as gone once its first failure is this old; before, a
-    /// resume may try it again (a blip is not a loss).
+    /// An owner that failed continuations (owner_failed: refused, reset, its own 5xx) is taken
+    /// as gone once its failures stood through this long (a failure at each end) with no
+    /// answer between (events, a served continuation); before, a resume may try it again (a
+    /// blip is not a loss).
     #[arg(long, env = "MCP_OWNERSHIP_OWNER_FAILURE_WINDOW_MS", value_name = "MS",
           default_value_t = defaults::OWNER_FAILURE_WINDOW_MS, value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_negative_numbers = true)]
     owner_failure_window_ms: u64,
@@ -126,9 +128,19 @@ struct Cli {
           default_value_t = defaults::MAX_PENDING_SESSIONS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
     max_pending_sessions: usize,
 
+    /// Recorded events a session keeps across all its incarnations. Past it, the session's
+    /// least recently recorded incarnations give theirs up first (their cursors read `gap`),
+    /// then the one just written its oldest: one session's traffic never grows into the
+    /// others' room. Memory and Redis.
+    #[arg(long, env = "MCP_OWNERSHIP_MAX_SESSION_EVENTS", value_name = "N",
+          default_value_t = defaults::MAX_SESSION_EVENTS, value_parser = count(1, 1_000_000_000), allow_negative_numbers = true)]
+    max_session_events: usize,
+
     /// Estimated bytes the memory store keeps in all. Above 90% of it new sessions are
-    /// refused (store_full); past it the least recently active sessions are evicted. Keep it
-    /// well below the container's memory limit. Redis: --redis-max-bytes.
+    /// refused (store_full); at it a session's growth (events, new streams) is refused
+    /// (store_full, counted in mcp_ownership_growth_refused_total). A session active within
+    /// the idle TTL is never evicted for room. Keep it well below the container's memory
+    /// limit. Redis: --redis-max-bytes.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_STORE_BYTES", value_name = "BYTES",
           default_value_t = defaults::MAX_STORE_BYTES, value_parser = count(1 << 20, 1 << 46), allow_negative_numbers = true)]
     max_store_bytes: usize,
@@ -309,6 +321,7 @@ async fn run(cli: Cli, store: StoreSpec, auth: Auth) -> ExitCode {
         session_idle_ttl_ms: cli.session_idle_ttl_secs.saturating_mul(1000),
         max_sessions: cli.max_sessions,
         max_bytes: cli.max_store_bytes,
+        max_session_events: cli.max_session_events,
         max_pending_sessions: cli.max_pending_sessions,
         owner_failure_window_ms: cli.owner_failure_window_ms,
         ..Limits::default()

@@ -22,8 +22,8 @@ use mcp_resume_core::ownership::{
 use tokio::sync::watch;
 
 use crate::store::{
-    Applied, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store, StoreError,
-    StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, STORE_FULL,
+    Applied, BranchOpen, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store,
+    StoreError, StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, REGISTRATION_GRACE_MS, STORE_FULL,
 };
 
 /// A record the store did not apply: the named problem and its detail.
@@ -75,8 +75,9 @@ struct Incarnation {
     /// `None` while only Events/StreamLost have landed (a placeholder).
     opened: Option<Opened>,
     lost: bool,
-    /// Store time of the first `owner_failed` not followed by recorded events.
-    failed_since: Option<u64>,
+    /// Store times of the first and the latest `owner_failed` since the owner last answered
+    /// for the stream (events recorded, or a continuation's clean end).
+    failed: Option<(u64, u64)>,
     head: u64,
     window: BTreeMap<u64, String>,
     /// seq -> full replica id, for the newest LONG_IDS_KEPT seqs whose id was long.
@@ -90,8 +91,8 @@ struct Incarnation {
     trimmed_below: u64,
 }
 
-/// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and the
-/// newest [`BRANCHES_KEPT`] continuations, numbers `top + 1 - BRANCHES_KEPT ..= top`.
+/// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and at most
+/// [`BRANCHES_KEPT`] continuations (see [`Branches::prune`]).
 struct Branches {
     /// The highest number handed out.
     top: u64,
@@ -108,6 +109,8 @@ struct Branch {
     first: Option<u64>,
     /// Store order of its latest accepted events.
     latest: Option<u64>,
+    /// When it was registered (store time; 0: branch 0, or back in the table by relaying).
+    registered_ms: u64,
 }
 
 impl Branches {
@@ -118,6 +121,7 @@ impl Branches {
             cut: false,
             first: Some(0),
             latest: None,
+            registered_ms: 0,
         };
         Branches {
             top: 0,
@@ -126,29 +130,48 @@ impl Branches {
         }
     }
 
-    /// Register the next branch as open; the continuation [`BRANCHES_KEPT`] numbers older is
-    /// dropped (branch 0 never is).
-    fn open_next(&mut self) -> u64 {
+    /// Register the next branch as open, within the table's bound (see [`Branches::prune`]).
+    fn open_next(&mut self, now_ms: u64) -> u64 {
         self.top += 1;
         let b = Branch {
             open: true,
             cut: false,
             first: None,
             latest: None,
+            registered_ms: now_ms,
         };
         self.kept.insert(self.top, b);
-        if let Some(old) = self.top.checked_sub(BRANCHES_KEPT).filter(|g| *g >= 1) {
-            self.kept.remove(&old);
-        }
+        self.prune(self.top);
         self.top
     }
 
+    /// Keep at most [`BRANCHES_KEPT`] continuations (branch 0 always stays, and `keep`): the
+    /// first to go are ended ones, then open ones that never relayed (a registration whose
+    /// answer nobody used, e.g. a retry its client dropped), then the oldest. A branch that
+    /// relays after it went is followed as one that starts relaying then.
+    fn prune(&mut self, keep: u64) {
+        while self.kept.len() > 1 + BRANCHES_KEPT as usize {
+            let victim = self
+                .kept
+                .iter()
+                .filter(|(g, _)| **g >= 1 && **g != keep)
+                .min_by_key(|(g, b)| (b.prune_class(), **g))
+                .map(|(g, _)| *g);
+            match victim {
+                Some(v) => {
+                    self.kept.remove(&v);
+                }
+                None => break,
+            }
+        }
+    }
+
     /// Are branch `g`'s events refused: another open, newer branch relayed after `g` started,
-    /// or `g` is older than every branch kept? A branch's first events never are, an ended
-    /// branch's never are, nor a number never handed out.
+    /// or `g` was cut? A branch's first events never are, an ended branch's never are, nor
+    /// those of a branch the table no longer lists (it starts relaying now).
     fn overtaken(&self, g: u64) -> bool {
         match self.kept.get(&g) {
-            None => g < self.top,
+            None => false,
             Some(Branch { cut: true, .. }) => true,
             Some(Branch {
                 open: true,
@@ -162,26 +185,62 @@ impl Branches {
         }
     }
 
-    /// Branch `g`'s events were accepted at store order `tick` (an ended branch keeps its order).
-    fn relayed(&mut self, g: u64, tick: u64) {
-        self.writer = Some(g);
+    /// Branch `g`'s events were accepted at store order `tick` (`wrote`: with ids; without,
+    /// its owner answered it: a continuation's response opened). It relays from then: an ended
+    /// branch keeps its order; a handed-out branch the table no longer lists comes back, open.
+    fn relayed(&mut self, g: u64, tick: u64, wrote: bool) {
+        if wrote {
+            self.writer = Some(g);
+        }
+        if (1..=self.top).contains(&g) && !self.kept.contains_key(&g) {
+            let b = Branch {
+                open: true,
+                cut: false,
+                first: None,
+                latest: None,
+                registered_ms: 0,
+            };
+            self.kept.insert(g, b);
+            self.prune(g);
+        }
         if let Some(b) = self.kept.get_mut(&g).filter(|b| b.open) {
             b.first.get_or_insert(tick);
             b.latest = Some(tick);
         }
     }
 
-    /// Mark `g` ended; is another branch numbered 1 or more still open?
+    /// Mark `g` ended; is another branch numbered 1 or more open and relaying? A registered
+    /// branch that never relayed counts only within [`REGISTRATION_GRACE_MS`] of its
+    /// registration (its request may still be reaching the replica); past it (its guard never
+    /// used the answer) it takes the stream from nobody.
     ///
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
-    fn end(&mut self, g: u64, told: bool) -> bool {
-        let forked = self.kept.iter().any(|(h, b)| *h >= 1 && *h != g && b.open);
+    fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
+        let forked = self.kept.iter().any(|(h, b)| {
+            *h >= 1
+                && *h != g
+                && b.open
+                && (b.first.is_some()
+                    || now_ms.saturating_sub(b.registered_ms) <= REGISTRATION_GRACE_MS)
+        });
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.cut |= told && forked;
         }
         forked
+    }
+}
+
+impl Branch {
+    /// Which branches a full table drops first (lowest): ended and not cut, then open and
+    /// never relayed, then the rest.
+    fn prune_class(&self) -> u8 {
+        match (self.open, self.cut, self.first) {
+            (false, false, _) => 0,
+            (true, _, None) => 1,
+            _ => 2,
+        }
     }
 }
 
@@ -426,33 +485,83 @@ impl Inner {
     }
 
     /// Bring the pending area and the bytes back within their caps (never dropping `keep`):
-    /// pending entries first, oldest first; then, for bytes, the least recently active
-    /// sessions (idle ones are the least recently active).
-    fn enforce_caps(&mut self, keep: &str, limits: &Limits) {
+    /// pending entries first, oldest first; then, for bytes, sessions idle past their TTL. A
+    /// session active within the TTL is never evicted: growth at the cap is refused instead
+    /// (see [`Inner::room_for`]).
+    fn enforce_caps(&mut self, keep: &str, now_ms: u64, limits: &Limits) {
         while self.pending.len() > limits.max_pending_sessions.max(1) {
             match self.oldest_pending(keep) {
                 Some(v) => self.drop_pending(&v),
                 None => break,
             }
         }
-        while self.bytes > limits.max_bytes {
-            if let Some(v) = self.oldest_pending(keep) {
-                self.drop_pending(&v);
-                continue;
-            }
-            let victim = self
-                .lru
-                .iter()
-                .find(|(_, id)| id != keep)
-                .map(|(_, id)| id.clone());
-            match victim {
-                Some(v) => {
-                    self.drop_session(&v);
-                    self.evicted += 1;
-                }
+        self.make_room(0, keep, now_ms, limits);
+    }
+
+    /// Free pending entries (oldest first, never `keep`), then sessions idle past their TTL,
+    /// until `extra` more bytes fit under the cap; whether they do.
+    fn make_room(&mut self, extra: usize, keep: &str, now_ms: u64, limits: &Limits) -> bool {
+        let fits = |i: &Inner| i.bytes.saturating_add(extra) <= limits.max_bytes;
+        while !fits(self) {
+            match self.oldest_pending(keep) {
+                Some(v) => self.drop_pending(&v),
                 None => break,
             }
         }
+        if !fits(self) {
+            self.free_idle(now_ms, limits.session_idle_ttl_ms);
+        }
+        fits(self)
+    }
+
+    /// Room for what `r` may add (an upper bound), for the records that grow a session:
+    /// `events` with ids and `stream_open`. Refused at the cap: the session that pushes the
+    /// store past it pays, never another one.
+    fn room_for(
+        &mut self,
+        r: &Record,
+        key: &str,
+        now_ms: u64,
+        limits: &Limits,
+    ) -> Result<(), Refused> {
+        let grows = match r {
+            Record::Events {
+                incarnation,
+                ids,
+                long,
+                ..
+            } if !ids.is_empty() => {
+                ids.iter().map(|i| entry_cost(i)).sum::<usize>()
+                    + long.iter().map(|l| entry_cost(&l.id)).sum::<usize>()
+                    + INCARNATION_OVERHEAD
+                    + incarnation.len()
+            }
+            Record::StreamOpen {
+                incarnation,
+                owner,
+                request_id,
+                ..
+            } => {
+                INCARNATION_OVERHEAD
+                    + incarnation.len()
+                    + owner.len()
+                    + request_id.as_ref().map_or(0, String::len)
+            }
+            _ => return Ok(()),
+        } + SESSION_OVERHEAD
+            + key.len();
+        if self.make_room(grows, key, now_ms, limits) {
+            return Ok(());
+        }
+        self.last_refused = Some(now_ms);
+        Err((
+            STORE_FULL,
+            format!(
+                "about {} bytes held, at most {} (--max-store-bytes) with every session active \
+                 within the idle TTL: this session's growth is refused",
+                self.bytes, limits.max_bytes
+            ),
+        ))
     }
 
     fn oldest_pending(&self, keep: &str) -> Option<String> {
@@ -468,11 +577,12 @@ impl Inner {
             return self.apply_record(r, now_ms, limits);
         };
         self.expire_one(key, now_ms, limits);
+        self.room_for(r, key, now_ms, limits)?;
         let before = self.cost_of(key);
         let out = self.apply_record(r, now_ms, limits);
         let after = self.cost_of(key);
         self.bytes = (self.bytes + after).saturating_sub(before);
-        self.enforce_caps(key, limits);
+        self.enforce_caps(key, now_ms, limits);
         out
     }
 
@@ -600,17 +710,17 @@ impl Inner {
                 let s = self.session_for_record(session, SessionState::Active, now_ms);
                 let inc = s.incarnations.entry(incarnation.clone()).or_default();
                 inc.last_tick = tick;
-                if !ids.is_empty() {
-                    if let Err(refused) = arbitrate(inc, incarnation, *branch, *first_seq, ids) {
-                        evict(s, limits.max_incarnations_per_session, incarnation);
-                        return Err(refused);
-                    }
-                    if let Some(b) = &mut inc.branches {
-                        b.relayed(*branch, tick);
-                    }
-                    // The owner relayed again: an earlier failure passed.
-                    inc.failed_since = None;
+                // Without ids: the owner answered the branch (its response opened). An
+                // overtaken branch is told so either way.
+                if let Err(refused) = arbitrate(inc, incarnation, *branch, *first_seq, ids) {
+                    evict(s, limits.max_incarnations_per_session, incarnation);
+                    return Err(refused);
                 }
+                if let Some(b) = &mut inc.branches {
+                    b.relayed(*branch, tick, !ids.is_empty());
+                }
+                // The owner answered for the stream again: an earlier failure passed.
+                inc.failed = None;
                 if *trimmed > 0 {
                     // Left out on purpose by the guard: a hole below never fills.
                     inc.trimmed_below = inc.trimmed_below.max(*first_seq);
@@ -632,6 +742,9 @@ impl Inner {
                 while inc.long.len() > LONG_IDS_KEPT {
                     Incarnation::pop_oldest(&mut inc.long, bytes);
                 }
+                if !ids.is_empty() {
+                    fit_session(s, limits.max_session_events, incarnation);
+                }
                 evict(s, limits.max_incarnations_per_session, incarnation);
             }
             Record::StreamLost {
@@ -644,9 +757,11 @@ impl Inner {
                 session,
                 incarnation,
             } => {
-                // The first failure counts: repeats never push the window back.
+                // The first failure opens the window (repeats never push it back); the latest
+                // says whether failures stood through it.
                 self.mark(session, incarnation, now_ms, limits, |inc| {
-                    inc.failed_since.get_or_insert(now_ms);
+                    let (first, last) = inc.failed.get_or_insert((now_ms, now_ms));
+                    *last = now_ms.max(*last).max(*first);
                 });
             }
             Record::OwnerGone { owner } => {
@@ -658,24 +773,40 @@ impl Inner {
                 incarnation,
                 branch,
             } => {
-                self.end_branch(session, incarnation, *branch, false);
+                self.end_branch(session, incarnation, *branch, false, now_ms);
             }
         }
         Ok(())
     }
 
-    /// The branch table of a known incarnation (an opened or a pending session), if it has one.
-    fn branches_mut(&mut self, session: &str, incarnation: &str) -> Option<&mut Branches> {
+    /// A known incarnation (of an opened or a pending session).
+    fn incarnation_mut(&mut self, session: &str, incarnation: &str) -> Option<&mut Incarnation> {
         let s = match self.sessions.get_mut(session) {
             Some(s) => s,
             None => self.pending.get_mut(session)?,
         };
-        s.incarnations.get_mut(incarnation)?.branches.as_mut()
+        s.incarnations.get_mut(incarnation)
     }
 
-    fn end_branch(&mut self, session: &str, incarnation: &str, branch: u64, told: bool) -> bool {
-        self.branches_mut(session, incarnation)
-            .is_some_and(|b| b.end(branch, told))
+    /// `told`: the guard asks at the branch's clean end, so its owner answered for the stream
+    /// (a served continuation): an earlier failure passed.
+    fn end_branch(
+        &mut self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        told: bool,
+        now_ms: u64,
+    ) -> bool {
+        let Some(inc) = self.incarnation_mut(session, incarnation) else {
+            return false;
+        };
+        if told {
+            inc.failed = None;
+        }
+        inc.branches
+            .as_mut()
+            .is_some_and(|b| b.end(branch, told, now_ms))
     }
 
     /// The next branch of an opened incarnation of an active session (`None` otherwise).
@@ -695,10 +826,13 @@ impl Inner {
             .incarnations
             .get_mut(incarnation)
             .filter(|i| i.opened.is_some())?;
-        let n = inc.branches.get_or_insert_with(Branches::new).open_next();
+        let n = inc
+            .branches
+            .get_or_insert_with(Branches::new)
+            .open_next(now_ms);
         let after = self.cost_of(session);
         self.bytes = (self.bytes + after).saturating_sub(before);
-        self.enforce_caps(session, limits);
+        self.enforce_caps(session, now_ms, limits);
         Some(n)
     }
 
@@ -724,16 +858,16 @@ impl Inner {
         if s.state == SessionState::Active {
             self.touch(q.session, now_ms);
         }
-        // An owner that kept failing for the whole window: lost for good.
+        // An owner that kept failing through the whole window (a failure at each end, no
+        // answer between): lost for good.
         if let Some(inc) = self
             .sessions
             .get_mut(q.session)
             .and_then(|s| s.incarnations.get_mut(q.incarnation))
         {
-            if inc
-                .failed_since
-                .is_some_and(|t| now_ms.saturating_sub(t) > limits.owner_failure_window_ms)
-            {
+            if inc.failed.is_some_and(|(first, last)| {
+                last.saturating_sub(first) > limits.owner_failure_window_ms
+            }) {
                 inc.lost = true;
             }
         }
@@ -816,7 +950,7 @@ fn contiguity(
     (want.saturating_add(1), Vec::new())
 }
 
-/// The arbiter's word on `events` of `branch` (non-empty `ids` from `first`): refused when a
+/// The arbiter's word on `events` of `branch` (`ids` from `first`, maybe none): refused when a
 /// newer branch overtook it, or when a seq at or below the head is recorded with another event
 /// (then the incarnation is lost: its replica diverged from the log). Appends past the head
 /// cost nothing here.
@@ -881,6 +1015,34 @@ fn arbitrate(
     Ok(())
 }
 
+/// Keep at most `max` recorded events in the session: the least recently recorded
+/// incarnations give all theirs up first, the one just written (`current`, the most recently
+/// recorded) its oldest last. Their cursors then read `gap`.
+fn fit_session(s: &mut Session, max: usize, current: &str) {
+    let mut total: usize = s.incarnations.values().map(|i| i.window.len()).sum();
+    while total > max {
+        let victim = s
+            .incarnations
+            .iter_mut()
+            .filter(|(_, i)| !i.window.is_empty())
+            .min_by_key(|(_, i)| i.last_tick);
+        let Some((id, inc)) = victim else {
+            break;
+        };
+        if id != current {
+            total -= inc.window.len();
+            inc.window.clear();
+            inc.long.clear();
+            inc.entry_bytes = 0;
+            continue;
+        }
+        while total > max && !inc.window.is_empty() {
+            Incarnation::pop_oldest(&mut inc.window, &mut inc.entry_bytes);
+            total -= 1;
+        }
+    }
+}
+
 /// Keep at most `max` incarnations, dropping the least recently recorded (never `keep`).
 fn evict(s: &mut Session, max: usize, keep: &str) {
     while s.incarnations.len() > max.max(1) {
@@ -928,10 +1090,12 @@ impl Store for MemoryStore {
         session: &str,
         incarnation: &str,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<BranchOpen, StoreError> {
+        // One lock holds an incarnation and its table: they cannot be lost apart.
         Ok(self
             .lock()
-            .open_branch(session, incarnation, now_ms, &self.limits))
+            .open_branch(session, incarnation, now_ms, &self.limits)
+            .map_or(BranchOpen::Unregistered, BranchOpen::Numbered))
     }
 
     async fn end_branch(
@@ -939,9 +1103,11 @@ impl Store for MemoryStore {
         session: &str,
         incarnation: &str,
         branch: u64,
-        _now_ms: u64,
+        now_ms: u64,
     ) -> Result<bool, StoreError> {
-        Ok(self.lock().end_branch(session, incarnation, branch, true))
+        Ok(self
+            .lock()
+            .end_branch(session, incarnation, branch, true, now_ms))
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

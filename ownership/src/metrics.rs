@@ -53,6 +53,7 @@ pub struct Metrics {
     pub records: Family<TypeLabels, Counter>,
     pub records_rejected: Counter,
     pub sessions_refused: Counter,
+    pub growth_refused: Counter,
     pub resume_waits: Family<OutcomeLabels, Counter>,
     pub branches: Family<OutcomeLabels, Counter>,
     pub branch_ends: Family<OutcomeLabels, Counter>,
@@ -80,7 +81,7 @@ pub const STORE_OPS: [&str; 7] = [
 ];
 
 /// How a continuation's branch was registered (`branches` counter).
-pub const BRANCH_OUTCOMES: [&str; 3] = ["registered", "unregistered", "store_error"];
+pub const BRANCH_OUTCOMES: [&str; 4] = ["registered", "unregistered", "lost", "store_error"];
 /// The store's answers to `POST /v1/branch` (`branch_ends` counter).
 pub const BRANCH_END_OUTCOMES: [&str; 2] = ["forked", "not_forked"];
 
@@ -112,6 +113,7 @@ impl Metrics {
         let records = Family::<TypeLabels, Counter>::default();
         let records_rejected = Counter::default();
         let sessions_refused = Counter::default();
+        let growth_refused = Counter::default();
         let pending = Gauge::default();
         let resume_waits = Family::<OutcomeLabels, Counter>::default();
         let branches = Family::<OutcomeLabels, Counter>::default();
@@ -153,13 +155,18 @@ impl Metrics {
             sessions_refused.clone(),
         );
         registry.register(
+            "mcp_ownership_growth_refused",
+            "Records that would grow an opened session (events, stream_open) refused for want of room (store_full): the store is at its byte cap with every session active within the idle TTL; the session that pushes it pays, no session is evicted",
+            growth_refused.clone(),
+        );
+        registry.register(
             "mcp_ownership_resume_waits",
             "Resumes that waited for in-flight records, by the verdict they got: continue or new_stream",
             resume_waits.clone(),
         );
         registry.register(
             "mcp_ownership_branches",
-            "Continuations by how their branch was registered: registered (numbered), unregistered (the store refused the write or no longer has the incarnation) or store_error; the last two continue unarbitrated",
+            "Continuations by how their branch was registered: registered (numbered), unregistered (the store refused the write or no longer has the incarnation), lost (the incarnation's branch table was lost apart from it: the resume is refused records_lost) or store_error; unregistered and store_error continue unarbitrated",
             branches.clone(),
         );
         registry.register(
@@ -249,6 +256,7 @@ impl Metrics {
             records,
             records_rejected,
             sessions_refused,
+            growth_refused,
             resume_waits,
             branches,
             branch_ends,

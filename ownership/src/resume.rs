@@ -8,7 +8,7 @@ use mcp_resume_core::ownership::{Reason, ResumeQuery, ResumeVerdict};
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, OutcomeLabels};
-use crate::store::{CursorId, Facts, SnapshotQuery, Store, StoreError};
+use crate::store::{BranchOpen, CursorId, Facts, SnapshotQuery, Store, StoreError};
 
 /// Longest pause between two snapshots while waiting for in-flight records.
 const RECHECK: Duration = Duration::from_millis(50);
@@ -104,8 +104,9 @@ async fn with_branch<S: Store>(
     if let ResumeVerdict::Continue { branch, .. } = &mut verdict {
         let opened = store.open_branch(&q.session, &q.incarnation, now_ms);
         let (number, outcome) = match timed(metrics, "open_branch", opened).await {
-            Ok(Some(n)) => (Some(n), "registered"),
-            Ok(None) => (None, "unregistered"),
+            Ok(BranchOpen::Numbered(n)) => (Some(n), "registered"),
+            Ok(BranchOpen::Unregistered) => (None, "unregistered"),
+            Ok(BranchOpen::Lost) => (None, "lost"),
             Err(_) => (None, "store_error"),
         };
         *branch = number;
@@ -113,6 +114,13 @@ async fn with_branch<S: Store>(
             .branches
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
+        if outcome == "lost" {
+            // Its arbitration state is gone: numbering anew could renumber a live branch.
+            return ResumeVerdict::NewStream {
+                reason: Reason::RecordsLost,
+                request_id: None,
+            };
+        }
     }
     verdict
 }

@@ -26,9 +26,15 @@ pub struct Limits {
     /// Sessions kept in all; past it the least recently active one is evicted.
     pub max_sessions: usize,
     /// Estimated bytes kept in all (memory store). Above [`HIGH_WATER_PERCENT`] of it new
-    /// sessions are refused (`store_full`); past it sessions are evicted, idle ones first.
-    /// A shared store leaves bytes to its own byte budget (see `RedisOptions::max_bytes`).
+    /// sessions are refused (`store_full`); a record that would grow a session past it
+    /// (`events` with ids, `stream_open`) is refused too. A session active within the idle
+    /// TTL is never evicted for room. A shared store leaves bytes to its own byte budget
+    /// (see `RedisOptions::max_bytes`).
     pub max_bytes: usize,
+    /// Recorded events a session keeps across its incarnations: past it, its least recently
+    /// recorded incarnations give theirs up first, then the one just written its oldest. One
+    /// session's traffic never grows into the others' room.
+    pub max_session_events: usize,
     /// Sessions with records but no `session_open` yet, kept in all (apart from
     /// `max_sessions`); past it the oldest such entry is dropped. They never evict or count
     /// against opened sessions, so records for made-up session ids cost opened sessions nothing.
@@ -44,10 +50,17 @@ pub struct Limits {
 /// one's events count as overtaken.
 pub const BRANCHES_KEPT: u64 = 16;
 
+/// How long a registered continuation that has not relayed yet counts as another reader at a
+/// clean end (`forked`): its request may still be on its way to the replica, which may hand it
+/// the stream. Past it, a registration whose answer nobody used (a resume its client dropped)
+/// takes the stream from nobody.
+pub const REGISTRATION_GRACE_MS: u64 = 3_000;
+
 /// Percent of a byte budget above which new sessions are refused.
 pub const HIGH_WATER_PERCENT: usize = 90;
 
-/// The named error of a refused `session_open`.
+/// The named error of a record refused for want of room: a `session_open`, or a session's
+/// growth (`events` with ids, `stream_open`) at the store's byte cap.
 pub const STORE_FULL: &str = "store_full";
 
 impl Default for Limits {
@@ -58,11 +71,24 @@ impl Default for Limits {
             session_idle_ttl_ms: 3_600_000,
             max_sessions: 100_000,
             max_bytes: 256 << 20,
+            max_session_events: 16_384,
             max_pending_sessions: 10_000,
             pending_ttl_ms: 60_000,
             owner_failure_window_ms: 30_000,
         }
     }
+}
+
+/// What [`Store::open_branch`] came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchOpen {
+    /// Registered, with this number.
+    Numbered(u64),
+    /// Not registered: the branch goes on unarbitrated.
+    Unregistered,
+    /// The incarnation's branch table was lost apart from it: the incarnation is lost
+    /// (`records_lost` for this resume), rather than numbered anew.
+    Lost,
 }
 
 /// What [`Store::snapshot`] is asked about: the cursor's (session, incarnation, seq).
@@ -240,27 +266,32 @@ pub trait Store: Send + Sync + 'static {
     /// Register the next branch of an opened incarnation (1, 2, … in the store's own order,
     /// atomically for every instance of a shared store) as open, and return its number. The
     /// incarnation's branch table is made by its first call, with branch 0 (its first
-    /// response) open and relaying from the start; it keeps the newest [`BRANCHES_KEPT`]
-    /// continuations.
-    /// `None`: the incarnation is not opened here, or the store refused the write (a resume
-    /// never fails for it: the branch is then not arbitrated).
+    /// response) open and relaying from the start; it keeps at most [`BRANCHES_KEPT`]
+    /// continuations (ended ones go first, then open ones that never relayed, then the oldest).
+    /// [`BranchOpen::Unregistered`]: the incarnation is not opened here, or the store refused
+    /// the write (a resume never fails for it: the branch is then not arbitrated).
+    /// [`BranchOpen::Lost`]: the table was lost apart from its incarnation (a shared store's
+    /// eviction or failover); the incarnation is marked lost, never numbered anew.
     ///
     /// With a table, `apply` arbitrates the incarnation's `events` (docs/forks.md): the events
     /// of branch `g` are refused ([`REJECTED_FORKED`](mcp_resume_core::ownership::REJECTED_FORKED)) when another open branch `h > g` had
-    /// events accepted after `g`'s first accepted ones, or when `g` is older than every branch
-    /// kept. A branch's first events are always accepted; an ended branch's events are applied
-    /// but never move its order. Without a table (no continuation registered) events are
-    /// applied as they come.
+    /// events accepted after `g`'s first accepted ones, or once `g` was cut. A branch's first
+    /// events are always accepted (a branch the table no longer lists comes back, relaying
+    /// from then); an ended branch's events are applied but never move its order. Without a
+    /// table (no continuation registered) events are applied as they come.
     fn open_branch(
         &self,
         session: &str,
         incarnation: &str,
         now_ms: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<BranchOpen, StoreError>> + Send;
 
     /// Mark a branch ended (as a `branch_end` record does) and say whether another branch
-    /// numbered 1 or more of the incarnation is still open: the replica ended this one for a
-    /// newer reader (`forked`). Branch 0 never counts. No table: `false`, nothing written.
+    /// numbered 1 or more of the incarnation is still open and relaying: the replica ended
+    /// this one for a newer reader (`forked`). Branch 0 never counts, nor a branch that never
+    /// relayed once [`REGISTRATION_GRACE_MS`] passed since it was registered. No table: `false`, nothing written. A table lost apart from its incarnation:
+    /// `true` (the end cannot be arbitrated, so it is signalled), the incarnation marked lost.
+    /// It also clears the owner failure window: the owner answered for the stream.
     fn end_branch(
         &self,
         session: &str,

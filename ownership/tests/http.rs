@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use mcp_ownership::store::{Applied, Facts, SnapshotQuery, StoreError, StoreStats};
+use mcp_ownership::store::{Applied, BranchOpen, Facts, SnapshotQuery, StoreError, StoreStats};
 use mcp_ownership::{router, AppState, Limits, MemoryStore, ResumeOptions, Store};
 use mcp_resume_core::ownership::Record;
 use serde_json::{json, Value};
@@ -580,7 +580,7 @@ impl Store for DownStore {
     async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
-    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<Option<u64>, StoreError> {
+    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<BranchOpen, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn end_branch(&self, _: &str, _: &str, _: u64, _: u64) -> Result<bool, StoreError> {
@@ -832,7 +832,7 @@ impl Store for Deaf {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
-    async fn open_branch(&self, s: &str, i: &str, now: u64) -> Result<Option<u64>, StoreError> {
+    async fn open_branch(&self, s: &str, i: &str, now: u64) -> Result<BranchOpen, StoreError> {
         self.0.open_branch(s, i, now).await
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
@@ -933,6 +933,10 @@ async fn branch_endpoint_and_refused_events() {
         let (_, v) = post(&app, "/v1/resume", resume_body(A, 3)).await;
         assert_eq!(v["branch"], want, "{v}");
     }
+    // Branch 1 relays: a branch that never relayed makes no other one forked.
+    let relayed = json!({"records": [{"type": "events", "session": S1, "incarnation": A,
+                                      "first_seq": 4, "ids": ["e4"], "branch": 1}]});
+    post(&app, "/v1/records", relayed).await;
     let ask = |branch: u64, inc: &str| json!({"session": S1, "incarnation": inc, "branch": branch});
     for (q, forked) in [(ask(2, A), true), (ask(1, A), false), (ask(1, B), false)] {
         let (st, v) = post(&app, "/v1/branch", q.clone()).await;
@@ -1031,7 +1035,7 @@ async fn branch_endpoint_and_refused_events() {
         "mcp_ownership_events_refused_total{error=\"forked\"} 1",
         "mcp_ownership_events_refused_total{error=\"replay_mismatch\"} 1",
         "mcp_ownership_sessions_refused_total 0",
-        "mcp_ownership_records_applied_total{type=\"events\"} 5",
+        "mcp_ownership_records_applied_total{type=\"events\"} 6",
     ] {
         assert!(text.contains(line), "{line}\n{text}");
     }
@@ -1050,7 +1054,7 @@ impl Store for NoBranches {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
-    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<Option<u64>, StoreError> {
+    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<BranchOpen, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
@@ -1096,4 +1100,52 @@ async fn a_branch_the_store_cannot_register_still_continues() {
     ] {
         assert!(text.contains(line), "{line}\n{text}");
     }
+}
+
+/// A session's growth at the byte cap is refused by name (`store_full`, in `rejected`) and
+/// counted apart from refused sessions (`mcp_ownership_growth_refused_total`, the alert
+/// `McpOwnershipStoreFullGrowth`); what the session already holds still continues.
+#[tokio::test]
+async fn growth_at_the_cap_is_named_and_counted() {
+    let limits = Limits {
+        max_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let app = router(AppState::new(MemoryStore::new(limits), opts(0)));
+    let (st, ack) = post(&app, "/v1/records", setup_records()).await;
+    assert_eq!((st, ack), (StatusCode::OK, json!({"applied": 3})));
+    // Four more streams of 120-byte ids: the cap is reached before the session's own bounds.
+    let big: Vec<String> = (0..64).map(|i| format!("{i:0>120}")).collect();
+    let mut refused = 0;
+    for round in 0..50u64 {
+        for inc in [
+            "00000000000000b1",
+            "00000000000000b2",
+            "00000000000000b3",
+            "00000000000000b4",
+        ] {
+            let batch = json!({"records": [{"type": "events", "session": S1, "incarnation": inc,
+                                            "first_seq": 1 + round * 64, "ids": big}]});
+            let (st, ack) = post(&app, "/v1/records", batch).await;
+            assert_eq!(st, StatusCode::OK, "{ack}");
+            if let Some(r) = ack["rejected"].as_array().and_then(|r| r.first()) {
+                assert_eq!(r["error"], "store_full", "{ack}");
+                assert!(
+                    r["detail"].as_str().unwrap().contains("--max-store-bytes"),
+                    "{ack}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "the cap was reached");
+    let (_, text) = call(&app, Method::GET, "/metrics", None, Body::empty()).await;
+    for line in [
+        format!("mcp_ownership_growth_refused_total {refused}"),
+        "mcp_ownership_sessions_refused_total 0".to_owned(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    let (_, v) = post(&app, "/v1/resume", resume_body(A, 1)).await;
+    assert_eq!(v["verdict"], "continue", "{v}");
 }

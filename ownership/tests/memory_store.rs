@@ -82,3 +82,69 @@ async fn byte_cap_bounds_memory_and_keeps_live_sessions() {
     let st = s.stats(later).await.unwrap();
     assert_eq!((st.sessions, st.pending, st.bytes), (0, 0, 0), "{st:?}");
 }
+
+/// One session's traffic (8 GET streams of its own, 16,000 events) at the smallest byte cap
+/// never evicts another session nor refuses its valid resume: the cap holds, the growth of the
+/// session that pushes the store to it is refused (`store_full`), and its own budget
+/// (`max_session_events`) trims only its own incarnations.
+#[tokio::test]
+async fn one_session_never_evicts_the_others() {
+    use mcp_ownership::store::STORE_FULL;
+    use suite::*;
+    const CAP: usize = 1 << 20;
+    let s = MemoryStore::new(Limits {
+        max_bytes: CAP,
+        ..Limits::default()
+    });
+    let victims: Vec<String> = (1..=12).map(session_n).collect();
+    for n in 1..=12 {
+        fill_one(&s, n, T0).await;
+    }
+    let attacker = session_n(999);
+    apply(&s, &[open(&attacker)]).await;
+    let streams: Vec<String> = (0..8u64).map(|i| format!("{:016x}", 0xa0 + i)).collect();
+    for inc in &streams {
+        apply(&s, &[get_stream(&attacker, inc, T0)]).await;
+    }
+    let mut full = 0;
+    for round in 0..100u64 {
+        let now = T0 + 1 + round;
+        let batch: Vec<Record> = streams
+            .iter()
+            .map(|inc| Record::Events {
+                session: attacker.clone(),
+                incarnation: inc.clone(),
+                first_seq: 1 + round * 20,
+                ids: (0..20)
+                    .map(|i| format!("attacker-event-{round:04}-{i:04}-padding"))
+                    .collect(),
+                long: Vec::new(),
+                branch: 0,
+                trimmed: 0,
+            })
+            .collect();
+        let done = s.apply(&batch, now).await.unwrap();
+        full += done
+            .refused
+            .iter()
+            .filter(|r| r.error == STORE_FULL)
+            .count();
+        let st = s.stats(now).await.unwrap();
+        assert!(
+            st.bytes <= CAP as u64,
+            "{} bytes at round {round}",
+            st.bytes
+        );
+    }
+    assert!(full > 0, "the cap was reached and the growth refused");
+    let now = T0 + 200;
+    let st = s.stats(now).await.unwrap();
+    assert_eq!((st.evicted, st.sessions), (0, 13), "{st:?}");
+    for v in &victims {
+        assert_eq!(
+            verdict_at(&s, v, 1, now).await,
+            cont(OWNER_X, ids(2, 3), 3),
+            "{v}"
+        );
+    }
+}

@@ -383,3 +383,143 @@ async fn a_lost_session_hash_never_revives_a_superseded_stream() {
     apply(&s, &[open(S1), events(S1, B, 3, 3)]).await;
     assert_eq!(verdict(&s, S1, A, StreamKind::Get, 3).await, lost);
 }
+
+/// An incarnation's branch table lost apart from it (an eviction, or a failover losing the
+/// last writes) is detected and named: the incarnation is lost (`records_lost` for the resume
+/// that finds it, `replay_mismatch` for a survivor's events, `forked` for a clean end), never
+/// numbered anew (a renumbered branch could be silently ended, or cut the newer one).
+#[tokio::test]
+async fn a_lost_branch_table_is_named_never_renumbered() {
+    use mcp_ownership::Store;
+    use mcp_resume_core::ownership::{Reason, ResumeVerdict, StreamKind, REJECTED_MISMATCH};
+    use suite::*;
+    let s = make(Limits::default());
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", server())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let table = |inc: &str| format!("{}:b:{inc}", s.session_base(S1));
+    apply(
+        &s,
+        &[
+            open(S1),
+            req_stream(A),
+            events(S1, A, 1, 3),
+            req_stream(B),
+            events(S1, B, 1, 3),
+        ],
+    )
+    .await;
+    // The table goes (evicted): the survivor's events, its end and the next resume say so.
+    let b1 = continue_branch(&s, A, 3).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, b1, 4, 4)]).await, [None]);
+    let _: () = redis::cmd("DEL")
+        .arg(table(A))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        refusals(&s, &[relayed(A, b1, 5, 5)]).await,
+        [Some(REJECTED_MISMATCH)]
+    );
+    assert!(s.end_branch(S1, A, b1, T0).await.unwrap(), "signalled");
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 4).await,
+        new_stream(Reason::OwnerUnavailable)
+    );
+    // The table's last write is lost (a failover): it names an older top than its incarnation
+    // recorded. The resume that meets it is refused, never handed a number in use.
+    let b1 = continue_branch(&s, B, 3).await.unwrap();
+    let b2 = continue_branch(&s, B, 3).await.unwrap();
+    assert_eq!((b1, b2), (1, 2));
+    let _: () = redis::cmd("HSET")
+        .arg(table(B))
+        .arg("n")
+        .arg(b1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HDEL")
+        .arg(table(B))
+        .arg(b2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let q = query(S1, B, StreamKind::Request, 3);
+    assert_eq!(
+        resolve_branched(&s, &q, no_wait(), T0).await.verdict,
+        ResumeVerdict::NewStream {
+            reason: Reason::RecordsLost,
+            request_id: None
+        }
+    );
+}
+
+/// At the byte budget (`--redis-max-bytes`) a session's growth (`events` with ids, a new
+/// stream) is refused by name (`store_full`), as the memory store does at its cap; the records
+/// that end or mark things still land, and nothing already recorded is touched.
+#[tokio::test]
+async fn growth_is_refused_at_the_byte_budget() {
+    use mcp_ownership::store::STORE_FULL;
+    use mcp_ownership::Store;
+    use mcp_resume_core::ownership::StreamKind;
+    use suite::*;
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let base = s.session_base(S1);
+    let opts = RedisOptions {
+        prefix: base.trim_end_matches(&format!("{{{S1}}}")).to_owned(),
+        op_timeout: Duration::from_secs(2),
+        // Far below what any Redis holds: every primary is past it.
+        max_bytes: Some(1),
+        ..RedisOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}", server());
+    let full = RedisStore::new(&url, Limits::default(), opts).unwrap();
+    let done = full
+        .apply(
+            &[
+                events(S1, A, 4, 5),
+                req_stream(B),
+                failed(S1, A),
+                branch_end(S1, A, 1),
+            ],
+            T0,
+        )
+        .await
+        .unwrap();
+    let mut got: Vec<(usize, &str)> = done.refused.iter().map(|r| (r.index, r.error)).collect();
+    got.sort_unstable();
+    assert_eq!(got, [(0, STORE_FULL), (1, STORE_FULL)], "{done:?}");
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 2).await,
+        cont(OWNER_X, ids(3, 3), 3)
+    );
+}
+
+/// The branch scripts wait for replicas like records (`--redis-wait-replicas`): a table a
+/// failover could lose apart from its incarnation is never acknowledged. Here no replica
+/// exists, so numbering a branch fails (the continuation then goes on unarbitrated).
+#[tokio::test]
+async fn branch_scripts_wait_for_replicas_like_records() {
+    use mcp_ownership::store::StoreError;
+    use mcp_ownership::Store;
+    use suite::*;
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let base = s.session_base(S1);
+    let opts = RedisOptions {
+        prefix: base.trim_end_matches(&format!("{{{S1}}}")).to_owned(),
+        op_timeout: Duration::from_millis(600),
+        wait_replicas: 1,
+        ..RedisOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}", server());
+    let durable = RedisStore::new(&url, Limits::default(), opts).unwrap();
+    match durable.open_branch(S1, A, T0).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("replicas acknowledged"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    match durable.end_branch(S1, A, 1, T0).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("replicas acknowledged"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}

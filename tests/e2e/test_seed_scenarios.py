@@ -495,7 +495,8 @@ OWNER_FAILURE_WINDOW_MS = 600
 
 def test_owner_killed_with_guard_signals_then_restarts(fresh):
     # A killed owner still in Envoy's cluster may be a blip: each resume is refused (`owner_busy`)
-    # until its failures outlive the service's window; then the stream is lost and restarts.
+    # until its failures stood through the service's window (one at each end, nothing served
+    # between); then the stream is lost and restarts.
     fresh.ownership.stop()
     fresh.ownership = h.start_ownership(extra=["--owner-failure-window-ms", str(OWNER_FAILURE_WINDOW_MS)])
     cfg = {"policy": {"get_stream": "restart", "request_stream": "reject"}}
@@ -511,7 +512,15 @@ def test_owner_killed_with_guard_signals_then_restarts(fresh):
     r.close()
     assert r.status == 409, (r.status, body)
     assert r.header(GUARD_HEADER) == "rejected; reason=owner_busy"
-    time.sleep(OWNER_FAILURE_WINDOW_MS / 1000 + 0.2)  # the failure outlives the window
+    time.sleep(OWNER_FAILURE_WINDOW_MS / 1000 + 0.2)
+    # One failure is no standing evidence: the resume after the window still tries the owner,
+    # and its failure, a window after the first, makes the stream lost.
+    r = c.get_stream(last_event_id=evs[6].id)
+    body = r.resp.read()
+    r.close()
+    assert r.status == 409, (r.status, body)
+    assert r.header(GUARD_HEADER) == "rejected; reason=owner_busy"
+    time.sleep(0.2)  # its owner_failed record lands (the guard flushes every 10 ms)
     r = c.get_stream(last_event_id=evs[6].id)
     assert r.status == 200
     assert r.header(GUARD_HEADER) == "restarted; reason=owner_unavailable"

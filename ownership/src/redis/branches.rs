@@ -3,12 +3,14 @@
 use super::pipeline::Placed;
 use super::reply::as_i64;
 use super::{corrupt, RedisStore};
-use crate::store::{StoreError, BRANCHES_KEPT};
+use crate::store::{BranchOpen, StoreError, BRANCHES_KEPT};
 
 /// What the `open` script answers for an incarnation that is not opened.
 const NOT_OPENED: i64 = -1;
 /// What the `open` script answers when Redis refused the write (maxmemory).
 const REFUSED: i64 = -2;
+/// What the `open` script answers when the table was lost apart from its incarnation.
+const TABLE_LOST: i64 = -3;
 
 impl RedisStore {
     /// One run of the branch script for (session, incarnation) in `mode` (`open`, `end`).
@@ -32,8 +34,9 @@ impl RedisStore {
             .arg(branch)
             .arg(self.keep_ms())
             .arg(BRANCHES_KEPT);
+        // Waited on by replicas like records: the table shares its incarnation's durability.
         let reply = self
-            .exec("branch", &[Placed { key: base, cmd: c }], false)
+            .exec("branch", &[Placed { key: base, cmd: c }], true)
             .await?
             .into_iter()
             .next()
@@ -46,14 +49,15 @@ impl RedisStore {
         session: &str,
         incarnation: &str,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<BranchOpen, StoreError> {
         match self
             .branch_run(session, incarnation, "open", 0, now_ms)
             .await?
         {
-            NOT_OPENED | REFUSED => Ok(None),
+            NOT_OPENED | REFUSED => Ok(BranchOpen::Unregistered),
+            TABLE_LOST => Ok(BranchOpen::Lost),
             n => u64::try_from(n)
-                .map(Some)
+                .map(BranchOpen::Numbered)
                 .map_err(|_| corrupt("branch", format!("number {n}"))),
         }
     }

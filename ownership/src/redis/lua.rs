@@ -8,10 +8,10 @@
 //! | --- | --- | --- |
 //! | `P{S}:s` | hash | `st` state (`a` active, `t` terminated, `e` expired), `lu` last used ms (pending: when it appeared), `pv` 1 while pending (records, no `session_open` yet), `hm` 1 when re-created over incarnations whose hash was lost (reads `records_lost` for good), `v` protocol version, `tk` record tick, `gq`/`gi` newest standalone GET stream (its order, incarnation) |
 //! | `P{S}:n` | zset | incarnation id → tick of its last record (least recently recorded is evicted first) |
-//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` first `owner_failed` ms not followed by events, `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table |
+//! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` and `fl` first and latest `owner_failed` ms since the owner last answered (events, a clean end), `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table, `bn` the table's `n` as last written (a table gone, or with another `n`, was lost apart from the incarnation: it is then lost, never renumbered) |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), for branch 0 and the newest `BRANCHES_KEPT` numbers from 1; expires and is deleted with the incarnation |
+//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest> <registered ms>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0) and when it was registered (0: unknown), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
 //! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
 //! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
@@ -19,6 +19,8 @@
 //!
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
 //! significant digits, which would round sequence numbers near 2^53.
+
+use crate::store::{BRANCHES_KEPT, REGISTRATION_GRACE_MS};
 
 /// Helpers shared by every script. `ARGV[1]` is always the key base `P{S}`.
 const PRELUDE: &str = r#"
@@ -57,24 +59,57 @@ local function branches(inc)
     elseif k == 'w' then
       t.writer = tonumber(v)
     elseif k ~= 't' then
-      local o, f, l = string.match(v, '^(%d) (%-?%d+) (%-?%d+)$')
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l)} end
+      local o, f, l, r = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*)$')
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0} end
     end
   end
   if not t.top then return nil end
   return t
 end
+-- The incarnation has a table (`b`), but it is gone or is not the one last written (`bn`
+-- mirrors its `n`): it was lost apart from its incarnation (evicted, failed over). Then the
+-- incarnation is lost, never numbered anew.
+local function table_lost(inc)
+  local f = redis.call('HMGET', ikey(inc), 'b', 'bn')
+  if f[1] ~= '1' then return false end
+  local n = redis.call('HGET', bkey(inc), 'n')
+  return (not n) or (f[2] and f[2] ~= n)
+end
 local function put_branch(inc, g, b)
   local o = '0'
   if b.open then o = '1' elseif b.cut then o = '2' end
-  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest))
+  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0))
 end
--- Are branch g's events refused: another open, newer branch relayed after g started, or g is
--- older than every branch kept? A branch's first events never are, nor an ended branch's,
--- nor a number never handed out.
+-- Keep at most kept_branches continuations (branch 0 always stays, and `keep`): the first to
+-- go are ended ones, then open ones that never relayed, then the oldest (as the memory store).
+local function prune_class(b)
+  if not b.open and not b.cut then return 0 end
+  if b.open and b.first < 0 then return 1 end
+  return 2
+end
+local function prune(inc, t, keep)
+  local n = 0
+  for h, _ in pairs(t.kept) do if h >= 1 then n = n + 1 end end
+  while n > kept_branches do
+    local v, vc = nil, nil
+    for h, e in pairs(t.kept) do
+      if h >= 1 and h ~= keep then
+        local c = prune_class(e)
+        if not v or c < vc or (c == vc and h < v) then v, vc = h, c end
+      end
+    end
+    if not v then break end
+    t.kept[v] = nil
+    redis.call('HDEL', bkey(inc), fmt(v))
+    n = n - 1
+  end
+end
+-- Are branch g's events refused: another open, newer branch relayed after g started, or g was
+-- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
+-- table no longer lists (it starts relaying now).
 local function overtaken(t, g)
   local b = t.kept[g]
-  if not b then return g < t.top end
+  if not b then return false end
   if b.cut then return true end
   if not b.open or b.first < 0 then return false end
   for h, e in pairs(t.kept) do
@@ -82,13 +117,16 @@ local function overtaken(t, g)
   end
   return false
 end
--- Mark g ended; is another branch numbered 1 or more still open?
+-- Mark g ended; is another branch numbered 1 or more open and relaying? A registered branch
+-- that never relayed counts only within registration_grace ms of its registration (`at`).
 -- told: the guard asked at the branch's end and tells its client `forked` on a yes: that branch
 -- lost a fork, so it is cut (its records give way to the survivor's).
 local function end_branch(inc, t, g, told)
   local forked = false
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open then forked = true end
+    if h >= 1 and h ~= g and e.open and (e.first >= 0 or now - e.at <= registration_grace) then
+      forked = true
+    end
   end
   local b = t.kept[g]
   if b and (b.open or (told and forked and not b.cut)) then
@@ -174,6 +212,34 @@ local function diverges(recorded, new)
   return ri ~= ni or (rd ~= nil and nd ~= nil and rd ~= nd)
 end
 
+-- Keep at most `max` recorded events in the session: the least recently recorded incarnations
+-- give all theirs up first, the one just written (`current`, the most recently recorded) its
+-- oldest last (as the memory store). Their cursors then read `gap`.
+local function fit_session(current, max)
+  local incs = redis.call('ZRANGE', nkey, 0, -1)
+  local lens, total = {}, 0
+  for i, x in ipairs(incs) do
+    lens[i] = redis.call('HLEN', wkey(x))
+    total = total + lens[i]
+  end
+  for i, x in ipairs(incs) do
+    if total <= max then break end
+    if lens[i] > 0 then
+      if x ~= current then
+        redis.call('DEL', wkey(x), lkey(x))
+        total = total - lens[i]
+      else
+        local seqs = redis.call('HKEYS', wkey(x))
+        table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+        local del = {}
+        for j = 1, math.min(total - max, #seqs) do del[#del + 1] = seqs[j] end
+        chunked('HDEL', wkey(x), del, 1000)
+        total = total - #del
+      end
+    end
+  end
+end
+
 -- Keep at most max_incs incarnations, dropping the least recently recorded (never `keep`).
 local function evict(keep)
   local limit = math.max(max_incs, 1)
@@ -243,36 +309,45 @@ elseif typ == 'st' then
   end
   evict(inc)
 elseif typ == 'ev' then
-  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, trimmed, (seq, full id) * n_long,
-  -- ids...
+  -- ARGV: ..., inc, first_seq, long_kept, branch, n_long, trimmed, max_session_events,
+  -- (seq, full id) * n_long, ids...
   local inc = ARGV[9]
   local first = tonumber(ARGV[10])
   local long_kept = tonumber(ARGV[11])
   local branch = tonumber(ARGV[12])
   local n_long = tonumber(ARGV[13])
   local trimmed = tonumber(ARGV[14])
-  local ids_at = 14 + 2 * n_long
+  local max_events = tonumber(ARGV[15])
+  local ids_at = 15 + 2 * n_long
   local n = #ARGV - ids_at
   session_for_write('a')
   touch_inc(inc)
   local ik, wk = ikey(inc), wkey(inc)
   local old_head, table_ = 0, nil
-  if n > 0 then
-    local f = redis.call('HMGET', ik, 'h', 'b')
-    old_head = tonumber(f[1] or '0')
-    -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
-    if f[2] == '1' then table_ = branches(inc) end
-    -- The guard cuts an overtaken branch now: it holds the stream no more (another branch's
-    -- end must not count it as open), and its later events are refused too.
-    local function cut()
-      local b = table_.kept[branch]
-      if b and not b.cut then
-        b.open, b.cut = false, true
-        put_branch(inc, branch, b)
-      end
-      return result .. ' forked'
+  -- Without ids: the owner answered the branch (its response opened). An overtaken branch is
+  -- told so either way.
+  local f = redis.call('HMGET', ik, 'h', 'b')
+  old_head = tonumber(f[1] or '0')
+  -- Only an incarnation with a registered continuation is arbitrated (fresh streams: no read).
+  if f[2] == '1' then
+    if table_lost(inc) then
+      redis.call('HSET', ik, 'l', '1')
+      return result .. ' table_lost'
     end
-    if table_ and overtaken(table_, branch) then return cut() end
+    table_ = branches(inc)
+  end
+  -- The guard cuts an overtaken branch now: it holds the stream no more (another branch's
+  -- end must not count it as open), and its later events are refused too.
+  local function cut()
+    local b = table_.kept[branch]
+    if b and not b.cut then
+      b.open, b.cut = false, true
+      put_branch(inc, branch, b)
+    end
+    return result .. ' forked'
+  end
+  if table_ and overtaken(table_, branch) then return cut() end
+  if n > 0 then
     -- Seqs at or below the head recorded with another event: the replica diverged from the
     -- log, and the incarnation is lost. Appends past the head read nothing.
     local last = math.min(first + n - 1, old_head)
@@ -304,7 +379,7 @@ elseif typ == 'ev' then
   if n_long > 0 then
     local lk = lkey(inc)
     for j = 0, n_long - 1 do
-      redis.call('HSET', lk, ARGV[15 + 2 * j], ARGV[16 + 2 * j])
+      redis.call('HSET', lk, ARGV[16 + 2 * j], ARGV[17 + 2 * j])
     end
     -- Only the newest long_kept seqs keep their full id.
     local extra = redis.call('HLEN', lk) - long_kept
@@ -320,9 +395,9 @@ elseif typ == 'ev' then
     local tf = tonumber(redis.call('HGET', ik, 'tf') or '0')
     if first > tf then redis.call('HSET', ik, 'tf', fmt(first)) end
   end
+  -- The owner answered for the stream again: an earlier failure passed.
+  redis.call('HDEL', ik, 'ff', 'fl')
   if n > 0 then
-    -- The owner relayed again: an earlier failure passed.
-    redis.call('HDEL', ik, 'ff')
     local head = math.max(old_head, first + n - 1)
     -- Only the newest max_window seqs are kept: those are the ones a resume can still need.
     local floor = head - max_window + 1
@@ -351,9 +426,18 @@ elseif typ == 'ev' then
       end
     end
     redis.call('PEXPIRE', wk, keep_ms)
+    fit_session(inc, max_events)
     if table_ then redis.call('HSET', bkey(inc), 'w', fmt(branch)) end
-    -- The branch's relay order (an ended branch keeps its own).
-    local b = table_ and table_.kept[branch]
+  end
+  if table_ then
+    -- The branch's relay order (an ended branch keeps its own; a handed-out branch the table
+    -- no longer lists comes back, open, relaying from now).
+    local b = table_.kept[branch]
+    if not b and branch >= 1 and branch <= table_.top then
+      b = {open = true, cut = false, first = -1, latest = -1, at = 0}
+      table_.kept[branch] = b
+      prune(inc, table_, branch)
+    end
     if b and b.open then
       local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
       if b.first < 0 then b.first = tick end
@@ -365,7 +449,9 @@ elseif typ == 'ev' then
 elseif typ == 'be' then
   -- ARGV: ..., inc, branch. A known branch is marked ended; nothing else is written.
   local inc = ARGV[9]
-  if redis.call('HGET', ikey(inc), 'b') == '1' then
+  if table_lost(inc) then
+    redis.call('HSET', ikey(inc), 'l', '1')
+  elseif redis.call('HGET', ikey(inc), 'b') == '1' then
     local t = branches(inc)
     if t then end_branch(inc, t, tonumber(ARGV[10]), false) end
   end
@@ -373,8 +459,11 @@ elseif typ == 'be' then
 elseif typ == 'of' then
   session_for_write('a')
   touch_inc(ARGV[9])
-  -- The first failure counts: repeats never push the window back.
+  -- The first failure opens the window (repeats never push it back); the latest (`fl`) says
+  -- whether failures stood through it.
   redis.call('HSETNX', ikey(ARGV[9]), 'ff', fmt(now))
+  local fl = tonumber(redis.call('HGET', ikey(ARGV[9]), 'fl') or '0')
+  if now > fl then redis.call('HSET', ikey(ARGV[9]), 'fl', fmt(now)) end
   evict(ARGV[9])
 elseif typ == 'sl' then
   session_for_write('a')
@@ -432,7 +521,7 @@ if st == 'a' then
   try('PEXPIRE', bk, keep_ms)
   if refused then code = code + 10 end
 end
-local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq', 'tf')
+local f = redis.call('HMGET', ik, 'o', 'k', 'ow', 'ep', 'r', 'sq', 'l', 'h', 'ff', 'rq', 'tf', 'fl')
 if f[1] ~= '1' then return {code} end
 local kind = f[2]
 local head = tonumber(f[8] or '0')
@@ -447,9 +536,10 @@ if kind == 'g' then
 end
 local lost = 0
 if f[7] == '1' then lost = 1 end
--- An owner that kept failing for the whole window: lost for good (a refused write changes
--- nothing: the verdict is the same, and the next resume decides again).
-if lost == 0 and f[9] and now - tonumber(f[9]) > failure_window then
+-- An owner that kept failing through the whole window (a failure at each end, no answer
+-- between): lost for good (a refused write changes nothing: the verdict is the same, and the
+-- next resume decides again).
+if lost == 0 and f[9] and f[12] and tonumber(f[12]) - tonumber(f[9]) > failure_window then
   lost = 1
   redis.pcall('HSET', ik, 'l', '1')
 end
@@ -501,14 +591,19 @@ return out
 /// A continuation's branch. ARGV: base, now, ttl, mode, inc, branch, keep_ms, kept.
 /// `open`: registers the next branch of an opened incarnation and returns its number (the
 /// table, with branch 0, is made by the first), -1 when the incarnation is not opened, -2 when
-/// Redis refused the write (maxmemory). `end`: marks `branch` ended; returns 1 when another
-/// branch numbered 1 or more is open, else 0.
+/// Redis refused the write (maxmemory), -3 when the table was lost apart from the incarnation
+/// (now marked lost). `end`: marks `branch` ended; returns 1 when another branch numbered 1 or
+/// more is open and relaying, or when the table was lost (the end is signalled), else 0.
 const BRANCH: &str = r#"
 local mode, inc = ARGV[4], ARGV[5]
 local ik, bk = ikey(inc), bkey(inc)
 if mode == 'open' then
   local keep_ms, kept = tonumber(ARGV[7]), tonumber(ARGV[8])
   if redis.call('HGET', ik, 'o') ~= '1' then return -1 end
+  if table_lost(inc) then
+    redis.pcall('HSET', ik, 'l', '1')
+    return -3
+  end
   -- The first write is the one Redis at maxmemory refuses (later ones in the script are let
   -- through): a refusal is an answer, never a failed resume.
   local top = redis.pcall('HINCRBY', bk, 'n', 1)
@@ -518,13 +613,23 @@ if mode == 'open' then
     redis.call('HSET', bk, 't', '0', '0', '1 0 -1')
     redis.call('HSET', ik, 'b', '1')
   end
-  redis.call('HSET', bk, fmt(top), '1 -1 -1')
-  -- Branch 0 stays; the continuation `kept` numbers older goes.
-  if top > kept then redis.call('HDEL', bk, fmt(top - kept)) end
+  redis.call('HSET', ik, 'bn', fmt(top))
+  redis.call('HSET', bk, fmt(top), '1 -1 -1 ' .. fmt(now))
+  if top > kept then
+    local t = branches(inc)
+    if t then prune(inc, t, top) end
+  end
   redis.call('PEXPIRE', bk, keep_ms)
   return top
 end
+-- A clean end: the owner answered for the stream (a served continuation), a failure passed.
+redis.call('HDEL', ik, 'ff', 'fl')
 if redis.call('HGET', ik, 'b') ~= '1' then return 0 end
+-- Lost apart from its incarnation: the end cannot be arbitrated, so it is signalled.
+if table_lost(inc) then
+  redis.call('HSET', ik, 'l', '1')
+  return 1
+end
 local t = branches(inc)
 if t and end_branch(inc, t, tonumber(ARGV[6]), true) then return 1 end
 return 0
@@ -559,12 +664,20 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', e))
 return 1
 "#;
 
+/// The branch rules with the table's bound.
+fn branches() -> String {
+    format!(
+        "local kept_branches = {BRANCHES_KEPT}\nlocal registration_grace = \
+         {REGISTRATION_GRACE_MS}\n{BRANCHES}"
+    )
+}
+
 pub fn apply_script() -> String {
-    format!("{PRELUDE}{BRANCHES}{APPLY}")
+    format!("{PRELUDE}{}{APPLY}", branches())
 }
 
 pub fn branch_script() -> String {
-    format!("{PRELUDE}{BRANCHES}{BRANCH}")
+    format!("{PRELUDE}{}{BRANCH}", branches())
 }
 
 pub fn snapshot_script() -> String {

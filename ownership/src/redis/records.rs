@@ -111,7 +111,8 @@ impl RedisStore {
                     .arg(LONG_IDS_KEPT)
                     .arg(branch)
                     .arg(long.len())
-                    .arg(trimmed);
+                    .arg(trimmed)
+                    .arg(self.limits.max_session_events);
                 for l in long {
                     c.arg(l.seq).arg(l.id.as_bytes());
                 }
@@ -197,8 +198,31 @@ impl RedisStore {
         } else {
             (0, String::new())
         };
+        // At the byte budget a session's growth is refused, as the memory store does at its
+        // cap (INFO read at most once a second: an estimate, like the budget itself).
+        let at_budget = if run.iter().any(grows) {
+            self.at_budget().await
+        } else {
+            None
+        };
+        let mut refused = false;
         let mut cmds = Vec::with_capacity(run.len());
-        for r in run {
+        // The position in `run` of each command.
+        let mut placed = Vec::with_capacity(run.len());
+        for (i, r) in run.iter().enumerate() {
+            if let (Some((used, budget)), true) = (at_budget, grows(r)) {
+                refused = true;
+                out.refused.push(Refusal {
+                    index: offset + i,
+                    error: STORE_FULL,
+                    detail: format!(
+                        "Redis holds {used} bytes, at most {budget} (--redis-max-bytes) with \
+                         every session active within the idle TTL: this session's growth is \
+                         refused"
+                    ),
+                });
+                continue;
+            }
             if let Record::OwnerGone { owner } = r {
                 let mut c = redis::cmd("EVALSHA");
                 c.arg(&self.owner_gone.sha)
@@ -210,6 +234,7 @@ impl RedisStore {
                     key: self.owners_key(),
                     cmd: c,
                 });
+                placed.push(i);
                 continue;
             }
             // Room is handed out in batch order; a session already open takes none in the
@@ -218,13 +243,13 @@ impl RedisStore {
             room -= usize::from(admit);
             if let Some(c) = self.apply_cmd(r, now_ms, &epochs, admit) {
                 cmds.push(c);
+                placed.push(i);
             }
         }
         let replies = self.exec("apply", &cmds, true).await?;
         let (mut opened, mut promoted, mut pending) = (Vec::new(), Vec::new(), Vec::new());
-        let mut refused = false;
-        for (i, (r, v)) in run.iter().zip(&replies).enumerate() {
-            let Some(session) = session_of(r) else {
+        for (&i, v) in placed.iter().zip(&replies) {
+            let Some(session) = run.get(i).and_then(session_of) else {
                 continue;
             };
             let reply = as_string(v);
@@ -243,6 +268,12 @@ impl RedisStore {
                         REJECTED_MISMATCH,
                         "a seq is recorded with another event: the replica diverged, the \
                          incarnation is lost"
+                            .to_owned(),
+                    ),
+                    "table_lost" => (
+                        REJECTED_MISMATCH,
+                        "the incarnation's branch table was lost (evicted or failed over): \
+                         the incarnation is lost"
                             .to_owned(),
                     ),
                     other => return Err(corrupt("apply", format!("record reply {other:?}"))),
@@ -377,6 +408,12 @@ impl RedisStore {
         ))
     }
 
+    /// The fullest primary at or past its whole byte budget: (used, budget).
+    async fn at_budget(&self) -> Option<(u64, u64)> {
+        let nodes = self.nodes(false).await.ok()?;
+        config::over_budget(&nodes, self.opts.max_bytes, 100)
+    }
+
     /// The fullest primary above the high water mark of its byte budget: (used, budget).
     /// Unknown (INFO refused or failing): not over, the session cap still holds.
     async fn over_budget(&self, fresh: bool) -> Option<(u64, u64)> {
@@ -421,6 +458,15 @@ impl RedisStore {
         });
         self.exec("apply", &cmds, false).await?;
         Ok(())
+    }
+}
+
+/// Does `r` grow a session (refused at the byte budget)?
+fn grows(r: &Record) -> bool {
+    match r {
+        Record::Events { ids, .. } => !ids.is_empty(),
+        Record::StreamOpen { .. } => true,
+        _ => false,
     }
 }
 

@@ -13,7 +13,7 @@ use super::connection::{lock, on_every_primary, pulsed, Conn};
 use super::pipeline::Placed;
 use super::reply::{as_string, as_u64};
 use super::{RedisStore, PROBE_EVERY, STATS_SAMPLE};
-use crate::store::{Applied, Facts, SnapshotQuery, Store, StoreError, StoreStats};
+use crate::store::{Applied, BranchOpen, Facts, SnapshotQuery, Store, StoreError, StoreStats};
 
 impl RedisStore {
     /// `INFO` of every primary, read at most once per [`PROBE_EVERY`] unless `fresh`.
@@ -178,7 +178,7 @@ impl Store for RedisStore {
         session: &str,
         incarnation: &str,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<BranchOpen, StoreError> {
         self.bounded(
             "open_branch",
             self.opts.op_timeout,

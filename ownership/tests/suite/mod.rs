@@ -18,7 +18,7 @@ pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
 
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
-use mcp_ownership::store::{Limits, Store, STORE_FULL};
+use mcp_ownership::store::{Limits, Store, REGISTRATION_GRACE_MS, STORE_FULL};
 use mcp_resume_core::ownership::{
     Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, REJECTED_FORKED,
     REJECTED_MISMATCH,
@@ -660,9 +660,10 @@ pub fn failed(session: &str, inc: &str) -> Record {
     }
 }
 
-/// A blip at the owner is not a loss: after `owner_failed`, resumes may still continue until
-/// the first failure not followed by events is older than the window; then the incarnation is
-/// lost for good. Events from the owner clear a failure; repeats never push the window back.
+/// A blip at the owner is not a loss: the incarnation is lost only when failures stood through
+/// the whole window (an `owner_failed` at each end of it) with no answer from the owner between.
+/// Events from the owner, or a continuation's clean end, clear a failure; repeats never push
+/// the window back.
 pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
     let window = 30_000;
     let s = make(Limits {
@@ -674,18 +675,33 @@ pub async fn owner_failure_window<S: Store>(make: impl Fn(Limits) -> S) {
     apply_at(&s, &[failed(S1, A)], T0 + 1_000).await;
     assert_eq!(verdict_at(&s, S1, 2, T0 + 2_000).await, right, "a blip");
     assert_eq!(verdict_at(&s, S1, 2, T0 + 1_000 + window).await, right);
+    // A quiet stream after one blip: no failure stood through the window, no loss.
+    assert_eq!(
+        verdict_at(&s, S1, 2, T0 + 35_000).await,
+        right,
+        "one healed blip never turns into a loss"
+    );
     // The owner relayed again: the failure passed; a new one starts a new window.
-    apply_at(&s, &[events(S1, A, 4, 4)], T0 + 20_000).await;
+    apply_at(&s, &[events(S1, A, 4, 4)], T0 + 36_000).await;
     let right = cont(OWNER_X, ids(3, 4), 4);
     assert_eq!(verdict_at(&s, S1, 2, T0 + 40_000).await, right);
     apply_at(&s, &[failed(S1, A)], T0 + 50_000).await;
     apply_at(&s, &[failed(S1, A)], T0 + 50_000 + window - 10).await;
-    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_000 + window).await, right);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, right);
+    // A served continuation (its clean end) clears the failures before it.
+    let b = continue_branch_of(&s, S1, A, StreamKind::Get, 4, T0 + 50_002 + window).await;
+    s.end_branch(S1, A, b, T0 + 50_003 + window).await.unwrap();
+    apply_at(&s, &[failed(S1, A)], T0 + 50_004 + window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_005 + window).await, right);
+    // Failures that stood through the whole window: lost.
+    apply_at(&s, &[failed(S1, A)], T0 + 50_004 + 2 * window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_005 + 2 * window).await, right);
+    apply_at(&s, &[failed(S1, A)], T0 + 50_006 + 2 * window).await;
     let gone = new_stream(Reason::OwnerUnavailable);
-    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_001 + window).await, gone);
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_007 + 2 * window).await, gone);
     // Lost for good: later events do not bring it back.
-    apply_at(&s, &[events(S1, A, 5, 5)], T0 + 50_002 + window).await;
-    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_003 + window).await, gone);
+    apply_at(&s, &[events(S1, A, 5, 5)], T0 + 50_008 + 2 * window).await;
+    assert_eq!(verdict_at(&s, S1, 2, T0 + 50_009 + 2 * window).await, gone);
 }
 
 pub async fn session_end<S: Store>(make: impl Fn(Limits) -> S) {
@@ -1544,14 +1560,38 @@ pub async fn continue_branch<S: Store>(s: &S, inc: &str, seq: u64) -> Option<u64
     }
 }
 
+/// A continuation of `session`'s stream `inc` at `seq`, resolved at `now`: its branch number
+/// (it must continue, registered).
+pub async fn continue_branch_of<S: Store>(
+    s: &S,
+    session: &str,
+    inc: &str,
+    kind: StreamKind,
+    seq: u64,
+    now: u64,
+) -> u64 {
+    let q = query(session, inc, kind, seq);
+    match resolve_branched(s, &q, no_wait(), now).await.verdict {
+        ResumeVerdict::Continue {
+            branch: Some(b), ..
+        } => b,
+        other => panic!("{inc} at {seq} must continue, registered: {other:?}"),
+    }
+}
+
 const FORKED: Option<&str> = Some(REJECTED_FORKED);
 const MISMATCH: Option<&str> = Some(REJECTED_MISMATCH);
 
 /// Each continuation gets the next number of its incarnation (1, 2, …), in the store's order,
 /// concurrent ones too; a new stream gets none, nor an incarnation not opened.
 pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S) {
+    use mcp_ownership::store::BranchOpen::Unregistered;
     let s = make(Limits::default());
-    assert_eq!(s.open_branch(S1, A, T0).await.unwrap(), None, "no session");
+    assert_eq!(
+        s.open_branch(S1, A, T0).await.unwrap(),
+        Unregistered,
+        "no session"
+    );
     apply(
         &s,
         &[
@@ -1565,8 +1605,16 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
         ],
     )
     .await;
-    assert_eq!(s.open_branch(S1, C, T0).await.unwrap(), None, "unknown");
-    assert_eq!(s.open_branch(S1, D, T0).await.unwrap(), None, "not opened");
+    assert_eq!(
+        s.open_branch(S1, C, T0).await.unwrap(),
+        Unregistered,
+        "unknown"
+    );
+    assert_eq!(
+        s.open_branch(S1, D, T0).await.unwrap(),
+        Unregistered,
+        "not opened"
+    );
     for want in 1..=3 {
         assert_eq!(continue_branch(&s, A, 2).await, Some(want));
     }
@@ -1582,7 +1630,13 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
     // Concurrent continuations: each its own number, none skipped.
     let opened =
         futures_util::future::join_all((0..12).map(|_| s.open_branch(S1, B, T0 + 1))).await;
-    let mut got: Vec<u64> = opened.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    let mut got: Vec<u64> = opened
+        .into_iter()
+        .map(|r| match r.unwrap() {
+            mcp_ownership::store::BranchOpen::Numbered(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .collect();
     got.sort_unstable();
     assert_eq!(got, (2..=13).collect::<Vec<u64>>());
 }
@@ -1663,7 +1717,10 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
         continue_branch(&s, A, 3).await.unwrap(),
     );
     assert_eq!(refusals(&s, &[relayed(A, b2, 4, 5)]).await, [None]);
-    assert!(s.end_branch(S1, A, b2, T0).await.unwrap(), "b1 is open");
+    assert!(
+        s.end_branch(S1, A, b2, T0).await.unwrap(),
+        "b1 is open (registered within the grace)"
+    );
     assert_eq!(
         refusals(&s, &[relayed(A, b1, 4, 6), relayed(A, b1, 7, 7)]).await,
         [None, None]
@@ -1700,7 +1757,8 @@ pub async fn ended_branches_do_not_compete<S: Store>(make: impl Fn(Limits) -> S)
 }
 
 /// `end_branch` marks the branch ended and answers forked exactly when another branch numbered
-/// 1 or more is open (branch 0 never counts); without a table it writes nothing.
+/// 1 or more is open and relaying, or registered within the grace (branch 0 never counts);
+/// without a table it writes nothing.
 pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     assert!(!s.end_branch(S1, A, 1, T0).await.unwrap(), "no session");
@@ -1731,6 +1789,19 @@ pub async fn end_branch_answers_forked<S: Store>(make: impl Fn(Limits) -> S) {
         !s.end_branch(S2, A, 1, T0).await.unwrap(),
         "unknown session"
     );
+    // Past the grace, a registration that never relayed counts no more; one that relayed does.
+    let (b6, b7, b8) = (
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+        continue_branch(&s, A, 3).await.unwrap(),
+    );
+    let later = T0 + REGISTRATION_GRACE_MS + 1;
+    assert!(
+        !s.end_branch(S1, A, b6, later).await.unwrap(),
+        "b7, b8 aged"
+    );
+    apply_at(&s, &[relayed(A, b8, 4, 4)], later).await;
+    assert!(s.end_branch(S1, A, b7, later).await.unwrap(), "b8 relays");
 }
 
 /// A `branch_end` record marks its branch ended (idempotent); one for an unknown session,
@@ -1789,9 +1860,11 @@ pub async fn branch_end_record<S: Store>(make: impl Fn(Limits) -> S) {
     );
 }
 
-/// An incarnation keeps branch 0 and its newest 16 continuations: an older one is dropped, and
-/// its events count as overtaken; continuations that never relay overtake nobody (branch 0
-/// keeps relaying through any number of them); a number never handed out is not arbitrated.
+/// An incarnation keeps branch 0 and at most 16 continuations: past that, ended ones go first,
+/// then open ones that never relayed, then the oldest; a branch that relays after it went is
+/// followed as one that starts relaying then. Continuations that never relay overtake nobody
+/// (branch 0 keeps relaying through any number of them); a number never handed out is not
+/// arbitrated.
 pub async fn oldest_branches_dropped<S: Store>(make: impl Fn(Limits) -> S) {
     let s = make(Limits::default());
     apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
@@ -1815,8 +1888,174 @@ pub async fn oldest_branches_dropped<S: Store>(make: impl Fn(Limits) -> S) {
             ]
         )
         .await,
-        [FORKED, None, None, FORKED],
-        "17 continuations: 1 dropped; 2 relayed after 0 started"
+        [None, None, None, FORKED],
+        "17 continuations: 2 (never relayed) dropped, not 1; 2 comes back relaying; \
+         1 and 2 relayed after 0 started"
+    );
+    assert_eq!(
+        refusals(&s, &[relayed(A, 1, 6, 6), relayed(A, 2, 6, 6)]).await,
+        [FORKED, None],
+        "2 came back newer than 1: the fork rule as usual"
+    );
+    // Unused registrations go before a cut branch: it stays cut, its late events refused.
+    for _ in 0..20 {
+        continue_branch(&s, A, 6).await.unwrap();
+    }
+    assert_eq!(
+        refusals(&s, &[relayed(A, 1, 7, 7), relayed(A, 2, 7, 7)]).await,
+        [FORKED, None]
+    );
+}
+
+/// Registrations whose guard never used the answer (resumes the client dropped while the
+/// guard waited) are no reader once the grace passed: they never make the real reader `forked`
+/// at its clean end, never push it out of the table, and never get its events refused. Within
+/// the grace a newer registration counts (its request may be reaching the replica, which may
+/// hand it the stream).
+pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let reader = continue_branch(&s, A, 3).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, reader, 4, 5)]).await, [None]);
+    // Three dropped retries, then the reader's next events and its clean end.
+    for _ in 0..3 {
+        continue_branch(&s, A, 5).await.unwrap();
+    }
+    assert_eq!(refusals(&s, &[relayed(A, reader, 6, 6)]).await, [None]);
+    let later = T0 + REGISTRATION_GRACE_MS + 1;
+    assert!(
+        !s.end_branch(S1, A, reader, later).await.unwrap(),
+        "no other branch relays: the reader's end is its replica's own"
+    );
+    let q = query(S1, A, StreamKind::Request, 6);
+    assert_eq!(
+        resolve_with(&s, &q, no_wait(), later).await.verdict,
+        cont(OWNER_X, vec![], 6),
+        "its last cursor continues"
+    );
+    // A quiet reader (nothing relayed yet), then more dropped retries than the table keeps.
+    let quiet = continue_branch_of(&s, S1, A, StreamKind::Request, 6, later).await;
+    for _ in 0..20 {
+        continue_branch_of(&s, S1, A, StreamKind::Request, 6, later).await;
+    }
+    assert_eq!(
+        refusals(&s, &[relayed(A, quiet, 7, 8), relayed(A, quiet, 9, 9)]).await,
+        [None, None],
+        "the quiet reader relays on, however many unused registrations came after it"
+    );
+    let aged = later + REGISTRATION_GRACE_MS + 1;
+    let newer = continue_branch_of(&s, S1, A, StreamKind::Request, 9, aged).await;
+    assert!(
+        s.end_branch(S1, A, quiet, aged + 10).await.unwrap(),
+        "a registration within the grace: the replica may have handed it the stream"
+    );
+    assert!(!s.end_branch(S1, A, newer, aged + 20).await.unwrap());
+}
+
+/// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
+pub fn answered(inc: &str, branch: u64, next: u64) -> Record {
+    Record::Events {
+        session: S1.into(),
+        incarnation: inc.into(),
+        first_seq: next,
+        ids: Vec::new(),
+        long: Vec::new(),
+        branch,
+        trimmed: 0,
+    }
+}
+
+/// A continuation its owner answered counts as relaying before any event (a quiet stream at
+/// its head): the older reader the replica closed for it ends `forked`, never silent; and the
+/// answer clears the owner failure window (standing evidence ends with it). An overtaken
+/// branch's answer is refused (`forked`) like its events.
+pub async fn an_answered_continuation_counts_as_relaying<S: Store>(make: impl Fn(Limits) -> S) {
+    let window = 30_000;
+    let s = make(Limits {
+        owner_failure_window_ms: window,
+        ..Limits::default()
+    });
+    apply(&s, &[open(S1), req_stream(A), events(S1, A, 1, 3)]).await;
+    let b1 = continue_branch(&s, A, 3).await.unwrap();
+    assert_eq!(refusals(&s, &[relayed(A, b1, 4, 4)]).await, [None]);
+    apply_at(&s, &[failed(S1, A)], T0 + 1_000).await;
+    let b2 = continue_branch(&s, A, 4).await.unwrap();
+    assert_eq!(refusals(&s, &[answered(A, b2, 5)]).await, [None]);
+    assert!(
+        s.end_branch(S1, A, b1, T0 + REGISTRATION_GRACE_MS + 2_000)
+            .await
+            .unwrap(),
+        "the replica closed b1 for the answered b2 (past the grace: the answer counts)"
+    );
+    apply_at(&s, &[failed(S1, A)], T0 + 2_000 + window).await;
+    let q = query(S1, A, StreamKind::Request, 3);
+    assert_eq!(
+        resolve_with(&s, &q, no_wait(), T0 + 2_001 + window)
+            .await
+            .verdict,
+        cont(OWNER_X, ids(4, 4), 4),
+        "b2's answer cleared the failure before it"
+    );
+    let b3 = continue_branch_of(&s, S1, A, StreamKind::Request, 4, T0 + 2_002 + window).await;
+    apply_at(&s, &[answered(A, b3, 5)], T0 + 2_003 + window).await;
+    assert_eq!(
+        refusals(&s, &[answered(A, b2, 5), relayed(A, b3, 5, 5)]).await,
+        [FORKED, None],
+        "b3 answered after b2 did: b2 is overtaken"
+    );
+}
+
+/// A session keeps at most `max_session_events` recorded events across its incarnations: past
+/// it, its least recently recorded incarnations give theirs up first (their cursors read
+/// `gap`), then the one just written its oldest. Another session keeps everything.
+pub async fn session_events_budget<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits {
+        max_session_events: 10,
+        ..Limits::default()
+    });
+    apply(
+        &s,
+        &[
+            open(S2),
+            get_stream(S2, A, T0),
+            events(S2, A, 1, 8),
+            open(S1),
+            req_stream(A),
+            events(S1, A, 1, 6),
+            req_stream(B),
+            events(S1, B, 1, 4),
+        ],
+    )
+    .await;
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 1).await,
+        cont(OWNER_X, ids(2, 6), 6),
+        "10 events: all kept"
+    );
+    apply(&s, &[events(S1, B, 5, 8)]).await;
+    assert_eq!(
+        verdict(&s, S1, A, StreamKind::Request, 1).await,
+        new_stream(Reason::Gap),
+        "the least recently recorded incarnation gave its events up"
+    );
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 1).await,
+        cont(OWNER_X, ids(2, 8), 8)
+    );
+    apply(&s, &[events(S1, B, 9, 12)]).await;
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 1).await,
+        new_stream(Reason::Gap),
+        "then the written one its oldest"
+    );
+    assert_eq!(
+        verdict(&s, S1, B, StreamKind::Request, 2).await,
+        cont(OWNER_X, ids(3, 12), 12)
+    );
+    assert_eq!(
+        verdict(&s, S2, A, StreamKind::Get, 1).await,
+        cont(OWNER_X, ids(2, 8), 8),
+        "another session keeps everything"
     );
 }
 
@@ -1938,9 +2177,17 @@ pub async fn diverging_open_continuations_are_a_fork<S: Store>(make: impl Fn(Lim
             continue_branch(&s, inc, 3).await.unwrap(),
             continue_branch(&s, inc, 3).await.unwrap(),
         );
+        // e2 relays first (a replay of a recorded event), then e1 writes past the head.
         assert_eq!(
-            refusals(&s, &[relayed_as(inc, e1, 4, &["x4".into()])]).await,
-            [None]
+            refusals(
+                &s,
+                &[
+                    relayed_as(inc, e2, 3, &[id(3)]),
+                    relayed_as(inc, e1, 4, &["x4".into()])
+                ]
+            )
+            .await,
+            [None, None]
         );
         if told {
             assert!(s.end_branch(S1, inc, e1, T0).await.unwrap(), "e2 is open");
@@ -2061,6 +2308,9 @@ macro_rules! store_suite {
             end_branch_answers_forked,
             branch_end_record,
             oldest_branches_dropped,
+            unused_registrations_never_fork_the_reader,
+            session_events_budget,
+            an_answered_continuation_counts_as_relaying,
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
             gateways_with_skewed_clocks_pick_the_newest_get_stream,
