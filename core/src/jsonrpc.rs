@@ -108,7 +108,9 @@ pub struct RequestIdScanner {
     member: u32,
     slot: Slot,
     lex: Lex,
-    key: Vec<u8>,
+    /// The member key being read, inline: a Vec here cost every POST one allocation.
+    key: [u8; MAX_KEY_BYTES],
+    key_len: usize,
     key_long: bool,
     role: Role,
     /// The id text being read, and whether it outgrew the bound.
@@ -138,7 +140,8 @@ impl RequestIdScanner {
             member: 0,
             slot: Slot::After,
             lex: Lex::Between,
-            key: Vec::new(),
+            key: [0; MAX_KEY_BYTES],
+            key_len: 0,
             key_long: false,
             role: Role::Other,
             cur: Vec::new(),
@@ -209,7 +212,12 @@ impl RequestIdScanner {
                 match keep {
                     // A key is kept without its quotes, an id with them.
                     Keep::Key if closing => {}
-                    Keep::Key if self.key.len() < MAX_KEY_BYTES => self.key.push(b),
+                    Keep::Key if self.key_len < MAX_KEY_BYTES => {
+                        if let Some(k) = self.key.get_mut(self.key_len) {
+                            *k = b;
+                        }
+                        self.key_len += 1;
+                    }
                     Keep::Key => self.key_long = true,
                     Keep::Id => self.keep_id_byte(b),
                     Keep::Skip => {}
@@ -259,7 +267,7 @@ impl RequestIdScanner {
             _ if self.top == Top::Unknown => self.result = Scan::None,
             b'"' => {
                 let keep = if self.at_member() && self.slot == Slot::Key {
-                    self.key.clear();
+                    self.key_len = 0;
                     self.key_long = false;
                     Keep::Key
                 } else if value_here && self.value_starts() == Role::Id {
@@ -328,7 +336,7 @@ impl RequestIdScanner {
                 self.role = if self.key_long {
                     Role::Other
                 } else {
-                    key_role(&self.key)
+                    key_role(self.key.get(..self.key_len).unwrap_or_default())
                 };
                 self.slot = Slot::Colon;
             }
