@@ -66,7 +66,7 @@ fn main() -> ExitCode {
                 }
                 .flags()
             );
-            for line in trace(&opts, r.steps, v.client, 40) {
+            for line in trace(&opts, r.steps, &v, 40) {
                 println!("  {line}");
             }
         }

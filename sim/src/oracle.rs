@@ -38,6 +38,8 @@ impl Invariant {
 pub struct Violation {
     pub invariant: Invariant,
     pub client: usize,
+    /// The client's logical stream it concerns.
+    pub logical: Option<usize>,
     pub what: String,
 }
 

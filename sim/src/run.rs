@@ -23,15 +23,22 @@ pub fn run(opts: &Options) -> Report {
     }
 }
 
-/// Replays a failed run up to its failing step with client `client`'s trace; the last lines.
-pub fn trace(opts: &Options, steps: u64, client: usize, lines: usize) -> Vec<String> {
+/// Replays a failed run up to its failing step with the trace of the violation's client: the
+/// last `lines` lines about its logical stream.
+pub fn trace(opts: &Options, steps: u64, v: &Violation, lines: usize) -> Vec<String> {
     let mut o = opts.clone();
     o.steps = steps;
-    o.trace = Some(client);
+    o.trace = Some(v.client);
     let mut w = World::new(o);
     w.run();
-    let skip = w.trace.len().saturating_sub(lines);
-    w.trace.split_off(skip)
+    let mine: Vec<String> = w
+        .trace
+        .into_iter()
+        .filter(|(l, _)| v.logical.is_none() || *l == v.logical)
+        .map(|(_, line)| line)
+        .collect();
+    let skip = mine.len().saturating_sub(lines);
+    mine[skip..].to_vec()
 }
 
 /// Invariant 4: client 0's outcomes alone and among the others, over the same `until_ms` of
@@ -57,6 +64,7 @@ pub fn non_interference(opts: &Options, until_ms: u64) -> Option<Violation> {
     Some(Violation {
         invariant: Invariant::NonInterference,
         client: 0,
+        logical: None,
         what: format!(
             "client 0's outcome #{differ} differs: with others {:?}, alone {:?}",
             a.get(differ),

@@ -114,7 +114,8 @@ pub struct World {
     next_uid: u64,
     pub steps: u64,
     pub violation: Option<Violation>,
-    pub trace: Vec<String>,
+    /// Trace lines of the traced client, tagged with their logical stream.
+    pub trace: Vec<(Option<usize>, String)>,
     blip_until: u64,
     pub stats: Stats,
 }
@@ -237,19 +238,23 @@ impl World {
         self.opts.trace == Some(client)
     }
 
-    fn log(&mut self, client: usize, what: impl FnOnce() -> String) {
+    /// A trace line of `client`, about its logical stream `l` (`None`: the client as a whole).
+    fn log(&mut self, client: usize, l: Option<usize>, what: impl FnOnce() -> String) {
         if self.traced(client) {
             let line = format!("{:>8} ms  {}", self.net.now, what());
-            self.trace.push(line);
+            self.trace.push((l, line));
         }
     }
 
-    fn violate(&mut self, invariant: Invariant, client: usize, what: String) {
+    fn violate(&mut self, invariant: Invariant, client: usize, l: usize, what: String) {
         if self.violation.is_none() {
-            self.log(client, || format!("VIOLATION {}: {what}", invariant.name()));
+            self.log(client, Some(l), || {
+                format!("VIOLATION {}: {what}", invariant.name())
+            });
             self.violation = Some(Violation {
                 invariant,
                 client,
+                logical: Some(l),
                 what,
             });
         }
@@ -364,6 +369,7 @@ impl World {
         match roll {
             0..=29 if open_calls < 2 => {
                 self.stats.calls += 1;
+                self.stats.calls += 1;
                 let call = self.clients[c].new_call(now);
                 let body = call.body.clone().into_bytes();
                 let id = call.raw_id.clone();
@@ -371,7 +377,7 @@ impl World {
                     .logicals
                     .push(Logical::new(Kind::Call(call)));
                 let l = self.clients[c].logicals.len() - 1;
-                self.log(c, || format!("call #{l} id {id}"));
+                self.log(c, Some(l), || format!("call #{l} id {id}"));
                 self.open(
                     c,
                     Purpose::Stream {
@@ -434,7 +440,7 @@ impl World {
             return;
         };
         self.conns[conn].cc.gone = true;
-        self.log(c, || {
+        self.log(c, Some(l), || {
             format!(
                 "client leaves conn {conn} of #{l} ({})",
                 if half_open { "half-open" } else { "closed" }
@@ -486,13 +492,21 @@ impl World {
             // Nothing to resume from: the call cannot go on.
             lg.dead = true;
             let what = "a call's stream ended without a cursor; the call cannot be resumed";
-            self.log(c, || what.to_owned());
+            self.log(c, Some(l), || what.to_owned());
             return;
         }
         self.stats.resumes += u64::from(cursor.is_some());
+        self.stats.resumes += u64::from(cursor.is_some());
+        // Invariant 3 needs the client to be the stream's only reader: no earlier connection
+        // of this stream still open at the gateway.
+        let others = self.clients[c].half_open.iter().any(|k| {
+            let other = &self.conns[*k];
+            other.stage != Stage::Done
+                && matches!(other.cc.purpose, Purpose::Stream { logical, .. } if logical == l)
+        });
         let must = cursor
             .as_deref()
-            .is_some_and(|k| self.opts.check_continue && self.valid_resume(k));
+            .is_some_and(|k| self.opts.check_continue && !others && self.valid_resume(k));
         let resume = cursor.is_some();
         let conn = self.open(
             c,
@@ -559,7 +573,11 @@ impl World {
             req.push(("last-event-id".into(), k.as_bytes().to_vec()));
         }
         let conn = self.conns.len();
-        self.log(c, || {
+        let tag = match purpose {
+            Purpose::Stream { logical, .. } => Some(logical),
+            Purpose::Initialize => None,
+        };
+        self.log(c, tag, || {
             format!("conn {conn}: {method} {purpose:?} via gateway {gw} cursor {cursor:?}")
         });
         self.conns.push(Conn {
@@ -599,16 +617,21 @@ impl World {
     fn check_settled(&mut self, c: usize) {
         let now = self.net.now;
         let bound = self.opts.bound_ms;
-        let late = self.clients[c].logicals.iter().find_map(|l| match &l.kind {
-            Kind::Call(call) if !call.settled && now.saturating_sub(call.started) > bound => {
-                Some(call.raw_id.clone())
-            }
-            _ => None,
-        });
-        if let Some(id) = late {
+        let late = self.clients[c]
+            .logicals
+            .iter()
+            .enumerate()
+            .find_map(|(i, l)| match &l.kind {
+                Kind::Call(call) if !call.settled && now.saturating_sub(call.started) > bound => {
+                    Some((i, call.raw_id.clone()))
+                }
+                _ => None,
+            });
+        if let Some((l, id)) = late {
             self.violate(
                 Invariant::Settles,
                 c,
+                l,
                 format!("call id {id} has not settled within {bound} ms"),
             );
         }
@@ -634,7 +657,7 @@ impl World {
             Delivery::Head { status, headers } => self.head(c, conn, l, resume, status, &headers),
             Delivery::Body(bytes) => self.body(c, conn, l, bytes),
             Delivery::End => {
-                self.log(c, || format!("conn {conn} ended"));
+                self.log(c, Some(l), || format!("conn {conn} ended"));
                 self.conns[conn].cc.gone = true;
                 if self.clients[c].logicals[l].conn == Some(conn) {
                     self.clients[c].logicals[l].conn = None;
@@ -648,7 +671,7 @@ impl World {
 
     fn head(&mut self, c: usize, conn: usize, l: usize, resume: bool, status: u32, h: &Headers) {
         let signal = header(h, MCP_RESUME_HEADER).map(|v| String::from_utf8_lossy(v).into_owned());
-        self.log(c, || format!("conn {conn}: {status} mcp-resume={signal:?}"));
+        self.log(c, Some(l), || format!("conn {conn}: {status} mcp-resume={signal:?}"));
         let sse = h.iter().any(|(k, v)| {
             k.eq_ignore_ascii_case("content-type")
                 && String::from_utf8_lossy(v).contains("text/event-stream")
@@ -667,6 +690,7 @@ impl World {
             self.violate(
                 Invariant::Continues,
                 c,
+                l,
                 format!("a valid resume was answered {status}, mcp-resume {signal:?}"),
             );
             return;
@@ -715,6 +739,7 @@ impl World {
                 self.violate(
                     Invariant::Cursor,
                     c,
+                    l,
                     format!("the client holds the id {after:?}, which is not a cursor"),
                 );
                 return;
@@ -732,13 +757,14 @@ impl World {
         let must = self.conns[conn].cc.must_continue;
         match seen {
             Seen::Signal => {
-                self.log(c, || format!("conn {conn}: signal {}", d.data));
+                self.log(c, Some(l), || format!("conn {conn}: signal {}", d.data));
                 self.clients[c].note(format!("#{l} signal {}", d.data));
                 self.clients[c].logicals[l].expect = Expect::Free;
                 if must {
                     self.violate(
                         Invariant::Continues,
                         c,
+                        l,
                         format!("a valid resume was refused: {}", d.data),
                     );
                 }
@@ -756,7 +782,7 @@ impl World {
                             "the call's stream answered an error for id {id}, the call's id is {}: it stays pending",
                             call.raw_id
                         );
-                        self.violate(Invariant::Settles, c, what);
+                        self.violate(Invariant::Settles, c, l, what);
                     }
                 }
             }
@@ -766,14 +792,17 @@ impl World {
                 index,
                 result,
             } => {
-                self.log(c, || format!("conn {conn}: dispatch stream {uid} #{index}"));
+                self.log(c, Some(l), || format!("conn {conn}: dispatch stream {uid} #{index}"));
+                // The resume continued: what ends its stream later is judged by invariants 1, 2.
+                self.conns[conn].cc.must_continue = false;
                 let mut expect = self.clients[c].logicals[l].expect;
                 if let Err(what) = self.oracle.entry(&session, &mut expect, (&s, uid, index)) {
-                    self.violate(Invariant::NextEvent, c, what);
+                    self.violate(Invariant::NextEvent, c, l, what);
                     return;
                 }
                 let name = self.clients[c].name(format!("u{uid}"));
                 self.clients[c].note(format!("#{l} event {name}/{index}"));
+                self.stats.events += 1;
                 self.stats.events += 1;
                 let lg = &mut self.clients[c].logicals[l];
                 lg.expect = expect;
