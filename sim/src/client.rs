@@ -51,7 +51,7 @@ impl Logical {
             kind,
             conn: None,
             last_id: String::new(),
-            expect: Expect::Free,
+            expect: Expect::default(),
             retries: 0,
             retry_at: None,
             dead: false,

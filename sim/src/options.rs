@@ -9,8 +9,9 @@ pub struct Options {
     pub clients: usize,
     pub gateways: usize,
     pub replicas: usize,
-    /// Each replica draws one behaviour (sometimes two) from this menu.
-    pub menu: Vec<Behaviour>,
+    /// Each replica draws one entry (sometimes two) from this menu; an entry is a set of
+    /// behaviours (`echo-cursor+large`).
+    pub menu: Vec<Vec<Behaviour>>,
     /// Clients send odd JSON-RPC ids (big ints, escaped keys, duplicate keys, batches, long ids).
     pub odd_ids: bool,
     /// A call must settle within this much simulated time.
@@ -42,7 +43,7 @@ impl Default for Options {
             clients: 6,
             gateways: 3,
             replicas: 3,
-            menu: vec![Behaviour::Correct],
+            menu: vec![vec![Behaviour::Correct]],
             odd_ids: false,
             bound_ms: 60_000,
             drop_per_mille: 30,
@@ -75,7 +76,11 @@ impl Options {
             "--menu" => {
                 self.menu = value
                     .split(',')
-                    .map(|b| Behaviour::parse(b).ok_or(format!("unknown behaviour {b}")))
+                    .map(|set| {
+                        set.split('+')
+                            .map(|b| Behaviour::parse(b).ok_or(format!("unknown behaviour {b}")))
+                            .collect::<Result<Vec<_>, _>>()
+                    })
                     .collect::<Result<_, _>>()?;
                 if self.menu.is_empty() {
                     return Err("--menu: empty".into());
@@ -96,7 +101,11 @@ impl Options {
 
     /// The flags that reproduce this run.
     pub fn flags(&self) -> String {
-        let menu: Vec<_> = self.menu.iter().map(|b| b.name()).collect();
+        let menu: Vec<String> = self
+            .menu
+            .iter()
+            .map(|set| set.iter().map(|b| b.name()).collect::<Vec<_>>().join("+"))
+            .collect();
         format!(
             "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),

@@ -43,13 +43,20 @@ pub struct Violation {
     pub what: String,
 }
 
-/// What the client expects of its stream's next event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    /// Anything of its own session from a stream's start (nothing read yet, or a signal came).
-    Free,
-    /// The next event with data after entry `index` of stream `uid`.
-    After { uid: u64, index: u64 },
+/// What the client expects of its stream's next event: the next event with data after the
+/// last one it dispatched (`last`: stream and entry index); when it has read nothing yet or a
+/// signal came since (`free`), also the first event of a new stream of its own session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Expect {
+    pub last: Option<(u64, u64)>,
+    pub free: bool,
+}
+
+impl Expect {
+    /// A signal came: a new stream may follow.
+    pub fn signal(&mut self) {
+        self.free = true;
+    }
 }
 
 /// One dispatched event, as the client application reads it.
@@ -149,16 +156,21 @@ impl Oracle {
                 "dispatched stream {uid} #{index}, which no replica wrote"
             ));
         }
-        let want = match *expect {
-            Expect::Free => self.next_with_data(uid, None).map(|n| (uid, n)),
-            Expect::After { uid: u, index: i } => self.next_with_data(u, Some(i)).map(|n| (u, n)),
-        };
-        if want != Some((uid, index)) {
+        let next = expect
+            .last
+            .and_then(|(u, i)| self.next_with_data(u, Some(i)).map(|n| (u, n)));
+        let fresh = (expect.free || expect.last.is_none())
+            .then(|| self.next_with_data(uid, None).map(|n| (uid, n)))
+            .flatten();
+        if next != Some((uid, index)) && fresh != Some((uid, index)) {
             return Err(format!(
-                "dispatched stream {uid} #{index} with no signal, the next event of its stream is {want:?} (expectation {expect:?})"
+                "dispatched stream {uid} #{index} with no signal; the next event of its stream is {next:?} (expectation {expect:?})"
             ));
         }
-        *expect = Expect::After { uid, index };
+        *expect = Expect {
+            last: Some((uid, index)),
+            free: false,
+        };
         Ok(())
     }
 }

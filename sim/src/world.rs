@@ -11,7 +11,7 @@ use crate::gateway::{Gateway, Out, ProxyStream, Waiter};
 use crate::model::Parser;
 use crate::network::{Fifo, Network};
 use crate::options::Options;
-use crate::oracle::{read, Expect, Invariant, Oracle, Seen, Violation};
+use crate::oracle::{read, Invariant, Oracle, Seen, Violation};
 use crate::replica::{Behaviour, Replica, Request};
 use crate::rng::Rng;
 use crate::service::Service;
@@ -171,11 +171,12 @@ impl World {
         let mut menu_rng = Rng::fork(opts.seed, 0x3e2);
         let replicas = (0..opts.replicas)
             .map(|r| {
-                let mut b = vec![opts.menu[menu_rng.index(opts.menu.len())]];
+                let mut b = opts.menu[menu_rng.index(opts.menu.len())].clone();
                 if menu_rng.chance(300) {
-                    let extra = opts.menu[menu_rng.index(opts.menu.len())];
-                    if !b.contains(&extra) {
-                        b.push(extra);
+                    for extra in &opts.menu[menu_rng.index(opts.menu.len())] {
+                        if !b.contains(extra) {
+                            b.push(*extra);
+                        }
                     }
                 }
                 Replica::new(format!("10.0.0.{}:8080", r + 1), b)
@@ -425,7 +426,7 @@ impl World {
             .logicals
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.conn.is_some() && !l.last_id.is_empty())
+            .filter(|(_, l)| l.conn.is_some() && l.expect.last.is_some())
             .map(|(i, _)| i)
             .collect();
         if reading.is_empty() {
@@ -572,6 +573,15 @@ impl World {
         if let Some(k) = &cursor {
             req.push(("last-event-id".into(), k.as_bytes().to_vec()));
         }
+        // The client's event source keeps its last event id across connections (WHATWG): the
+        // new connection's parser starts from it.
+        let mut parser = Parser::new();
+        if let Purpose::Stream { logical, .. } = purpose {
+            let last = &self.clients[c].logicals[logical].last_id;
+            if !last.is_empty() {
+                parser.feed(format!("id: {last}\n\n").as_bytes(), &mut Vec::new());
+            }
+        }
         let conn = self.conns.len();
         let tag = match purpose {
             Purpose::Stream { logical, .. } => Some(logical),
@@ -584,7 +594,7 @@ impl World {
             cc: ClientConn {
                 client: c,
                 purpose,
-                parser: Parser::new(),
+                parser,
                 sse: false,
                 status: 0,
                 gone: false,
@@ -682,7 +692,7 @@ impl World {
         self.clients[c].note(outcome);
         if signal.is_some() {
             self.stats.signals += 1;
-            self.clients[c].logicals[l].expect = Expect::Free;
+            self.clients[c].logicals[l].expect.signal();
         } else if resume && status == 200 {
             self.stats.continued += 1;
         }
@@ -718,14 +728,13 @@ impl World {
         }
         // Drop at any byte: the client reads a prefix and goes.
         let drop = self.clients[c].logicals[l].conn == Some(conn)
-            && !self.clients[c].logicals[l].last_id.is_empty()
+            && self.clients[c].logicals[l].expect.last.is_some()
             && self.clients[c].rng.chance(self.opts.drop_per_mille);
         if drop {
             let keep = self.clients[c].rng.index(bytes.len() + 1);
             bytes.truncate(keep);
         }
         let mut out = Vec::new();
-        let before = self.conns[conn].cc.parser.last_event_id().to_owned();
         self.conns[conn].cc.parser.feed(&bytes, &mut out);
         for d in out {
             self.dispatched(c, conn, l, &d);
@@ -734,7 +743,9 @@ impl World {
             }
         }
         let after = self.conns[conn].cc.parser.last_event_id().to_owned();
-        if after != before && self.clients[c].logicals[l].conn == Some(conn) {
+        if after != self.clients[c].logicals[l].last_id
+            && self.clients[c].logicals[l].conn == Some(conn)
+        {
             if !after.is_empty() && self.keyring_config.keyring.decode(&after).is_err() {
                 self.violate(
                     Invariant::Cursor,
@@ -759,7 +770,7 @@ impl World {
             Seen::Signal => {
                 self.log(c, Some(l), || format!("conn {conn}: signal {}", d.data));
                 self.clients[c].note(format!("#{l} signal {}", d.data));
-                self.clients[c].logicals[l].expect = Expect::Free;
+                self.clients[c].logicals[l].expect.signal();
                 if must {
                     self.violate(
                         Invariant::Continues,
@@ -775,7 +786,7 @@ impl World {
                     if id == call.id {
                         call.settled = true;
                         self.stats.settled += 1;
-                        lg.expect = Expect::Free;
+                        lg.expect.signal();
                         self.clients[c].note(format!("#{l} settled by error"));
                     } else {
                         let what = format!(
