@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::model::Parser;
+use mcp_resume_core::eventsource::Parser;
 use crate::oracle::Expect;
 use crate::rng::Rng;
 

@@ -3,7 +3,6 @@
 //! replicas with a menu of behaviours, and clients whose parser is the oracle's eye.
 pub mod client;
 pub mod gateway;
-pub mod model;
 pub mod network;
 pub mod options;
 pub mod oracle;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::model::Dispatch;
+use mcp_resume_core::eventsource::Dispatch;
 use crate::replica::Written;
 
 /// Which promise a violation breaks (docs/simulator.md).

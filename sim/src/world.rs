@@ -8,7 +8,7 @@ use mcp_resume_core::exchange::{Action, Exchange, MCP_RESUME_HEADER, OWNER_NOT_I
 
 use crate::client::{Call, Client, ClientConn, Kind, Logical, Purpose, MAX_RETRIES};
 use crate::gateway::{Gateway, Out, ProxyStream, Waiter};
-use crate::model::Parser;
+use mcp_resume_core::eventsource::Parser;
 use crate::network::{Fifo, Network};
 use crate::options::Options;
 use crate::oracle::{read, Invariant, Oracle, Seen, Violation};
@@ -762,7 +762,7 @@ impl World {
         }
     }
 
-    fn dispatched(&mut self, c: usize, conn: usize, l: usize, d: &crate::model::Dispatch) {
+    fn dispatched(&mut self, c: usize, conn: usize, l: usize, d: &mcp_resume_core::eventsource::Dispatch) {
         let seen = read(d);
         let session = self.clients[c].session.clone().unwrap_or_default();
         let must = self.conns[conn].cc.must_continue;
