@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use mcp_resume_core::eventsource::Parser;
 use crate::oracle::Expect;
 use crate::rng::Rng;
+use mcp_resume_core::eventsource::Parser;
 
 #[derive(Debug)]
 pub struct Call {
@@ -129,8 +129,9 @@ impl Client {
         *self.names.entry(raw).or_insert(n)
     }
 
-    pub fn note(&mut self, what: String) {
-        self.outcomes.push(what);
+    /// Records what the application saw at simulated time `now`.
+    pub fn note(&mut self, now: u64, what: String) {
+        self.outcomes.push(format!("{now} {what}"));
     }
 
     /// A new tool call: its id and body.

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use mcp_resume_core::eventsource::Dispatch;
 use crate::replica::Written;
+use mcp_resume_core::eventsource::Dispatch;
 
 /// Which promise a violation breaks (docs/simulator.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

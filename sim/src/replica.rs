@@ -167,10 +167,11 @@ impl Replica {
         Replica {
             addr,
             behaviours,
-            epoch: 0,
+            // Fixed width (see the world's stream numbers).
+            epoch: 100,
             sessions: HashMap::new(),
             streams: HashMap::new(),
-            next_session: 0,
+            next_session: 100_000,
         }
     }
 

@@ -67,8 +67,8 @@ pub fn non_interference(opts: &Options, until_ms: u64) -> Option<Violation> {
         logical: None,
         what: format!(
             "client 0's outcome #{differ} differs: with others {:?}, alone {:?}",
-            a.get(differ),
-            b.get(differ)
+            a.get(differ.saturating_sub(2)..(differ + 3).min(a.len())),
+            b.get(differ.saturating_sub(2)..(differ + 3).min(b.len()))
         ),
     })
 }

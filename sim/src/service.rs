@@ -1,7 +1,7 @@
 //! The ownership service: its memory store behind the very handlers its HTTP routes call
 //! (`mcp_ownership::api`), on the simulated clock. The store's futures complete at once, so a
-//! no-op waker polls them; nothing here waits (`record_wait` is 0: a resume racing its records
-//! is refused by name, which the oracle accepts).
+//! no-op waker polls them; nothing here waits (`record_wait` is 0: the world re-asks a refusal
+//! that records in flight could turn, as the service's wait does).
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -5,18 +5,26 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use mcp_resume_core::config::Config;
 use mcp_resume_core::exchange::{Action, Exchange, MCP_RESUME_HEADER, OWNER_NOT_IN_CLUSTER};
+use mcp_resume_core::ownership::RESUME_PATH;
 
 use crate::client::{Call, Client, ClientConn, Kind, Logical, Purpose, MAX_RETRIES};
 use crate::gateway::{Gateway, Out, ProxyStream, Waiter};
-use mcp_resume_core::eventsource::Parser;
 use crate::network::{Fifo, Network};
 use crate::options::Options;
 use crate::oracle::{read, Invariant, Oracle, Seen, Violation};
 use crate::replica::{Behaviour, Replica, Request};
 use crate::rng::Rng;
 use crate::service::Service;
+use mcp_resume_core::eventsource::Parser;
 
 type Headers = Vec<(String, Vec<u8>)>;
+
+/// The service's `record_wait` and re-check period (its defaults).
+const RECORD_WAIT_MS: u64 = 150;
+const RECHECK_MS: u64 = 50;
+/// Refusals that records still in flight may turn into a continuation (`in_flight` in
+/// ownership/src/resume.rs); the others are final at once.
+const WAITED_REASONS: [&str; 3] = ["\"unknown_stream\"", "\"gap\"", "\"session_inactive\""];
 
 /// What reaches a client on one connection.
 #[derive(Debug)]
@@ -37,6 +45,8 @@ pub enum Event {
         token: u32,
         path: String,
         body: Vec<u8>,
+        /// When the request first reached the service (a resume may wait for records).
+        since: u64,
     },
     CalloutAnswer {
         gw: usize,
@@ -197,7 +207,9 @@ impl World {
             keyring_config: config,
             homes: HashMap::new(),
             stream_home: HashMap::new(),
-            next_uid: 1,
+            // Fixed-width numbers keep every session's bytes the same length in every run (a
+            // client drops at a byte offset: invariant 4 compares runs).
+            next_uid: 100_000,
             steps: 0,
             violation: None,
             trace: Vec::new(),
@@ -294,7 +306,8 @@ impl World {
                 token,
                 path,
                 body,
-            } => self.at_service(gw, token, &path, body),
+                since,
+            } => self.at_service(gw, token, path, body, since),
             Event::CalloutAnswer {
                 gw,
                 token,
@@ -309,7 +322,7 @@ impl World {
                 eos,
             } => self.up_headers(conn, status, headers, eos),
             Event::UpBody { conn, bytes, eos } => self.up_body(conn, bytes, eos),
-            Event::ToClient(conn, d) => self.to_client(conn, d),
+            Event::ToClient(conn, d) => self.at_client(conn, d),
             Event::ClientGone(conn) => self.finish_proxy(conn),
             Event::Emit { replica, uid } => self.emit(replica, uid),
             Event::Tick(g) => self.tick(g),
@@ -647,7 +660,7 @@ impl World {
         }
     }
 
-    fn to_client(&mut self, conn: usize, d: Delivery) {
+    fn at_client(&mut self, conn: usize, d: Delivery) {
         let c = self.conns[conn].cc.client;
         if self.conns[conn].cc.gone {
             return;
@@ -681,7 +694,9 @@ impl World {
 
     fn head(&mut self, c: usize, conn: usize, l: usize, resume: bool, status: u32, h: &Headers) {
         let signal = header(h, MCP_RESUME_HEADER).map(|v| String::from_utf8_lossy(v).into_owned());
-        self.log(c, Some(l), || format!("conn {conn}: {status} mcp-resume={signal:?}"));
+        self.log(c, Some(l), || {
+            format!("conn {conn}: {status} mcp-resume={signal:?}")
+        });
         let sse = h.iter().any(|(k, v)| {
             k.eq_ignore_ascii_case("content-type")
                 && String::from_utf8_lossy(v).contains("text/event-stream")
@@ -689,7 +704,7 @@ impl World {
         self.conns[conn].cc.sse = sse;
         self.conns[conn].cc.status = status;
         let outcome = format!("#{l} {status} signal={}", signal.is_some());
-        self.clients[c].note(outcome);
+        self.clients[c].note(self.net.now, outcome);
         if signal.is_some() {
             self.stats.signals += 1;
             self.clients[c].logicals[l].expect.signal();
@@ -762,14 +777,20 @@ impl World {
         }
     }
 
-    fn dispatched(&mut self, c: usize, conn: usize, l: usize, d: &mcp_resume_core::eventsource::Dispatch) {
+    fn dispatched(
+        &mut self,
+        c: usize,
+        conn: usize,
+        l: usize,
+        d: &mcp_resume_core::eventsource::Dispatch,
+    ) {
         let seen = read(d);
         let session = self.clients[c].session.clone().unwrap_or_default();
         let must = self.conns[conn].cc.must_continue;
         match seen {
             Seen::Signal => {
                 self.log(c, Some(l), || format!("conn {conn}: signal {}", d.data));
-                self.clients[c].note(format!("#{l} signal {}", d.data));
+                self.clients[c].note(self.net.now, format!("#{l} signal {}", d.data));
                 self.clients[c].logicals[l].expect.signal();
                 if must {
                     self.violate(
@@ -787,7 +808,7 @@ impl World {
                         call.settled = true;
                         self.stats.settled += 1;
                         lg.expect.signal();
-                        self.clients[c].note(format!("#{l} settled by error"));
+                        self.clients[c].note(self.net.now, format!("#{l} settled by error"));
                     } else {
                         let what = format!(
                             "the call's stream answered an error for id {id}, the call's id is {}: it stays pending",
@@ -803,7 +824,9 @@ impl World {
                 index,
                 result,
             } => {
-                self.log(c, Some(l), || format!("conn {conn}: dispatch stream {uid} #{index}"));
+                self.log(c, Some(l), || {
+                    format!("conn {conn}: dispatch stream {uid} #{index}")
+                });
                 // The resume continued: what ends its stream later is judged by invariants 1, 2.
                 self.conns[conn].cc.must_continue = false;
                 let mut expect = self.clients[c].logicals[l].expect;
@@ -812,7 +835,7 @@ impl World {
                     return;
                 }
                 let name = self.clients[c].name(format!("u{uid}"));
-                self.clients[c].note(format!("#{l} event {name}/{index}"));
+                self.clients[c].note(self.net.now, format!("#{l} event {name}/{index}"));
                 self.stats.events += 1;
                 self.stats.events += 1;
                 let lg = &mut self.clients[c].logicals[l];
@@ -911,6 +934,7 @@ impl World {
                     );
                     if !self.faults.chance(self.opts.callout_loss_per_mille) {
                         let lat = 1 + self.opts.service_latency_ms;
+                        let since = self.net.now + lat;
                         self.net.after(
                             lat,
                             Event::AtService {
@@ -918,6 +942,7 @@ impl World {
                                 token,
                                 path,
                                 body,
+                                since,
                             },
                         );
                     }
@@ -970,12 +995,35 @@ impl World {
         self.outs(g, None, outs);
     }
 
-    fn at_service(&mut self, gw: usize, token: u32, path: &str, body: Vec<u8>) {
-        let (status, body) = if self.net.now < self.blip_until {
+    fn at_service(&mut self, gw: usize, token: u32, path: String, body: Vec<u8>, since: u64) {
+        let (status, answer) = if self.net.now < self.blip_until {
             (503, Vec::new())
         } else {
-            self.service.handle(self.net.now, path, body)
+            self.service.handle(self.net.now, &path, body.clone())
         };
+        // The service's wait for records still travelling (`record_wait`, polled every
+        // RECHECK): a refusal records could still turn is decided again a little later.
+        if status == 200
+            && path == RESUME_PATH
+            && self.net.now + RECHECK_MS <= since + RECORD_WAIT_MS
+            && WAITED_REASONS.iter().any(|r| {
+                answer.starts_with(br#"{"verdict":"new_stream""#)
+                    && answer.windows(r.len()).any(|w| w == r.as_bytes())
+            })
+        {
+            self.net.after(
+                RECHECK_MS,
+                Event::AtService {
+                    gw,
+                    token,
+                    path,
+                    body,
+                    since,
+                },
+            );
+            return;
+        }
+        let body = answer;
         if self.faults.chance(self.opts.store_blip_per_mille) {
             self.blip_until = self.net.now + self.faults.range(10, 500);
         }
