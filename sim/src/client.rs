@@ -104,12 +104,12 @@ pub struct Client {
     /// Everything the application saw, normalized (invariant 4 compares these).
     pub outcomes: Vec<String>,
     names: HashMap<String, usize>,
-    /// Odd JSON-RPC ids (big ints, escaped keys, duplicate keys, batches, long ids).
-    pub odd_ids: bool,
+    /// Odd JSON-RPC ids ([`crate::options::Options::odd_ids`]).
+    pub odd_ids: u64,
 }
 
 impl Client {
-    pub fn new(rng: Rng, odd_ids: bool) -> Client {
+    pub fn new(rng: Rng, odd_ids: u64) -> Client {
         Client {
             rng,
             session: None,
@@ -138,7 +138,10 @@ impl Client {
     pub fn new_call(&mut self, now: u64) -> Call {
         self.calls += 1;
         let n = self.calls;
-        let kind = if self.odd_ids { self.rng.below(6) } else { 0 };
+        let kind = match self.odd_ids {
+            6 => self.rng.below(6),
+            k => k,
+        };
         let params = r#""method":"tools/call","params":{"name":"work"}"#;
         let (raw_id, body) = match kind {
             1 => {

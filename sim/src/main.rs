@@ -50,9 +50,10 @@ fn main() -> ExitCode {
         if let Some(v) = r.violation {
             failed += 1;
             println!(
-                "FAIL seed {seed} at step {} ({} ms simulated) {}: client {}: {}",
+                "FAIL seed {seed} at step {} ({} ms simulated, {:.2} s wall) {}: client {}: {}",
                 r.steps,
                 r.sim_ms,
+                started.elapsed().as_secs_f64(),
                 v.invariant.name(),
                 v.client,
                 v.what

@@ -12,8 +12,9 @@ pub struct Options {
     /// Each replica draws one entry (sometimes two) from this menu; an entry is a set of
     /// behaviours (`echo-cursor+large`).
     pub menu: Vec<Vec<Behaviour>>,
-    /// Clients send odd JSON-RPC ids (big ints, escaped keys, duplicate keys, batches, long ids).
-    pub odd_ids: bool,
+    /// Clients' JSON-RPC ids: 0 plain; 1 big ints, 2 an escaped `id` key, 3 a duplicate `id`
+    /// key, 4 a batch, 5 long string ids; 6 a mix of all.
+    pub odd_ids: u64,
     /// A call must settle within this much simulated time.
     pub bound_ms: u64,
     /// Chance (per mille) that a client drops a stream it reads at some byte of a chunk.
@@ -44,7 +45,7 @@ impl Default for Options {
             gateways: 3,
             replicas: 3,
             menu: vec![vec![Behaviour::Correct]],
-            odd_ids: false,
+            odd_ids: 0,
             bound_ms: 60_000,
             drop_per_mille: 30,
             callout_loss_per_mille: 0,
@@ -86,7 +87,7 @@ impl Options {
                     return Err("--menu: empty".into());
                 }
             }
-            "--odd-ids" => self.odd_ids = value == "1" || value == "true",
+            "--odd-ids" => self.odd_ids = num()?,
             "--bound-ms" => self.bound_ms = num()?,
             "--drop" => self.drop_per_mille = num()?,
             "--callout-loss" => self.callout_loss_per_mille = num()?,
@@ -109,7 +110,7 @@ impl Options {
         format!(
             "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),
-            u8::from(self.odd_ids), self.bound_ms, self.drop_per_mille, self.callout_loss_per_mille,
+            self.odd_ids, self.bound_ms, self.drop_per_mille, self.callout_loss_per_mille,
             self.store_blip_per_mille, self.store_wipe_per_mille, self.skew_ms,
             u8::from(self.check_continue),
         )

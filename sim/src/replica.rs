@@ -33,10 +33,13 @@ pub enum Behaviour {
     /// Restarts on the same address now and then, forgetting sessions and logs; an unknown
     /// session is answered 400.
     Restart,
+    /// A resume's replay starts with an event that is not the recorded next one, carrying no
+    /// id, an id with a NUL (clients ignore it), or its id in a later block.
+    Mangle,
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 12] = [
+    pub const ALL: [Behaviour; 13] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -49,6 +52,7 @@ impl Behaviour {
         Behaviour::Hang,
         Behaviour::ServerError,
         Behaviour::Restart,
+        Behaviour::Mangle,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +69,7 @@ impl Behaviour {
             Behaviour::Hang => "hang",
             Behaviour::ServerError => "5xx",
             Behaviour::Restart => "restart",
+            Behaviour::Mangle => "mangle-replay",
         }
     }
 
@@ -346,6 +351,7 @@ impl Replica {
         let refuse = self.has(Behaviour::RefuseSecond);
         let feed_all = self.has(Behaviour::FeedAll);
         let echo = self.has(Behaviour::EchoCursor);
+        let mangle = self.has(Behaviour::Mangle);
         let odd = self.has(Behaviour::OddType);
         let (status, headers) = sse_headers(&mut Rng::new(draw), odd);
         let s = self.streams.get_mut(&uid)?;
@@ -359,6 +365,20 @@ impl Replica {
         };
         let from = usize::try_from(i - s.start).unwrap_or(0) + usize::from(!echo);
         let mut body = Vec::new();
+        if mangle && from < s.entries.len() {
+            // An event no log holds (stream 0), where the recorded next one should be.
+            let next = format!("{uid}-{}", s.start + from as u64);
+            let data = format!(
+                r#"data: {{"jsonrpc":"2.0","method":"notifications/progress","params":{{"s":"{}","u":0,"n":0}}}}"#,
+                s.session
+            );
+            let ghost = match draw % 3 {
+                0 => format!("{data}\n\n"),
+                1 => format!("id: {next}\0\n{data}\n\n"),
+                _ => format!("{data}\n\nid: {next}\n\n"),
+            };
+            body.extend_from_slice(ghost.as_bytes());
+        }
         for e in s.entries.iter().skip(from) {
             body.extend_from_slice(&e.bytes);
         }
