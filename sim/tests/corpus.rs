@@ -10,7 +10,7 @@ struct Entry {
     interference: bool,
 }
 
-fn corpus() -> Vec<Entry> {
+fn corpus() -> Result<Vec<Entry>, String> {
     let text = include_str!("../seeds/corpus.txt");
     let mut out = Vec::new();
     for line in text.lines() {
@@ -19,7 +19,9 @@ fn corpus() -> Vec<Entry> {
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
-        assert!(words.len() >= 3, "corpus line: {line}");
+        if words.len() < 3 {
+            return Err(format!("corpus line: {line}"));
+        }
         let mut opts = Options::default();
         let mut interference = false;
         for pair in words[3..].chunks(2) {
@@ -28,9 +30,8 @@ fn corpus() -> Vec<Entry> {
                 interference = value == "1";
                 continue;
             }
-            if let Err(e) = opts.set(pair[0], value) {
-                panic!("{}: {e}", words[0]);
-            }
+            opts.set(pair[0], value)
+                .map_err(|e| format!("{}: {e}", words[0]))?;
         }
         out.push(Entry {
             name: words[0].to_owned(),
@@ -40,12 +41,14 @@ fn corpus() -> Vec<Entry> {
             interference,
         });
     }
-    out
+    Ok(out)
 }
 
 #[test]
 fn every_corpus_run_ends_as_the_corpus_says() {
     let entries = corpus();
+    assert!(entries.is_ok(), "{:?}", entries.err());
+    let entries = entries.unwrap_or_default();
     assert!(entries.len() >= 10, "the corpus lost its entries");
     let mut wrong = Vec::new();
     for e in &entries {
@@ -58,7 +61,7 @@ fn every_corpus_run_ends_as_the_corpus_says() {
         let ok = match e.expect.as_str() {
             "pass" => got.is_none(),
             "xfail" => got == Some(e.invariant.as_str()),
-            other => panic!("{}: expect {other}", e.name),
+            _ => false,
         };
         if !ok {
             wrong.push(format!(
