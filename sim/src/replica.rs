@@ -36,10 +36,13 @@ pub enum Behaviour {
     /// A resume's replay starts with an event that is not the recorded next one, carrying no
     /// id, an id with a NUL (clients ignore it), or its id in a later block.
     Mangle,
+    /// Paces every stream from one replica-wide random stream, so one session's traffic shifts
+    /// another's timing: not a fault of the guard; it proves invariant 4's check can fail.
+    SharedPace,
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 13] = [
+    pub const ALL: [Behaviour; 14] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -53,6 +56,7 @@ impl Behaviour {
         Behaviour::ServerError,
         Behaviour::Restart,
         Behaviour::Mangle,
+        Behaviour::SharedPace,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +74,7 @@ impl Behaviour {
             Behaviour::ServerError => "5xx",
             Behaviour::Restart => "restart",
             Behaviour::Mangle => "mangle-replay",
+            Behaviour::SharedPace => "shared-pace",
         }
     }
 
@@ -140,6 +145,8 @@ pub struct Replica {
     sessions: HashMap<String, Option<u64>>,
     streams: HashMap<u64, Stream>,
     next_session: u64,
+    /// The replica-wide pace ([`Behaviour::SharedPace`]).
+    shared: Rng,
 }
 
 fn sse_headers(rng: &mut Rng, odd: bool) -> (u32, Vec<(String, Vec<u8>)>) {
@@ -177,6 +184,7 @@ impl Replica {
             sessions: HashMap::new(),
             streams: HashMap::new(),
             next_session: 100_000,
+            shared: Rng::new(0x5eed),
         }
     }
 
@@ -398,6 +406,9 @@ impl Replica {
 
     /// A delay before stream `uid`'s next entry, from its own randomness.
     pub fn pace(&mut self, uid: u64) -> u64 {
+        if self.has(Behaviour::SharedPace) {
+            return self.shared.range(2, 60);
+        }
         self.streams.get_mut(&uid).map_or(0, |s| s.rng.range(2, 60))
     }
 
