@@ -131,7 +131,7 @@ pub struct World {
 }
 
 /// What a run did (so a green run shows it exercised something).
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
     pub calls: u64,
     pub settled: u64,
