@@ -152,7 +152,7 @@ test: tools lint unit wasm-test validate rules adapters-test e2e e2e-native chao
 
 # ---- the quick loop ----------------------------------------------------------
 # `make check`: what needs no package manager, no Redis and no Envoy, for the product's crates: the core,
-# both adapters (in process), the service (memory store) and the CLI. One build lints and tests them:
+# both adapters (in process), the service (memory store), the CLI and the simulator. One build lints and tests them:
 # clippy-driver compiles the workspace crates as `cargo clippy` runs it (CLIPPY_ARGS is its way of
 # taking `-D warnings`), so the tests need no second compilation. The Wasm adapter's test runs the
 # debug `.wasm` the first step lints and builds (MCP_ADAPTER_WASM_PROFILE), not an LTO build.
@@ -198,9 +198,10 @@ SIM_SEEDS   ?= 20
 SIM_STEPS   ?= 500000
 SIM_PROFILE := --profile sim --config 'profile.sim.inherits="release"' --config 'profile.sim.lto=false' \
   --config 'profile.sim.codegen-units=16' --config 'profile.sim.panic="unwind"'
+# Built as `make check` builds (linted by clippy-driver), so it reuses that build.
 sim-smoke:
-	cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 3 --steps 50000 $(SIM_GREEN)
-	cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 2 --steps 20000 --menu correct,feed-all,echo-cursor --interference 1
+	$(LINTED) cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 3 --steps 50000 $(SIM_GREEN)
+	$(LINTED) cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 2 --steps 20000 --menu correct,feed-all,echo-cursor --interference 1
 sim:
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS) $(SIM_GREEN)
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 10 --steps 60000 --menu correct,feed-all,echo-cursor,5xx --interference 1
