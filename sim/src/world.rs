@@ -140,6 +140,8 @@ pub struct Stats {
     pub continued: u64,
     pub signals: u64,
     pub events: u64,
+    /// Resumes invariant 3 applied to.
+    pub must_continue: u64,
 }
 
 /// The gateways' guard configuration: the shipped defaults, a small hold so large events are
@@ -383,7 +385,6 @@ impl World {
         match roll {
             0..=29 if open_calls < 2 => {
                 self.stats.calls += 1;
-                self.stats.calls += 1;
                 let call = self.clients[c].new_call(now);
                 let body = call.body.clone().into_bytes();
                 let id = call.raw_id.clone();
@@ -510,7 +511,6 @@ impl World {
             return;
         }
         self.stats.resumes += u64::from(cursor.is_some());
-        self.stats.resumes += u64::from(cursor.is_some());
         // Invariant 3 needs the client to be the stream's only reader: no earlier connection
         // of this stream still open at the gateway.
         let others = self.clients[c].half_open.iter().any(|k| {
@@ -531,6 +531,7 @@ impl World {
             None,
         );
         self.conns[conn].cc.must_continue = must;
+        self.stats.must_continue += u64::from(must);
     }
 
     /// Invariant 3's preconditions for a resume with `cursor`: its owner is a correct replica
@@ -550,10 +551,9 @@ impl World {
         let Some(r) = self.stream_home.get(&uid).map(|r| &self.replicas[*r]) else {
             return false;
         };
-        let settled = self
-            .gateways
-            .iter()
-            .all(|g| g.worker.queued_records() == 0 && g.callouts.is_empty());
+        let settled = self.gateways.iter().all(|g| {
+            g.worker.queued_records() == 0 && g.callouts.values().all(|w| *w != Waiter::Records)
+        });
         r.behaviours == [Behaviour::Correct] && r.current(uid) && r.readers(uid) == 0 && settled
     }
 
@@ -732,8 +732,6 @@ impl World {
                     lg.dead = true;
                 }
             }
-        } else if !ok && !sse {
-            lg.retry_at = None;
         }
     }
 
@@ -836,7 +834,6 @@ impl World {
                 }
                 let name = self.clients[c].name(format!("u{uid}"));
                 self.clients[c].note(self.net.now, format!("#{l} event {name}/{index}"));
-                self.stats.events += 1;
                 self.stats.events += 1;
                 let lg = &mut self.clients[c].logicals[l];
                 lg.expect = expect;

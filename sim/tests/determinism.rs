@@ -30,5 +30,9 @@ fn a_green_run_resumes_and_continues() {
     let r = run(&opts(7));
     assert!(r.violation.is_none(), "{:?}", r.violation);
     assert!(r.stats.calls > 50 && r.stats.settled > 50, "{:?}", r.stats);
-    assert!(r.stats.resumes > 10 && r.stats.continued > 5, "{:?}", r.stats);
+    assert!(
+        r.stats.resumes > 10 && r.stats.continued > 5,
+        "{:?}",
+        r.stats
+    );
 }
