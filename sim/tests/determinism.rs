@@ -4,10 +4,11 @@ use mcp_sim::options::Options;
 use mcp_sim::run::run;
 
 fn opts(seed: u64) -> Options {
-    let mut o = Options::default();
-    o.seed = seed;
-    o.steps = 20_000;
-    o
+    Options {
+        seed,
+        steps: 20_000,
+        ..Options::default()
+    }
 }
 
 #[test]
