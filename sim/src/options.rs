@@ -27,7 +27,11 @@ pub struct Options {
     pub store_wipe_per_mille: u64,
     /// Gateways' clocks are ahead of the store's by up to this much.
     pub skew_ms: u64,
+    /// One-way latency between a gateway and the service.
     pub service_latency_ms: u64,
+    /// Up to this much more, drawn per message (callouts and answers then overtake each other;
+    /// the draws are shared by all sessions, so not for invariant 4 runs).
+    pub service_jitter_ms: u64,
     /// Check invariant 3 (only meaningful without faults).
     pub check_continue: bool,
     /// Run only this client (the victim alone, for invariant 4).
@@ -53,6 +57,7 @@ impl Default for Options {
             store_wipe_per_mille: 0,
             skew_ms: 0,
             service_latency_ms: 1,
+            service_jitter_ms: 0,
             check_continue: false,
             only_client: None,
             trace: None,
@@ -94,6 +99,8 @@ impl Options {
             "--store-blip" => self.store_blip_per_mille = num()?,
             "--store-wipe" => self.store_wipe_per_mille = num()?,
             "--skew-ms" => self.skew_ms = num()?,
+            "--service-latency-ms" => self.service_latency_ms = num()?,
+            "--service-jitter-ms" => self.service_jitter_ms = num()?,
             "--check-continue" => self.check_continue = value == "1" || value == "true",
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -108,10 +115,11 @@ impl Options {
             .map(|set| set.iter().map(|b| b.name()).collect::<Vec<_>>().join("+"))
             .collect();
         format!(
-            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --check-continue {}",
+            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),
             self.odd_ids, self.bound_ms, self.drop_per_mille, self.callout_loss_per_mille,
             self.store_blip_per_mille, self.store_wipe_per_mille, self.skew_ms,
+            self.service_latency_ms, self.service_jitter_ms,
             u8::from(self.check_continue),
         )
     }

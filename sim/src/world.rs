@@ -930,7 +930,7 @@ impl World {
                         },
                     );
                     if !self.faults.chance(self.opts.callout_loss_per_mille) {
-                        let lat = 1 + self.opts.service_latency_ms;
+                        let lat = self.service_latency();
                         let since = self.net.now + lat;
                         self.net.after(
                             lat,
@@ -992,6 +992,15 @@ impl World {
         self.outs(g, None, outs);
     }
 
+    /// One message's way between a gateway and the service.
+    fn service_latency(&mut self) -> u64 {
+        let jitter = match self.opts.service_jitter_ms {
+            0 => 0,
+            j => self.faults.below(j + 1),
+        };
+        1 + self.opts.service_latency_ms + jitter
+    }
+
     fn at_service(&mut self, gw: usize, token: u32, path: String, body: Vec<u8>, since: u64) {
         let (status, answer) = if self.net.now < self.blip_until {
             (503, Vec::new())
@@ -1028,7 +1037,7 @@ impl World {
         {
             self.service.wipe();
         }
-        let lat = 1 + self.opts.service_latency_ms;
+        let lat = self.service_latency();
         self.net.after(
             lat,
             Event::CalloutAnswer {
