@@ -73,6 +73,18 @@ fn main() -> ExitCode {
         }
     }
     let secs = started.elapsed().as_secs_f64();
+    if interference {
+        println!(
+            "mcp-sim: {seeds} seed(s) from {first}, client 0 alone and among {} others for {} simulated ms each, in {secs:.1} s, {failed} failed",
+            opts.clients.saturating_sub(1),
+            opts.steps
+        );
+        return if failed > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
     println!(
         "mcp-sim: {seeds} seed(s) from {first}, {steps} steps in {secs:.1} s ({:.0} steps/s), {failed} failed",
         steps as f64 / secs.max(1e-9)

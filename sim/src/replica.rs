@@ -91,9 +91,8 @@ pub struct Request<'a> {
     pub method: &'a str,
     pub session: Option<&'a str>,
     pub last_event_id: Option<&'a str>,
-    /// The POST body.
-    pub body: &'a [u8],
-    /// The request's JSON-RPC id as raw JSON (the simulated client's own record of it).
+    /// The request's JSON-RPC id as raw JSON: the id the client's own JSON parser reads in its
+    /// body (a replica answering a duplicate key or an escaped key reads it the same way).
     pub call_id: Option<&'a str>,
     /// Seeds the randomness of the stream this request may open (drawn by its client, so one
     /// session's streams never shift another's).
@@ -204,11 +203,6 @@ impl Replica {
         if let Some(s) = self.streams.get_mut(&uid) {
             s.readers.retain(|c| *c != conn);
         }
-    }
-
-    /// Whether this replica still holds stream `uid` and `conn` is its only reader.
-    pub fn holds(&self, uid: u64) -> bool {
-        self.streams.contains_key(&uid)
     }
 
     pub fn readers(&self, uid: u64) -> usize {

@@ -1128,7 +1128,6 @@ impl World {
             method: &method,
             session: session.as_deref(),
             last_event_id: lei.as_deref(),
-            body: &c.body,
             call_id: c.call_id.as_deref(),
             draw: c.draw,
         };
