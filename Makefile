@@ -204,7 +204,7 @@ sim-smoke:
 	$(LINTED) cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 2 --steps 20000 --menu correct,feed-all,echo-cursor --interference 1
 sim:
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS) $(SIM_GREEN)
-	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 120000 --menu correct,feed-all,echo-cursor,5xx --interference 1
+	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 120000 --menu correct,feed-all,echo-cursor,5xx --attack 1 --interference 1
 
 # ---- benchmarks ------------------------------------------------------------
 # `make bench`: bare Envoy vs the proxy-wasm floors vs the guard, and the native floors vs the native guard:

@@ -32,6 +32,8 @@ pub struct Options {
     /// Up to this much more, drawn per message (callouts and answers then overtake each other;
     /// the draws are shared by all sessions, so not for invariant 4 runs).
     pub service_jitter_ms: u64,
+    /// Clients other than client 0 also resume with client 0's cursors under their own session.
+    pub attack: bool,
     /// Check invariant 3 (only meaningful without faults).
     pub check_continue: bool,
     /// Run only this client (the victim alone, for invariant 4).
@@ -58,6 +60,7 @@ impl Default for Options {
             skew_ms: 0,
             service_latency_ms: 1,
             service_jitter_ms: 0,
+            attack: false,
             check_continue: false,
             only_client: None,
             trace: None,
@@ -102,6 +105,7 @@ impl Options {
             "--service-latency-ms" => self.service_latency_ms = num()?,
             "--service-jitter-ms" => self.service_jitter_ms = num()?,
             "--check-continue" => self.check_continue = value == "1" || value == "true",
+            "--attack" => self.attack = value == "1" || value == "true",
             _ => return Err(format!("unknown flag {flag}")),
         }
         Ok(())
@@ -115,11 +119,11 @@ impl Options {
             .map(|set| set.iter().map(|b| b.name()).collect::<Vec<_>>().join("+"))
             .collect();
         format!(
-            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --check-continue {}",
+            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),
             self.odd_ids, self.bound_ms, self.drop_per_mille, self.callout_loss_per_mille,
             self.store_blip_per_mille, self.store_wipe_per_mille, self.skew_ms,
-            self.service_latency_ms, self.service_jitter_ms,
+            self.service_latency_ms, self.service_jitter_ms, u8::from(self.attack),
             u8::from(self.check_continue),
         )
     }

@@ -430,8 +430,40 @@ impl World {
                     self.net.after(lat, Event::ClientGone(conn));
                 }
             }
+            71..=80 if self.opts.attack && c != 0 => self.attack(c),
             _ => {}
         }
+    }
+
+    /// A stranger resumes with a cursor of client 0 (stolen) under its own session: it must
+    /// be refused, and client 0 must never notice.
+    fn attack(&mut self, c: usize) {
+        let stolen: Vec<String> = self.clients[0]
+            .logicals
+            .iter()
+            .filter(|l| !l.last_id.is_empty())
+            .map(|l| l.last_id.clone())
+            .collect();
+        if stolen.is_empty() {
+            return;
+        }
+        let cursor = stolen[self.clients[c].rng.index(stolen.len())].clone();
+        let mut lg = Logical::new(Kind::Get);
+        // One attempt: the attacker does not reconnect.
+        lg.dead = true;
+        self.clients[c].logicals.push(lg);
+        let l = self.clients[c].logicals.len() - 1;
+        self.open(
+            c,
+            Purpose::Stream {
+                logical: l,
+                resume: true,
+            },
+            "GET",
+            Some(cursor),
+            Vec::new(),
+            None,
+        );
     }
 
     /// Drops a connection the client reads (closed, or left half-open); it will resume.
