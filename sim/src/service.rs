@@ -13,7 +13,7 @@ use axum::extract::State;
 use mcp_ownership::api::{self, AppState, JsonBytes};
 use mcp_ownership::memory::MemoryStore;
 use mcp_ownership::resume::ResumeOptions;
-use mcp_ownership::store::Limits;
+use mcp_ownership::store::{Limits, Store};
 use mcp_resume_core::ownership::{BRANCH_PATH, RECORDS_PATH, RESUME_PATH};
 use serde::Serialize;
 
@@ -29,8 +29,10 @@ fn block_on<F: Future>(f: F) -> Option<F::Output> {
     None
 }
 
-pub struct Service {
-    state: AppState<MemoryStore>,
+/// The service over a store whose futures complete without waiting (the memory store; a
+/// networked store needs a runtime to poll it, which this loop does not have yet).
+pub struct Service<S: Store = MemoryStore> {
+    state: AppState<S>,
     clock: Arc<AtomicU64>,
 }
 
@@ -47,22 +49,29 @@ fn answer<T: Serialize>(r: Result<axum::Json<T>, api::ApiError>) -> Answer {
     }
 }
 
-impl Service {
-    pub fn new() -> Service {
+impl Service<MemoryStore> {
+    pub fn new() -> Self {
+        Service::over(MemoryStore::new(Limits::default()))
+    }
+
+    /// The store loses every key (a restart of a store without persistence).
+    pub fn wipe(&mut self) {
+        *self = Service::new();
+    }
+}
+
+impl<S: Store> Service<S> {
+    /// The service over `store`, on the simulated clock, waiting for no record (see above).
+    pub fn over(store: S) -> Self {
         let clock = Arc::new(AtomicU64::new(0));
         let read = clock.clone();
         let opts = ResumeOptions {
             record_wait: Duration::ZERO,
             ..ResumeOptions::default()
         };
-        let state = AppState::new(MemoryStore::new(Limits::default()), opts)
-            .with_clock(Arc::new(move || read.load(Ordering::Relaxed)));
+        let state =
+            AppState::new(store, opts).with_clock(Arc::new(move || read.load(Ordering::Relaxed)));
         Service { state, clock }
-    }
-
-    /// The store loses every key (a restart of a store without persistence).
-    pub fn wipe(&mut self) {
-        *self = Service::new();
     }
 
     /// One request to the service at simulated time `now_ms`.
@@ -80,7 +89,7 @@ impl Service {
     }
 }
 
-impl Default for Service {
+impl Default for Service<MemoryStore> {
     fn default() -> Self {
         Service::new()
     }
