@@ -1,7 +1,15 @@
 //! `mcp-sim --seed N --steps M [flags]`: runs seeds from N on, prints each failing seed with the
 //! flags that replay it and the failing client's last events. `--seeds K` runs K seeds;
 //! `--interference 1` checks invariant 4 instead (victim alone vs. with the others).
+use std::io::Write as _;
 use std::process::ExitCode;
+
+/// `println!` that ignores a closed stdout (`mcp-sim … | head`).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
 use std::time::Instant;
 
 use mcp_sim::options::Options;
@@ -22,7 +30,7 @@ fn main() -> ExitCode {
             _ => opts.set(flag, value),
         };
         if let Err(e) = r {
-            eprintln!("mcp-sim: {e}");
+            esay!("mcp-sim: {e}");
             return ExitCode::from(2);
         }
     }
@@ -34,22 +42,24 @@ fn main() -> ExitCode {
         if interference {
             if let Some(v) = non_interference(&opts, opts.steps) {
                 failed += 1;
-                println!("FAIL seed {seed} {}: {}", v.invariant.name(), v.what);
-                println!("  replay: mcp-sim {} --interference 1", opts.flags());
+                say!("FAIL seed {seed} {}: {}", v.invariant.name(), v.what);
+                say!("  replay: mcp-sim {} --interference 1", opts.flags());
             }
             continue;
         }
         let r = run(&opts);
         steps += r.steps;
         if seeds == 1 {
-            println!(
+            say!(
                 "seed {seed}: {:?}, {} ms simulated; {}",
-                r.stats, r.sim_ms, r.replicas
+                r.stats,
+                r.sim_ms,
+                r.replicas
             );
         }
         if let Some(v) = r.violation {
             failed += 1;
-            println!(
+            say!(
                 "FAIL seed {seed} at step {} ({} ms simulated, {:.2} s wall) {}: client {}: {}",
                 r.steps,
                 r.sim_ms,
@@ -58,8 +68,8 @@ fn main() -> ExitCode {
                 v.client,
                 v.what
             );
-            println!("  replicas: {}", r.replicas);
-            println!(
+            say!("  replicas: {}", r.replicas);
+            say!(
                 "  replay: mcp-sim {}",
                 Options {
                     seed,
@@ -68,13 +78,13 @@ fn main() -> ExitCode {
                 .flags()
             );
             for line in trace(&opts, r.steps, &v, 40) {
-                println!("  {line}");
+                say!("  {line}");
             }
         }
     }
     let secs = started.elapsed().as_secs_f64();
     if interference {
-        println!(
+        say!(
             "mcp-sim: {seeds} seed(s) from {first}, client 0 alone and among {} others for {} simulated ms each, in {secs:.1} s, {failed} failed",
             opts.clients.saturating_sub(1),
             opts.steps
@@ -85,7 +95,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         };
     }
-    println!(
+    say!(
         "mcp-sim: {seeds} seed(s) from {first}, {steps} steps in {secs:.1} s ({:.0} steps/s), {failed} failed",
         steps as f64 / secs.max(1e-9)
     );
