@@ -30,7 +30,7 @@ fn main() -> ExitCode {
             _ => opts.set(flag, value),
         };
         if let Err(e) = r {
-            esay!("mcp-sim: {e}");
+            eprintln!("mcp-sim: {e}");
             return ExitCode::from(2);
         }
     }
