@@ -24,7 +24,7 @@ CONFIG    ?=
 STORE     ?= memory
 RULES     := observability/prometheus
 
-.PHONY: help check check-venv tools rust-targets venv interop-deps redis prometheus wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge
+.PHONY: help check check-venv tools rust-targets venv interop-deps redis prometheus wasm native build cli lint unit wasm-test validate rules adapters-test e2e e2e-native test demo clean bench bench-tools bench-smoke bench-scale chaos chaos-smoke fuzz fuzz-tools fuzz-merge sim sim-smoke
 
 help:
 	@echo "make demo    start Envoy + guard + ownership service + 3 demo replicas (UPSTREAMS=ip:port,... for yours,"
@@ -36,6 +36,7 @@ help:
 	@echo "make wasm    build $(WASM)"
 	@echo "make native  build $(NATIVE) (the Envoy dynamic module)"
 	@echo "make chaos   soak the whole system under seeded faults (CHAOS_S=600 CHAOS_CLIENTS=50 CHAOS_SEED=1)"
+	@echo "make sim     the deterministic simulator, >= 10 million steps (SIM_SEED=1 SIM_SEEDS=20 SIM_STEPS=500000)"
 	@echo "make fuzz    run every fuzz target for FUZZ_S seconds (default 60) on nightly"
 
 # ---- tools -----------------------------------------------------------------
@@ -154,18 +155,18 @@ e2e-native: venv build native
 
 # A one-off build keeps no incremental caches (about 1.8 GB in target/debug/incremental).
 test: export CARGO_INCREMENTAL ?= 0
-test: tools lint unit sse-diff wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke
+test: tools lint unit sse-diff wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke sim
 	@echo "make test: all green"
 
 # ---- the quick loop ----------------------------------------------------------
 # `make check`: what needs no package manager, no Redis and no Envoy, for the product's crates: the core,
-# both adapters (in process), the service (memory store) and the CLI. One build lints and tests them:
+# both adapters (in process), the service (memory store), the CLI and the simulator. One build lints and tests them:
 # clippy-driver compiles the workspace crates as `cargo clippy` runs it (CLIPPY_ARGS is its way of
 # taking `-D warnings`), so the tests need no second compilation. The Wasm adapter's test runs the
 # debug `.wasm` the first step lints and builds (MCP_ADAPTER_WASM_PROFILE), not an LTO build.
 # `make test` (lint, unit) adds the test replicas, the bench and fuzz tools, the rmcp adapter, the
 # ownership service's Redis tests and the release `.wasm` under the adapter test.
-CHECK_CRATES := -p mcp-resume-core -p mcp-resume-guard -p mcp-resume-guard-native -p mcp-adapter-harness -p mcp-guard -p mcp-ownership
+CHECK_CRATES := -p mcp-resume-core -p mcp-resume-guard -p mcp-resume-guard-native -p mcp-adapter-harness -p mcp-guard -p mcp-ownership -p mcp-sim
 CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
 LINTED := CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER)
 STATIC_TESTS := tests/static
@@ -190,7 +191,28 @@ check: rust-targets check-venv
 	$(WASI_RUNNER) $(LINTED) cargo test -p mcp-resume-core --target wasm32-wasip1 --lib
 	MCP_ADAPTER_WASM_PROFILE=dev $(LINTED) cargo test $(CHECK_CRATES) --all-targets
 	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-0} $(VENV)/bin/pytest -q $(STATIC_TESTS) $(STATIC_ENVOY)
+	$(MAKE) --no-print-directory sim-smoke
 	@echo "make check: green (make test runs everything)"
+
+# ---- the simulator ---------------------------------------------------------
+# `make sim`: the deterministic simulator (docs/simulator.md): gateways running the guard core, the
+# ownership service on its memory store, replicas and clients in one seeded process. SIM_GREEN is
+# the behaviour menu and the faults the current tree passes (the corpus in sim/seeds/corpus.txt
+# lists what fails). `make sim` builds in its own optimized profile (target/sim), so it never
+# rebuilds the debug tree; `sim-smoke` (part of `make check`) runs the debug build for seconds.
+SIM_GREEN   := --menu correct,feed-all,ids-without-data,echo-cursor,5xx --callout-loss 20 --store-blip 2 --skew-ms 500 --service-jitter-ms 20
+SIM_SEED    ?= 1
+SIM_SEEDS   ?= 40
+SIM_STEPS   ?= 500000
+SIM_PROFILE := --profile sim --config 'profile.sim.inherits="release"' --config 'profile.sim.lto=false' \
+  --config 'profile.sim.codegen-units=16' --config 'profile.sim.panic="unwind"'
+# Built as `make check` builds (linted by clippy-driver), so it reuses that build.
+sim-smoke:
+	$(LINTED) cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 3 --steps 50000 $(SIM_GREEN)
+	$(LINTED) cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 2 --steps 20000 --menu correct,feed-all,echo-cursor --interference 1
+sim:
+	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS) $(SIM_GREEN)
+	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 120000 --menu correct,feed-all,echo-cursor,5xx --attack 1 --interference 1
 
 # ---- benchmarks ------------------------------------------------------------
 # `make bench`: bare Envoy vs the proxy-wasm floors vs the guard, and the native floors vs the native guard:
