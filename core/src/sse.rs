@@ -131,6 +131,21 @@ pub trait OnId {
     /// After [`IdAction::Write`] for `id`: appends the block's new id to `out`, without
     /// `id: ` and line end. CR and LF in it are dropped; if it appends nothing, the id is kept.
     fn write_id(&mut self, id: &str, out: &mut Vec<u8>);
+
+    /// Called once per block a client dispatches (it has a `data` field) that has no id the
+    /// client would take (none, only NUL ones, or one too long to hold). Only
+    /// [`IdAction::DropEvent`] and [`IdAction::Cut`] act; anything else relays the block as it is.
+    fn on_event_without_id(&mut self) -> IdAction {
+        IdAction::Keep
+    }
+
+    /// The block being held grew past `max_hold`: may it stream through, decided at its end
+    /// (then a `Cut` or `DropEvent` leaves it unterminated)? `id`: its id so far, if any. On
+    /// false the rewriter cuts before the block's first byte.
+    fn may_overflow(&mut self, id: Option<&str>) -> bool {
+        let _ = id;
+        true
+    }
 }
 
 /// A closure decides; it answers with [`IdAction::Replace`] (it has nothing to write).
@@ -151,7 +166,9 @@ pub enum IdAction {
     Write,
     /// Keep the block's id as it was.
     Keep,
-    /// Suppress the whole block (see the module doc for overflowed blocks).
+    /// Emit the block without any `id` line: the client keeps the id it had.
+    Omit,
+    /// Suppress the whole block; on an overflowed block, partly sent, this is a [`IdAction::Cut`].
     DropEvent,
     /// Drop this block and everything after it; the rewriter becomes inert.
     Cut,
@@ -166,6 +183,8 @@ pub struct RewriterStats {
     pub dropped_blocks: u64,
     /// Blocks longer than `max_hold`, streamed instead of held.
     pub overflowed_blocks: u64,
+    /// Blocks longer than `max_hold` that [`OnId::may_overflow`] refused: cut before any byte.
+    pub overflow_cuts: u64,
     /// `id` lines ignored because they contain NUL.
     pub nul_ids: u64,
     /// `id` lines dropped because their value is longer than `max_hold`.
@@ -227,6 +246,10 @@ pub struct Rewriter {
     line_id_over: bool,
     block_id: Vec<u8>,
     block_id_state: BlockId,
+    /// The block has a `data` field: a client dispatches it.
+    has_data: bool,
+    /// `Some(n)`: the current line's first `n` bytes (all in earlier chunks) are `data`'s.
+    data_name: Option<u8>,
     /// [`content_digest`] of the current block so far.
     content: ContentDigest,
     /// Last byte this rewriter wrote was CR.
@@ -255,6 +278,8 @@ impl Rewriter {
             line_id_over: false,
             block_id: Vec::new(),
             block_id_state: BlockId::None,
+            has_data: false,
+            data_name: None,
             content: ContentDigest::new(),
             emitted_cr: false,
             cut: false,
@@ -378,7 +403,7 @@ impl Rewriter {
                     Lf::Drop => {}
                 }
                 // As if the whole line end had come at once.
-                self.check_overflow(chunk, out);
+                self.check_overflow(chunk, out, on_id);
             }
         }
         while i < chunk.len() && !self.cut {
@@ -386,12 +411,12 @@ impl Rewriter {
             i += match self.line {
                 Line::Start => self.at_line_start(chunk, i, out, on_id),
                 Line::Prefix(n) => self.in_prefix(chunk, rest, n, out),
-                Line::Id { at_value_start } => self.in_id(chunk, i, at_value_start, out),
-                Line::Other => self.in_other(chunk, i, out),
+                Line::Id { at_value_start } => self.in_id(chunk, i, at_value_start, out, on_id),
+                Line::Other => self.in_other(chunk, i, out, on_id),
             };
         }
         if !self.cut {
-            self.park(chunk, out);
+            self.park(chunk, out, on_id);
         }
         self.content.spill(chunk);
         self.runs.clear();
@@ -435,6 +460,7 @@ impl Rewriter {
             return rest.len();
         }
         self.line = Line::Other;
+        self.data_name = Some(0);
         0
     }
 
@@ -461,12 +487,20 @@ impl Rewriter {
                 self.content.bytes(chunk, carried);
                 self.add_carry(carried, out);
                 self.line = Line::Other;
+                self.data_name = None;
                 0
             }
         }
     }
 
-    fn in_id(&mut self, chunk: &[u8], i: usize, at_value_start: bool, out: &mut Vec<u8>) -> usize {
+    fn in_id(
+        &mut self,
+        chunk: &[u8],
+        i: usize,
+        at_value_start: bool,
+        out: &mut Vec<u8>,
+        on_id: &mut dyn OnId,
+    ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         // One space after the colon is not part of the value.
         let start = usize::from(at_value_start && rest.first() == Some(&b' '));
@@ -489,12 +523,21 @@ impl Rewriter {
         if split {
             self.skip_lf = Some(Lf::IdLine);
         }
-        self.check_overflow(chunk, out);
+        self.check_overflow(chunk, out, on_id);
         e + n
     }
 
-    fn in_other(&mut self, chunk: &[u8], i: usize, out: &mut Vec<u8>) -> usize {
+    fn in_other(
+        &mut self,
+        chunk: &[u8],
+        i: usize,
+        out: &mut Vec<u8>,
+        on_id: &mut dyn OnId,
+    ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
+        if let Some(n) = self.data_name {
+            self.match_data_name(n, rest);
+        }
         let Some(e) = find_eol(rest) else {
             self.content.range(chunk, i, chunk.len());
             self.add_run(i, chunk.len());
@@ -513,8 +556,26 @@ impl Rewriter {
         if split {
             self.skip_lf = Some(Lf::Content);
         }
-        self.check_overflow(chunk, out);
+        self.check_overflow(chunk, out, on_id);
         e + n
+    }
+
+    /// Reads on in a line whose first `n` bytes are `data`'s: a `data` field (name then colon
+    /// or line end) makes the block one a client dispatches. Looks at most 5 bytes per line.
+    fn match_data_name(&mut self, mut n: u8, rest: &[u8]) {
+        self.data_name = None;
+        for &b in rest {
+            match b"data".get(usize::from(n)) {
+                Some(&want) if b == want => n += 1,
+                Some(_) => return,
+                None => {
+                    self.has_data |= matches!(b, b':' | b'\r' | b'\n');
+                    return;
+                }
+            }
+        }
+        // The chunk ended inside the name: the next one decides.
+        self.data_name = Some(n);
     }
 
     fn begin_id_line(&mut self) {
@@ -574,8 +635,21 @@ impl Rewriter {
         }
     }
 
-    fn check_overflow(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+    fn check_overflow(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
         if !self.streaming && (self.block_bytes > self.max_hold || !self.hold_blocks) {
+            if self.hold_blocks {
+                let id = match self.block_id_state {
+                    BlockId::Value => Some(utf8_lossy(&self.block_id)),
+                    _ => None,
+                };
+                if !on_id.may_overflow(id.as_deref()) {
+                    // Cut before any byte of the block left: the output ends between blocks.
+                    self.stats.overflow_cuts += 1;
+                    self.cut = true;
+                    self.reset_block();
+                    return;
+                }
+            }
             self.streaming = true;
             if self.hold_blocks {
                 self.stats.overflowed_blocks += 1;
@@ -602,8 +676,11 @@ impl Rewriter {
     }
 
     /// At a chunk's end: keep the open block's bytes of this chunk, or stream them.
-    fn park(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        self.check_overflow(chunk, out);
+    fn park(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+        self.check_overflow(chunk, out, on_id);
+        if self.cut {
+            return;
+        }
         if self.streaming {
             self.flush_content(chunk, out);
         } else {
@@ -633,11 +710,18 @@ impl Rewriter {
         let action = if self.block_id_state == BlockId::Value {
             self.stats.ids += 1;
             Some(on_id.on_id(&id, self.content.digest(chunk)))
+        } else if self.has_data {
+            // Dispatched under the client's earlier id: only suppressing or cutting it is
+            // possible, anything else goes out as it is.
+            match on_id.on_event_without_id() {
+                a @ (IdAction::DropEvent | IdAction::Cut) => Some(a),
+                _ => None,
+            }
         } else {
             None
         };
         let lf = match action {
-            None => {
+            None | Some(IdAction::Omit) => {
                 self.flush_content(chunk, out);
                 self.emit_terminator(term, out);
                 Lf::Out
@@ -670,18 +754,15 @@ impl Rewriter {
                 self.emit_terminator(term, out);
                 Lf::Out
             }
-            Some(IdAction::DropEvent) => {
+            Some(IdAction::DropEvent) if !self.streaming => {
                 self.stats.dropped_blocks += 1;
-                if self.streaming {
-                    // Already partly sent: end it without an id.
-                    self.flush_content(chunk, out);
-                    self.emit_terminator(term, out);
-                    Lf::Out
-                } else {
-                    Lf::Drop
-                }
+                Lf::Drop
             }
-            Some(IdAction::Cut) => {
+            Some(a @ (IdAction::DropEvent | IdAction::Cut)) => {
+                if a == IdAction::DropEvent {
+                    self.stats.dropped_blocks += 1;
+                }
+                // A block partly sent can only be kept from dispatching by never ending it.
                 if self.streaming {
                     self.flush_content(chunk, out);
                     self.cut_mid_block = true;
@@ -713,6 +794,8 @@ impl Rewriter {
         self.runs.clear();
         self.block_id.clear();
         self.block_id_state = BlockId::None;
+        self.has_data = false;
+        self.data_name = None;
         self.content.reset();
     }
 }
@@ -1181,14 +1264,15 @@ mod tests {
             rw.push(c, &mut out, &mut |id, _| upper(id));
             assert!(rw.held_bytes() <= 16);
         }
-        // DropEvent can only omit the id; Cut leaves an unterminated block.
-        let (out, _, _) = run_with(&[big.as_bytes()], 16, &mut |_| IdAction::DropEvent);
-        assert_eq!(out, format!("data: {}\n\n", "x".repeat(40)).as_bytes());
-        let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| {
-            IdAction::Cut
-        });
-        assert_eq!(out, format!("data: {}\n", "x".repeat(40)).as_bytes());
-        assert!(rw.is_cut() && rw.cut_mid_block());
+        // DropEvent and Cut both leave it unterminated: a client never dispatches it.
+        for action in [IdAction::DropEvent, IdAction::Cut] {
+            let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| {
+                action.clone()
+            });
+            assert_eq!(out, format!("data: {}\n", "x".repeat(40)).as_bytes());
+            assert!(rw.is_cut() && rw.cut_mid_block());
+            assert!(reference(&out).events.is_empty());
+        }
         // A short block after an overflowed one is held again.
         let mut both = big.clone();
         both.push_str("id: b\ndata: y\n\n");
