@@ -7,6 +7,7 @@
 pub mod config;
 pub mod cursor;
 pub mod decision;
+pub mod eventsource;
 pub mod exchange;
 pub mod host;
 pub mod jsonrpc;
