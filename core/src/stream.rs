@@ -657,7 +657,7 @@ mod tests {
     use crate::ownership::recorded_event;
     use crate::sse::content_digest;
 
-    fn keys() -> Keyring {
+    pub(super) fn keys() -> Keyring {
         Keyring::new(
             Key {
                 id: 1,
@@ -1047,3 +1047,7 @@ mod tests {
         assert_eq!(finish(&mut s).1, Flow::Open);
     }
 }
+
+#[cfg(test)]
+#[path = "stream_client_tests.rs"]
+mod client_tests;
