@@ -998,36 +998,70 @@ mod tests {
         got
     }
 
-    /// Reference for [`digests`]: each block with a (non-NUL) id, its last id and the digest of
-    /// its other lines, from the whole stream's lines. Property tests only (native).
+    /// One block as a client reads it: its id (the last non-NUL `id` line's), whether it has
+    /// a `data` field (a client dispatches it), and the digest of its other lines.
     #[cfg(not(target_arch = "wasm32"))]
-    fn reference_digests(bytes: &[u8]) -> Vec<(String, u64)> {
+    type RefBlock = (Option<String>, bool, u64);
+
+    /// Reference for what the rewriter reports: every block (one or more lines, then a blank
+    /// line) of the whole stream. Property tests only (native).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn reference_blocks(bytes: &[u8]) -> Vec<RefBlock> {
         let mut rest = bytes.strip_prefix(&BOM[..]).unwrap_or(bytes);
         let (mut lines, mut id, mut got): (Vec<&[u8]>, Option<&[u8]>, Vec<_>) =
             (vec![], None, vec![]);
+        let (mut in_block, mut data) = (false, false);
         while let Some(p) = rest.iter().position(|&b| b == b'\r' || b == b'\n') {
             let line = &rest[..p];
             let eol = if rest[p..].starts_with(b"\r\n") { 2 } else { 1 };
             rest = &rest[p + eol..];
             if line.is_empty() {
-                if let Some(v) = id.take() {
-                    got.push((
-                        String::from_utf8_lossy(v).into_owned(),
-                        content_digest(&lines),
-                    ));
+                if std::mem::take(&mut in_block) {
+                    let id = id.take().map(|v| String::from_utf8_lossy(v).into_owned());
+                    got.push((id, std::mem::take(&mut data), content_digest(&lines)));
                 }
                 lines.clear();
-            } else if line == b"id" || line.starts_with(b"id:") {
+                continue;
+            }
+            in_block = true;
+            if line == b"id" || line.starts_with(b"id:") {
                 let v = line.get(3..).unwrap_or_default();
                 let v = v.strip_prefix(b" ").unwrap_or(v);
                 if !v.contains(&0) {
                     id = Some(v);
                 }
             } else {
+                data |= line == b"data" || line.starts_with(b"data:");
                 lines.push(line);
             }
         }
         got
+    }
+
+    /// Reference for [`digests`]: each block with a (non-NUL) id, its last id and the digest of
+    /// its other lines.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn reference_digests(bytes: &[u8]) -> Vec<(String, u64)> {
+        let blocks = reference_blocks(bytes).into_iter();
+        blocks.filter_map(|(id, _, d)| Some((id?, d))).collect()
+    }
+
+    /// Records every callback: `Some(id)` for `on_id`, `None` for `on_event_without_id`.
+    #[derive(Default)]
+    struct Calls(Vec<Option<String>>);
+
+    impl OnId for Calls {
+        fn on_id(&mut self, id: &str, _: u64) -> IdAction {
+            self.0.push(Some(id.to_owned()));
+            IdAction::Omit
+        }
+
+        fn write_id(&mut self, _: &str, _: &mut Vec<u8>) {}
+
+        fn on_event_without_id(&mut self) -> IdAction {
+            self.0.push(None);
+            IdAction::Keep
+        }
     }
 
     #[test]
@@ -1435,11 +1469,12 @@ mod tests {
                 3 => (prop_oneof![Just(&b"id:"[..]), Just(&b"id: "[..]), Just(&b"id:  "[..])], text())
                     .prop_map(move |(p, t)| cat(p, t)),
                 1 => Just(b"id".to_vec()),
+                1 => Just(b"data".to_vec()),
                 3 => (prop_oneof![Just(&b"data:"[..]), Just(&b"data: "[..])], text()).prop_map(move |(p, t)| cat(p, t)),
                 1 => text().prop_map(move |t| cat(b"event: ", t)),
                 1 => prop_oneof![Just(b"retry: 100".to_vec()), Just(b"retry:5".to_vec()), Just(b"retry: x1".to_vec())],
                 1 => text().prop_map(move |t| cat(b":", t)),
-                1 => (prop_oneof![Just(&b"idx"[..]), Just(&b"i"[..]), Just(&b"d"[..]), Just(&b" id"[..]), Just(&b"ID"[..])], text())
+                1 => (prop_oneof![Just(&b"idx"[..]), Just(&b"i"[..]), Just(&b"d"[..]), Just(&b" id"[..]), Just(&b"ID"[..]), Just(&b"dat"[..]), Just(&b"datas"[..])], text())
                     .prop_map(move |(p, t)| cat(p, t)),
             ]
         }
@@ -1578,6 +1613,28 @@ mod tests {
                 }
                 rw.finish(&mut out);
                 prop_assert_eq!(reference(&out), reference(&held_small));
+            }
+
+            #[test]
+            fn every_block_a_client_dispatches_or_takes_an_id_from_is_reported(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
+                let want: Vec<Option<String>> = reference_blocks(&s)
+                    .into_iter()
+                    .filter(|(id, data, _)| id.is_some() || *data)
+                    .map(|(id, _, _)| id)
+                    .collect();
+                for streaming in [false, true] {
+                    for chunks in [split(&s, &cuts), s.chunks(1).collect()] {
+                        let mut rw = if streaming { Rewriter::streaming(1 << 16) } else { Rewriter::new(1 << 16) };
+                        let (mut calls, mut out) = (Calls::default(), Vec::new());
+                        for c in &chunks {
+                            rw.push_with(c, &mut out, &mut calls);
+                        }
+                        prop_assert_eq!(&calls.0, &want);
+                        // Omit takes every id out: a client's last event id is never set.
+                        rw.finish(&mut out);
+                        prop_assert!(reference(&out).events.iter().all(|e| e.last_id.is_none()));
+                    }
+                }
             }
 
             #[test]
