@@ -323,12 +323,14 @@ impl StreamState {
                 }
             }
         }
+        let empty_replay = self.ids.rewritten == 0 && !self.ids.expected.is_empty();
+        if !self.cut && empty_replay && !self.rewriter.is_cut() {
+            // The unterminated block held is not flushed (clients discard it anyway): the
+            // control event must start a line of its own, or a client reads it as a message.
+            return self.cut_with_signal(Reason::ReplayMismatch, out);
+        }
         if !self.cut {
             self.rewriter.finish(out);
-            let empty_replay = self.ids.rewritten == 0 && !self.ids.expected.is_empty();
-            if empty_replay && !self.rewriter.is_cut() {
-                return self.cut_with_signal(Reason::ReplayMismatch, out);
-            }
         }
         self.after(out)
     }
@@ -828,6 +830,18 @@ mod tests {
         let (out, flow) = run(&mut s, &k, "id: e7\ndata: echo\n\n: ping\n\n");
         assert_eq!((flow, out.contains("echo")), (Flow::Open, false));
         assert_eq!(finish(&mut s).1, Flow::CutReplayMismatch);
+        // An unterminated tail is not flushed before the control event, which would join it.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
+        let (out, _) = run(&mut s, &k, ": ping\n\nx");
+        let (end, flow) = finish(&mut s);
+        assert_eq!(
+            (flow, end),
+            (
+                Flow::CutReplayMismatch,
+                control_event(Reason::ReplayMismatch)
+            )
+        );
+        assert_eq!(out, ": ping\n\n");
         // Part of the recorded events, then the end: an early close, not a mismatch.
         let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
         run(&mut s, &k, "id: e8\ndata: 8\n\n");
