@@ -677,7 +677,12 @@ impl Rewriter {
 
     /// At a chunk's end: keep the open block's bytes of this chunk, or stream them.
     fn park(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
-        self.check_overflow(chunk, out, on_id);
+        // Inside an id line the check waits for its end, as it does when the line comes whole:
+        // the id a block has when it overflows must not depend on the chunking. (Its bytes are
+        // not held meanwhile: the value is bounded on its own.)
+        if !matches!(self.line, Line::Id { .. } | Line::Prefix(_)) {
+            self.check_overflow(chunk, out, on_id);
+        }
         if self.cut {
             return;
         }
@@ -1046,9 +1051,10 @@ mod tests {
         blocks.filter_map(|(id, _, d)| Some((id?, d))).collect()
     }
 
-    /// Records every callback: `Some(id)` for `on_id`, `None` for `on_event_without_id`.
+    /// Records every callback: `Some(id)` for `on_id`, `None` for `on_event_without_id`; and
+    /// each `may_overflow` question, allowed when the id so far has a `k`.
     #[derive(Default)]
-    struct Calls(Vec<Option<String>>);
+    struct Calls(Vec<Option<String>>, Vec<Option<String>>);
 
     impl OnId for Calls {
         fn on_id(&mut self, id: &str, _: u64) -> IdAction {
@@ -1061,6 +1067,11 @@ mod tests {
         fn on_event_without_id(&mut self) -> IdAction {
             self.0.push(None);
             IdAction::Keep
+        }
+
+        fn may_overflow(&mut self, id: Option<&str>) -> bool {
+            self.1.push(id.map(str::to_owned));
+            id.is_some_and(|i| i.contains('k'))
         }
     }
 
@@ -1634,6 +1645,32 @@ mod tests {
                         rw.finish(&mut out);
                         prop_assert!(reference(&out).events.iter().all(|e| e.last_id.is_none()));
                     }
+                }
+            }
+
+            #[test]
+            fn a_refused_overflow_cuts_between_blocks_whatever_the_chunking(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8), max_hold in 0usize..40) {
+                let go = |chunks: &[&[u8]]| {
+                    let mut rw = Rewriter::new(max_hold);
+                    let (mut calls, mut out) = (Calls::default(), Vec::new());
+                    for c in chunks {
+                        rw.push_with(c, &mut out, &mut calls);
+                    }
+                    rw.finish(&mut out);
+                    (out, calls.0, calls.1, rw.stats(), rw.is_cut(), rw.cut_mid_block())
+                };
+                let whole = go(&[&s]);
+                prop_assert_eq!(&go(&split(&s, &cuts)), &whole);
+                let bytes: Vec<&[u8]> = s.chunks(1).collect();
+                prop_assert_eq!(&go(&bytes), &whole);
+                let (out, _, asked, stats, cut, mid) = whole;
+                prop_assert_eq!(stats.overflow_cuts > 0, cut);
+                prop_assert!(!mid);
+                prop_assert_eq!(asked.len() as u64, stats.overflowed_blocks + stats.overflow_cuts);
+                if cut {
+                    // Nothing of the refused block left: the output ends where a block ended.
+                    let (events, _) = crate::eventsource::parse(&[&out, b"data: end\n\n"]);
+                    prop_assert_eq!(events.last().map(|e| e.data.as_str()), Some("end"));
                 }
             }
 
