@@ -12,13 +12,17 @@
 //!   right before the blank line**, ending in LF, or CRLF when the blank line starts with CR.
 //!   Clients don't care about field order within a block.
 //! - `id` lines containing NUL are removed without a callback: clients ignore them too.
-//! - Blocks without an id are emitted unchanged, without a callback.
+//! - A block without such an id that a client dispatches (it has a `data` field, `data:` or a
+//!   bare `data` included) gets [`OnId::on_event_without_id`], which may drop or cut it; other
+//!   blocks without an id (comments, `retry`, `event` alone) are emitted unchanged.
 //! - A block is held until its blank line so that [`IdAction::DropEvent`] and [`IdAction::Cut`]
-//!   can suppress it whole. A block longer than `max_hold` bytes is instead streamed through
-//!   ("overflowed", counted in [`RewriterStats::overflowed_blocks`]); its id is still replaced,
-//!   but then `DropEvent` only omits the id (the event itself is dispatched) and `Cut` stops
-//!   output inside the block ([`Rewriter::cut_mid_block`]). Whether a block overflows depends
-//!   only on its length, never on how the stream was chunked.
+//!   can suppress it whole. A block longer than `max_hold` bytes asks [`OnId::may_overflow`]:
+//!   refused, the rewriter cuts before the block's first byte (counted in
+//!   [`RewriterStats::overflow_cuts`]); allowed, it streams through ("overflowed", counted in
+//!   [`RewriterStats::overflowed_blocks`]); its id is still replaced, and `DropEvent` or `Cut`
+//!   stop output inside the block ([`Rewriter::cut_mid_block`]), so a client never dispatches it.
+//!   Whether and when a block overflows depends only on its bytes, never on how the stream was
+//!   chunked (inside an `id` line the check waits for the line's end).
 //! - An id value longer than `max_hold` is dropped without a callback (counted as oversized).
 //! - A leading UTF-8 BOM is consumed and not re-emitted (clients strip one anyway), so a control
 //!   event can be put in front of the output. (Only a stream starting with two BOMs reads
