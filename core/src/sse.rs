@@ -318,7 +318,7 @@ impl Rewriter {
     }
 
     /// [`Rewriter::push`] with an [`OnId`], which may write the new ids into `out` itself.
-    pub fn push_with(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+    pub fn push_with<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         if self.cut {
             return;
         }
@@ -391,7 +391,7 @@ impl Rewriter {
         self.stats
     }
 
-    fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+    fn feed<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         if chunk.is_empty() {
             // Keep a pending CR's state for the next non-empty chunk.
             return;
@@ -427,12 +427,12 @@ impl Rewriter {
     }
 
     /// Returns the bytes consumed; 0 when only the state changed.
-    fn at_line_start(
+    fn at_line_start<O: OnId + ?Sized>(
         &mut self,
         chunk: &[u8],
         i: usize,
         out: &mut Vec<u8>,
-        on_id: &mut dyn OnId,
+        on_id: &mut O,
     ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         if let Some(b'\r' | b'\n') = rest.first() {
@@ -464,7 +464,15 @@ impl Rewriter {
             return rest.len();
         }
         self.line = Line::Other;
-        self.data_name = Some(0);
+        // Whether the line is a `data` field, at once when its first 5 bytes are here.
+        self.data_name = match rest.get(..5) {
+            Some(head) => {
+                let data = matches!(head, [b'd', b'a', b't', b'a', b':' | b'\r' | b'\n']);
+                self.has_data |= data;
+                None
+            }
+            None => Some(0),
+        };
         0
     }
 
@@ -497,13 +505,13 @@ impl Rewriter {
         }
     }
 
-    fn in_id(
+    fn in_id<O: OnId + ?Sized>(
         &mut self,
         chunk: &[u8],
         i: usize,
         at_value_start: bool,
         out: &mut Vec<u8>,
-        on_id: &mut dyn OnId,
+        on_id: &mut O,
     ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         // One space after the colon is not part of the value.
@@ -531,12 +539,12 @@ impl Rewriter {
         e + n
     }
 
-    fn in_other(
+    fn in_other<O: OnId + ?Sized>(
         &mut self,
         chunk: &[u8],
         i: usize,
         out: &mut Vec<u8>,
-        on_id: &mut dyn OnId,
+        on_id: &mut O,
     ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         if let Some(n) = self.data_name {
@@ -639,27 +647,33 @@ impl Rewriter {
         }
     }
 
-    fn check_overflow(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+    #[inline(always)]
+    fn check_overflow<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         if !self.streaming && (self.block_bytes > self.max_hold || !self.hold_blocks) {
-            if self.hold_blocks {
-                let id = match self.block_id_state {
-                    BlockId::Value => Some(utf8_lossy(&self.block_id)),
-                    _ => None,
-                };
-                if !on_id.may_overflow(id.as_deref()) {
-                    // Cut before any byte of the block left: the output ends between blocks.
-                    self.stats.overflow_cuts += 1;
-                    self.cut = true;
-                    self.reset_block();
-                    return;
-                }
-            }
-            self.streaming = true;
-            if self.hold_blocks {
-                self.stats.overflowed_blocks += 1;
-            }
-            self.flush_content(chunk, out);
+            self.overflow(chunk, out, on_id);
         }
+    }
+
+    /// Out of the per-line path: once per block at most.
+    #[cold]
+    #[inline(never)]
+    fn overflow<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
+        if self.hold_blocks {
+            let id = match self.block_id_state {
+                BlockId::Value => Some(utf8_lossy(&self.block_id)),
+                _ => None,
+            };
+            if !on_id.may_overflow(id.as_deref()) {
+                // Cut before any byte of the block left: the output ends between blocks.
+                self.stats.overflow_cuts += 1;
+                self.cut = true;
+                self.reset_block();
+                return;
+            }
+            self.stats.overflowed_blocks += 1;
+        }
+        self.streaming = true;
+        self.flush_content(chunk, out);
     }
 
     /// Writes the block content gathered so far (held, then this chunk's runs).
@@ -680,7 +694,7 @@ impl Rewriter {
     }
 
     /// At a chunk's end: keep the open block's bytes of this chunk, or stream them.
-    fn park(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+    fn park<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         // Inside an id line the check waits for its end, as it does when the line comes whole:
         // the id a block has when it overflows must not depend on the chunking. (Its bytes are
         // not held meanwhile: the value is bounded on its own.)
@@ -702,12 +716,12 @@ impl Rewriter {
     }
 
     /// Handles the blank line `term`; returns where a LF split from a CR `term` belongs.
-    fn end_block(
+    fn end_block<O: OnId + ?Sized>(
         &mut self,
         chunk: &[u8],
         term: &[u8],
         out: &mut Vec<u8>,
-        on_id: &mut dyn OnId,
+        on_id: &mut O,
     ) -> Lf {
         if !self.in_block {
             self.emit_terminator(term, out);
