@@ -240,6 +240,8 @@ pub struct Rewriter {
     in_block: bool,
     /// The current block exceeded `max_hold` and is streamed.
     streaming: bool,
+    /// Content bytes of the current block: `id` lines are left out (each value is bounded on
+    /// its own), so a long id never makes a short event too long to hold.
     block_bytes: usize,
     /// Content of the current block carried over from earlier chunks.
     hold: Vec<u8>,
@@ -382,7 +384,8 @@ impl Rewriter {
         self.in_block && self.streaming
     }
 
-    /// Bytes currently buffered (held block content and id values); at most about 2 × `max_hold`.
+    /// Bytes currently buffered (held block content and id values); at most about 3 × `max_hold`:
+    /// the content, the block's id and an id line being read are each bounded by it.
     pub fn held_bytes(&self) -> usize {
         self.hold.len() + self.line_id.len() + self.block_id.len()
     }
@@ -402,7 +405,7 @@ impl Rewriter {
                 i = 1;
                 match lf {
                     Lf::Content => self.add_run(0, 1),
-                    Lf::IdLine => self.block_bytes += 1,
+                    Lf::IdLine => {}
                     Lf::Out => emit(&mut self.emitted_cr, out, b"\n"),
                     Lf::Drop => {}
                 }
@@ -449,18 +452,15 @@ impl Rewriter {
         // takes the line (a data line is scanned once, not twice).
         if rest.starts_with(b"id:") {
             self.begin_id_line();
-            self.block_bytes += 3;
             return 3;
         }
         if let Some(b"id\r" | b"id\n") = rest.get(..3) {
             // A field name without colon has an empty value: an id reset.
             self.begin_id_line();
-            self.block_bytes += 2;
             return 2;
         }
         if rest == b"i" || rest == b"id" {
             self.line = Line::Prefix(rest.len() as u8);
-            self.block_bytes += rest.len();
             return rest.len();
         }
         self.line = Line::Other;
@@ -482,12 +482,10 @@ impl Rewriter {
         match (n, next) {
             (1, Some(b'd')) => {
                 self.line = Line::Prefix(2);
-                self.block_bytes += 1;
                 1
             }
             (2, Some(b':')) => {
                 self.begin_id_line();
-                self.block_bytes += 1;
                 1
             }
             (2, Some(b'\r' | b'\n')) => {
@@ -521,7 +519,6 @@ impl Rewriter {
         let eol = eol.map(|p| p + start);
         let end = eol.unwrap_or(rest.len());
         self.collect_id(rest.get(start..end).unwrap_or_default(), nul);
-        self.block_bytes += end;
         let Some(e) = eol else {
             self.line = Line::Id {
                 at_value_start: false,
@@ -529,7 +526,6 @@ impl Rewriter {
             return end;
         };
         let (n, split) = eol_at(rest, e);
-        self.block_bytes += n;
         self.finish_id_line();
         self.line = Line::Start;
         if split {
@@ -640,6 +636,7 @@ impl Rewriter {
 
     /// Content bytes from an earlier chunk; no runs of this chunk precede them.
     fn add_carry(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        self.block_bytes += bytes.len();
         if self.streaming {
             emit(&mut self.emitted_cr, out, bytes);
         } else {

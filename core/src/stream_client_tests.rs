@@ -242,6 +242,26 @@ fn a_long_recorded_event_is_cut_but_a_long_new_one_streams() {
     assert_eq!((run.flow, run.events.len()), (Flow::Open, 1));
 }
 
+#[test]
+fn a_long_id_does_not_make_a_short_event_long() {
+    // Ids are bounded on their own: only the content counts against the hold, so a recorded
+    // event with an id near `max_hold` is still held, checked and continued.
+    let long = "L".repeat(1020);
+    let line = "data: d8";
+    let expected = vec![recorded_event(&long, content_digest(&[line.as_bytes()]))];
+    let cursor = cursor_of(7);
+    let input = format!("id: {long}\n{line}\n\n");
+    for chunk in [input.len(), 7] {
+        let mut s = StreamState::continuation(&cursor, expected.clone(), true, 1024);
+        let mut out = Vec::new();
+        for c in input.as_bytes().chunks(chunk) {
+            s.push(&keys(), c, &mut out);
+        }
+        assert_eq!((s.finish(&mut out), s.rewritten()), (Flow::Open, 1));
+        assert!(s.held_bytes() == 0);
+    }
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 mod props {
     use super::*;

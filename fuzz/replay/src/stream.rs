@@ -215,7 +215,7 @@ pub fn stream_state(data: &[u8]) {
         flow = f;
         take(&mut s, &mut relayed);
         assert!(
-            s.held_bytes() <= 2 * max_hold + 2,
+            s.held_bytes() <= 3 * max_hold + 2,
             "held {}",
             s.held_bytes()
         );
