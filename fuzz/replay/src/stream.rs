@@ -314,11 +314,18 @@ pub fn stream_state(data: &[u8]) {
         }
         None => String::new(),
     };
-    judge(&out, &start, &expected, !raw_pieces(&inp.pieces), |id| {
-        keyring().decode(id).is_ok_and(|c| {
-            (c.session, c.incarnation, c.kind) == (inp.session, inp.incarnation, kind)
-        })
-    });
+    judge(
+        &out,
+        &start,
+        first_seq,
+        &expected,
+        !raw_pieces(&inp.pieces),
+        |id| {
+            keyring().decode(id).is_ok_and(|c| {
+                (c.session, c.incarnation, c.kind) == (inp.session, inp.incarnation, kind)
+            })
+        },
+    );
     let signal = control_event(Reason::ReplayMismatch);
     if !raw_pieces(&inp.pieces) && out.ends_with(signal.as_bytes()) {
         assert_eq!(
@@ -333,13 +340,17 @@ fn raw_pieces(pieces: &[Piece]) -> bool {
     pieces.iter().any(|p| matches!(p, Piece::Raw(_)))
 }
 
-/// What a client whose last event id was `start` dispatches from `out`: before a control event,
-/// the recorded next events first (their ids and, when `exact` and recorded, their content),
-/// under their own cursors; then events under cursors of this stream (`ours`), or under no id
-/// at all on a fresh stream before its first id. The client ends with such an id too.
+/// What a client whose last event id was `start` (the cursor before `first_seq`) dispatches
+/// from `out`, before a control event. While recorded events are expected, each event is
+/// dispatched under the cursor of one of them, never under `start`, each recorded seq but the
+/// last at most once and in order, and it names that recorded id (and, when `exact` and
+/// recorded, has its content): an id-only recorded block dispatches nothing, so seqs may be
+/// skipped. Every event carries a cursor of this stream (`ours`), or no id at all on a fresh
+/// stream before its first; the client ends with such an id too.
 fn judge(
     out: &[u8],
     start: &str,
+    first_seq: u64,
     expected: &[(String, Option<u64>)],
     exact: bool,
     ours: impl Fn(&str) -> bool,
@@ -354,29 +365,40 @@ fn judge(
     }
     client.feed(out, &mut events);
     let fine = |id: &str| (id.is_empty() && start.is_empty()) || ours(id);
-    let mut want = expected.iter();
+    let last = first_seq - 1 + expected.len() as u64;
+    let mut prev = first_seq - 1;
     for e in events.iter().take_while(|e| e.event != "mcp-resume") {
         assert!(
             fine(&e.last_event_id),
             "dispatched under {:?}",
             e.last_event_id
         );
-        let Some((id, digest)) = want.next() else {
+        if expected.is_empty() {
             continue;
+        }
+        let Ok(c) = keyring().decode(&e.last_event_id) else {
+            unreachable!("checked above");
         };
-        let c = keyring().decode(&e.last_event_id);
-        let named = c.ok().and_then(|c| c.replica_event_id);
+        assert!(c.seq >= first_seq, "dispatched before the replay: {e:?}");
+        if c.seq > last || (c.seq == last && prev == last) {
+            continue; // new events, after the replay
+        }
+        assert!(c.seq > prev, "twice under one replayed cursor: {e:?}");
+        prev = c.seq;
+        let Some((id, digest)) = expected.get((c.seq - first_seq) as usize) else {
+            unreachable!("seq within the replay");
+        };
         if id.len() <= MAX_REPLICA_ID_BYTES {
             assert_eq!(
-                named.as_ref(),
+                c.replica_event_id.as_ref(),
                 Some(id),
-                "not the recorded next event: {e:?}"
+                "not the recorded event: {e:?}"
             );
         }
         if let (Some(d), true) = (digest, exact) {
             let line = format!("data: {}", e.data);
             let got = content_digest(&[line.as_bytes()]);
-            assert_eq!(got, *d, "other content than the recorded next event: {e:?}");
+            assert_eq!(got, *d, "other content than the recorded event: {e:?}");
         }
     }
     assert!(
