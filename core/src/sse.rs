@@ -12,13 +12,17 @@
 //!   right before the blank line**, ending in LF, or CRLF when the blank line starts with CR.
 //!   Clients don't care about field order within a block.
 //! - `id` lines containing NUL are removed without a callback: clients ignore them too.
-//! - Blocks without an id are emitted unchanged, without a callback.
+//! - A block without such an id that a client dispatches (it has a `data` field, `data:` or a
+//!   bare `data` included) gets [`OnId::on_event_without_id`], which may drop or cut it; other
+//!   blocks without an id (comments, `retry`, `event` alone) are emitted unchanged.
 //! - A block is held until its blank line so that [`IdAction::DropEvent`] and [`IdAction::Cut`]
-//!   can suppress it whole. A block longer than `max_hold` bytes is instead streamed through
-//!   ("overflowed", counted in [`RewriterStats::overflowed_blocks`]); its id is still replaced,
-//!   but then `DropEvent` only omits the id (the event itself is dispatched) and `Cut` stops
-//!   output inside the block ([`Rewriter::cut_mid_block`]). Whether a block overflows depends
-//!   only on its length, never on how the stream was chunked.
+//!   can suppress it whole. A block longer than `max_hold` bytes asks [`OnId::may_overflow`]:
+//!   refused, the rewriter cuts before the block's first byte (counted in
+//!   [`RewriterStats::overflow_cuts`]); allowed, it streams through ("overflowed", counted in
+//!   [`RewriterStats::overflowed_blocks`]); its id is still replaced, and `DropEvent` or `Cut`
+//!   stop output inside the block ([`Rewriter::cut_mid_block`]), so a client never dispatches it.
+//!   Whether and when a block overflows depends only on its bytes, never on how the stream was
+//!   chunked (inside an `id` line the check waits for the line's end).
 //! - An id value longer than `max_hold` is dropped without a callback (counted as oversized).
 //! - A leading UTF-8 BOM is consumed and not re-emitted (clients strip one anyway), so a control
 //!   event can be put in front of the output. (Only a stream starting with two BOMs reads
@@ -131,6 +135,21 @@ pub trait OnId {
     /// After [`IdAction::Write`] for `id`: appends the block's new id to `out`, without
     /// `id: ` and line end. CR and LF in it are dropped; if it appends nothing, the id is kept.
     fn write_id(&mut self, id: &str, out: &mut Vec<u8>);
+
+    /// Called once per block a client dispatches (it has a `data` field) that has no id the
+    /// client would take (none, only NUL ones, or one too long to hold). Only
+    /// [`IdAction::DropEvent`] and [`IdAction::Cut`] act; anything else relays the block as it is.
+    fn on_event_without_id(&mut self) -> IdAction {
+        IdAction::Keep
+    }
+
+    /// The block being held grew past `max_hold`: may it stream through, decided at its end
+    /// (then a `Cut` or `DropEvent` leaves it unterminated)? `id`: its id so far, if any. On
+    /// false the rewriter cuts before the block's first byte.
+    fn may_overflow(&mut self, id: Option<&str>) -> bool {
+        let _ = id;
+        true
+    }
 }
 
 /// A closure decides; it answers with [`IdAction::Replace`] (it has nothing to write).
@@ -151,7 +170,9 @@ pub enum IdAction {
     Write,
     /// Keep the block's id as it was.
     Keep,
-    /// Suppress the whole block (see the module doc for overflowed blocks).
+    /// Emit the block without any `id` line: the client keeps the id it had.
+    Omit,
+    /// Suppress the whole block; on an overflowed block, partly sent, this is a [`IdAction::Cut`].
     DropEvent,
     /// Drop this block and everything after it; the rewriter becomes inert.
     Cut,
@@ -166,6 +187,8 @@ pub struct RewriterStats {
     pub dropped_blocks: u64,
     /// Blocks longer than `max_hold`, streamed instead of held.
     pub overflowed_blocks: u64,
+    /// Blocks longer than `max_hold` that [`OnId::may_overflow`] refused: cut before any byte.
+    pub overflow_cuts: u64,
     /// `id` lines ignored because they contain NUL.
     pub nul_ids: u64,
     /// `id` lines dropped because their value is longer than `max_hold`.
@@ -217,6 +240,8 @@ pub struct Rewriter {
     in_block: bool,
     /// The current block exceeded `max_hold` and is streamed.
     streaming: bool,
+    /// Content bytes of the current block: `id` lines are left out (each value is bounded on
+    /// its own), so a long id never makes a short event too long to hold.
     block_bytes: usize,
     /// Content of the current block carried over from earlier chunks.
     hold: Vec<u8>,
@@ -227,6 +252,10 @@ pub struct Rewriter {
     line_id_over: bool,
     block_id: Vec<u8>,
     block_id_state: BlockId,
+    /// The block has a `data` field: a client dispatches it.
+    has_data: bool,
+    /// `Some(n)`: the current line's first `n` bytes (all in earlier chunks) are `data`'s.
+    data_name: Option<u8>,
     /// [`content_digest`] of the current block so far.
     content: ContentDigest,
     /// Last byte this rewriter wrote was CR.
@@ -255,6 +284,8 @@ impl Rewriter {
             line_id_over: false,
             block_id: Vec::new(),
             block_id_state: BlockId::None,
+            has_data: false,
+            data_name: None,
             content: ContentDigest::new(),
             emitted_cr: false,
             cut: false,
@@ -289,7 +320,7 @@ impl Rewriter {
     }
 
     /// [`Rewriter::push`] with an [`OnId`], which may write the new ids into `out` itself.
-    pub fn push_with(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+    pub fn push_with<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         if self.cut {
             return;
         }
@@ -353,7 +384,8 @@ impl Rewriter {
         self.in_block && self.streaming
     }
 
-    /// Bytes currently buffered (held block content and id values); at most about 2 × `max_hold`.
+    /// Bytes currently buffered (held block content and id values); at most about 3 × `max_hold`:
+    /// the content, the block's id and an id line being read are each bounded by it.
     pub fn held_bytes(&self) -> usize {
         self.hold.len() + self.line_id.len() + self.block_id.len()
     }
@@ -362,7 +394,7 @@ impl Rewriter {
         self.stats
     }
 
-    fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut dyn OnId) {
+    fn feed<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         if chunk.is_empty() {
             // Keep a pending CR's state for the next non-empty chunk.
             return;
@@ -373,12 +405,12 @@ impl Rewriter {
                 i = 1;
                 match lf {
                     Lf::Content => self.add_run(0, 1),
-                    Lf::IdLine => self.block_bytes += 1,
+                    Lf::IdLine => {}
                     Lf::Out => emit(&mut self.emitted_cr, out, b"\n"),
                     Lf::Drop => {}
                 }
                 // As if the whole line end had come at once.
-                self.check_overflow(chunk, out);
+                self.check_overflow(chunk, out, on_id);
             }
         }
         while i < chunk.len() && !self.cut {
@@ -386,24 +418,24 @@ impl Rewriter {
             i += match self.line {
                 Line::Start => self.at_line_start(chunk, i, out, on_id),
                 Line::Prefix(n) => self.in_prefix(chunk, rest, n, out),
-                Line::Id { at_value_start } => self.in_id(chunk, i, at_value_start, out),
-                Line::Other => self.in_other(chunk, i, out),
+                Line::Id { at_value_start } => self.in_id(chunk, i, at_value_start, out, on_id),
+                Line::Other => self.in_other(chunk, i, out, on_id),
             };
         }
         if !self.cut {
-            self.park(chunk, out);
+            self.park(chunk, out, on_id);
         }
         self.content.spill(chunk);
         self.runs.clear();
     }
 
     /// Returns the bytes consumed; 0 when only the state changed.
-    fn at_line_start(
+    fn at_line_start<O: OnId + ?Sized>(
         &mut self,
         chunk: &[u8],
         i: usize,
         out: &mut Vec<u8>,
-        on_id: &mut dyn OnId,
+        on_id: &mut O,
     ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         if let Some(b'\r' | b'\n') = rest.first() {
@@ -420,21 +452,27 @@ impl Rewriter {
         // takes the line (a data line is scanned once, not twice).
         if rest.starts_with(b"id:") {
             self.begin_id_line();
-            self.block_bytes += 3;
             return 3;
         }
         if let Some(b"id\r" | b"id\n") = rest.get(..3) {
             // A field name without colon has an empty value: an id reset.
             self.begin_id_line();
-            self.block_bytes += 2;
             return 2;
         }
         if rest == b"i" || rest == b"id" {
             self.line = Line::Prefix(rest.len() as u8);
-            self.block_bytes += rest.len();
             return rest.len();
         }
         self.line = Line::Other;
+        // Whether the line is a `data` field, at once when its first 5 bytes are here.
+        self.data_name = match rest.get(..5) {
+            Some(head) => {
+                let data = matches!(head, [b'd', b'a', b't', b'a', b':' | b'\r' | b'\n']);
+                self.has_data |= data;
+                None
+            }
+            None => Some(0),
+        };
         0
     }
 
@@ -444,12 +482,10 @@ impl Rewriter {
         match (n, next) {
             (1, Some(b'd')) => {
                 self.line = Line::Prefix(2);
-                self.block_bytes += 1;
                 1
             }
             (2, Some(b':')) => {
                 self.begin_id_line();
-                self.block_bytes += 1;
                 1
             }
             (2, Some(b'\r' | b'\n')) => {
@@ -461,12 +497,20 @@ impl Rewriter {
                 self.content.bytes(chunk, carried);
                 self.add_carry(carried, out);
                 self.line = Line::Other;
+                self.data_name = None;
                 0
             }
         }
     }
 
-    fn in_id(&mut self, chunk: &[u8], i: usize, at_value_start: bool, out: &mut Vec<u8>) -> usize {
+    fn in_id<O: OnId + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        i: usize,
+        at_value_start: bool,
+        out: &mut Vec<u8>,
+        on_id: &mut O,
+    ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
         // One space after the colon is not part of the value.
         let start = usize::from(at_value_start && rest.first() == Some(&b' '));
@@ -475,7 +519,6 @@ impl Rewriter {
         let eol = eol.map(|p| p + start);
         let end = eol.unwrap_or(rest.len());
         self.collect_id(rest.get(start..end).unwrap_or_default(), nul);
-        self.block_bytes += end;
         let Some(e) = eol else {
             self.line = Line::Id {
                 at_value_start: false,
@@ -483,18 +526,26 @@ impl Rewriter {
             return end;
         };
         let (n, split) = eol_at(rest, e);
-        self.block_bytes += n;
         self.finish_id_line();
         self.line = Line::Start;
         if split {
             self.skip_lf = Some(Lf::IdLine);
         }
-        self.check_overflow(chunk, out);
+        self.check_overflow(chunk, out, on_id);
         e + n
     }
 
-    fn in_other(&mut self, chunk: &[u8], i: usize, out: &mut Vec<u8>) -> usize {
+    fn in_other<O: OnId + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        i: usize,
+        out: &mut Vec<u8>,
+        on_id: &mut O,
+    ) -> usize {
         let rest = chunk.get(i..).unwrap_or_default();
+        if let Some(n) = self.data_name {
+            self.match_data_name(n, rest);
+        }
         let Some(e) = find_eol(rest) else {
             self.content.range(chunk, i, chunk.len());
             self.add_run(i, chunk.len());
@@ -513,8 +564,26 @@ impl Rewriter {
         if split {
             self.skip_lf = Some(Lf::Content);
         }
-        self.check_overflow(chunk, out);
+        self.check_overflow(chunk, out, on_id);
         e + n
+    }
+
+    /// Reads on in a line whose first `n` bytes are `data`'s: a `data` field (name then colon
+    /// or line end) makes the block one a client dispatches. Looks at most 5 bytes per line.
+    fn match_data_name(&mut self, mut n: u8, rest: &[u8]) {
+        self.data_name = None;
+        for &b in rest {
+            match b"data".get(usize::from(n)) {
+                Some(&want) if b == want => n += 1,
+                Some(_) => return,
+                None => {
+                    self.has_data |= matches!(b, b':' | b'\r' | b'\n');
+                    return;
+                }
+            }
+        }
+        // The chunk ended inside the name: the next one decides.
+        self.data_name = Some(n);
     }
 
     fn begin_id_line(&mut self) {
@@ -567,6 +636,7 @@ impl Rewriter {
 
     /// Content bytes from an earlier chunk; no runs of this chunk precede them.
     fn add_carry(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        self.block_bytes += bytes.len();
         if self.streaming {
             emit(&mut self.emitted_cr, out, bytes);
         } else {
@@ -574,14 +644,33 @@ impl Rewriter {
         }
     }
 
-    fn check_overflow(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+    #[inline(always)]
+    fn check_overflow<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
         if !self.streaming && (self.block_bytes > self.max_hold || !self.hold_blocks) {
-            self.streaming = true;
-            if self.hold_blocks {
-                self.stats.overflowed_blocks += 1;
-            }
-            self.flush_content(chunk, out);
+            self.overflow(chunk, out, on_id);
         }
+    }
+
+    /// Out of the per-line path: once per block at most.
+    #[cold]
+    #[inline(never)]
+    fn overflow<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
+        if self.hold_blocks {
+            let id = match self.block_id_state {
+                BlockId::Value => Some(utf8_lossy(&self.block_id)),
+                _ => None,
+            };
+            if !on_id.may_overflow(id.as_deref()) {
+                // Cut before any byte of the block left: the output ends between blocks.
+                self.stats.overflow_cuts += 1;
+                self.cut = true;
+                self.reset_block();
+                return;
+            }
+            self.stats.overflowed_blocks += 1;
+        }
+        self.streaming = true;
+        self.flush_content(chunk, out);
     }
 
     /// Writes the block content gathered so far (held, then this chunk's runs).
@@ -602,8 +691,16 @@ impl Rewriter {
     }
 
     /// At a chunk's end: keep the open block's bytes of this chunk, or stream them.
-    fn park(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        self.check_overflow(chunk, out);
+    fn park<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
+        // Inside an id line the check waits for its end, as it does when the line comes whole:
+        // the id a block has when it overflows must not depend on the chunking. (Its bytes are
+        // not held meanwhile: the value is bounded on its own.)
+        if !matches!(self.line, Line::Id { .. } | Line::Prefix(_)) {
+            self.check_overflow(chunk, out, on_id);
+        }
+        if self.cut {
+            return;
+        }
         if self.streaming {
             self.flush_content(chunk, out);
         } else {
@@ -616,12 +713,12 @@ impl Rewriter {
     }
 
     /// Handles the blank line `term`; returns where a LF split from a CR `term` belongs.
-    fn end_block(
+    fn end_block<O: OnId + ?Sized>(
         &mut self,
         chunk: &[u8],
         term: &[u8],
         out: &mut Vec<u8>,
-        on_id: &mut dyn OnId,
+        on_id: &mut O,
     ) -> Lf {
         if !self.in_block {
             self.emit_terminator(term, out);
@@ -633,11 +730,18 @@ impl Rewriter {
         let action = if self.block_id_state == BlockId::Value {
             self.stats.ids += 1;
             Some(on_id.on_id(&id, self.content.digest(chunk)))
+        } else if self.has_data {
+            // Dispatched under the client's earlier id: only suppressing or cutting it is
+            // possible, anything else goes out as it is.
+            match on_id.on_event_without_id() {
+                a @ (IdAction::DropEvent | IdAction::Cut) => Some(a),
+                _ => None,
+            }
         } else {
             None
         };
         let lf = match action {
-            None => {
+            None | Some(IdAction::Omit) => {
                 self.flush_content(chunk, out);
                 self.emit_terminator(term, out);
                 Lf::Out
@@ -670,18 +774,15 @@ impl Rewriter {
                 self.emit_terminator(term, out);
                 Lf::Out
             }
-            Some(IdAction::DropEvent) => {
+            Some(IdAction::DropEvent) if !self.streaming => {
                 self.stats.dropped_blocks += 1;
-                if self.streaming {
-                    // Already partly sent: end it without an id.
-                    self.flush_content(chunk, out);
-                    self.emit_terminator(term, out);
-                    Lf::Out
-                } else {
-                    Lf::Drop
-                }
+                Lf::Drop
             }
-            Some(IdAction::Cut) => {
+            Some(a @ (IdAction::DropEvent | IdAction::Cut)) => {
+                if a == IdAction::DropEvent {
+                    self.stats.dropped_blocks += 1;
+                }
+                // A block partly sent can only be kept from dispatching by never ending it.
                 if self.streaming {
                     self.flush_content(chunk, out);
                     self.cut_mid_block = true;
@@ -713,6 +814,8 @@ impl Rewriter {
         self.runs.clear();
         self.block_id.clear();
         self.block_id_state = BlockId::None;
+        self.has_data = false;
+        self.data_name = None;
         self.content.reset();
     }
 }
@@ -915,36 +1018,76 @@ mod tests {
         got
     }
 
-    /// Reference for [`digests`]: each block with a (non-NUL) id, its last id and the digest of
-    /// its other lines, from the whole stream's lines. Property tests only (native).
+    /// One block as a client reads it: its id (the last non-NUL `id` line's), whether it has
+    /// a `data` field (a client dispatches it), and the digest of its other lines.
     #[cfg(not(target_arch = "wasm32"))]
-    fn reference_digests(bytes: &[u8]) -> Vec<(String, u64)> {
+    type RefBlock = (Option<String>, bool, u64);
+
+    /// Reference for what the rewriter reports: every block (one or more lines, then a blank
+    /// line) of the whole stream. Property tests only (native).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn reference_blocks(bytes: &[u8]) -> Vec<RefBlock> {
         let mut rest = bytes.strip_prefix(&BOM[..]).unwrap_or(bytes);
         let (mut lines, mut id, mut got): (Vec<&[u8]>, Option<&[u8]>, Vec<_>) =
             (vec![], None, vec![]);
+        let (mut in_block, mut data) = (false, false);
         while let Some(p) = rest.iter().position(|&b| b == b'\r' || b == b'\n') {
             let line = &rest[..p];
             let eol = if rest[p..].starts_with(b"\r\n") { 2 } else { 1 };
             rest = &rest[p + eol..];
             if line.is_empty() {
-                if let Some(v) = id.take() {
-                    got.push((
-                        String::from_utf8_lossy(v).into_owned(),
-                        content_digest(&lines),
-                    ));
+                if std::mem::take(&mut in_block) {
+                    let id = id.take().map(|v| String::from_utf8_lossy(v).into_owned());
+                    got.push((id, std::mem::take(&mut data), content_digest(&lines)));
                 }
                 lines.clear();
-            } else if line == b"id" || line.starts_with(b"id:") {
+                continue;
+            }
+            in_block = true;
+            if line == b"id" || line.starts_with(b"id:") {
                 let v = line.get(3..).unwrap_or_default();
                 let v = v.strip_prefix(b" ").unwrap_or(v);
                 if !v.contains(&0) {
                     id = Some(v);
                 }
             } else {
+                data |= line == b"data" || line.starts_with(b"data:");
                 lines.push(line);
             }
         }
         got
+    }
+
+    /// Reference for [`digests`]: each block with a (non-NUL) id, its last id and the digest of
+    /// its other lines.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn reference_digests(bytes: &[u8]) -> Vec<(String, u64)> {
+        let blocks = reference_blocks(bytes).into_iter();
+        blocks.filter_map(|(id, _, d)| Some((id?, d))).collect()
+    }
+
+    /// Records every callback: `Some(id)` for `on_id`, `None` for `on_event_without_id`; and
+    /// each `may_overflow` question, allowed when the id so far has a `k`.
+    #[derive(Default)]
+    struct Calls(Vec<Option<String>>, Vec<Option<String>>);
+
+    impl OnId for Calls {
+        fn on_id(&mut self, id: &str, _: u64) -> IdAction {
+            self.0.push(Some(id.to_owned()));
+            IdAction::Omit
+        }
+
+        fn write_id(&mut self, _: &str, _: &mut Vec<u8>) {}
+
+        fn on_event_without_id(&mut self) -> IdAction {
+            self.0.push(None);
+            IdAction::Keep
+        }
+
+        fn may_overflow(&mut self, id: Option<&str>) -> bool {
+            self.1.push(id.map(str::to_owned));
+            id.is_some_and(|i| i.contains('k'))
+        }
     }
 
     #[test]
@@ -1181,14 +1324,15 @@ mod tests {
             rw.push(c, &mut out, &mut |id, _| upper(id));
             assert!(rw.held_bytes() <= 16);
         }
-        // DropEvent can only omit the id; Cut leaves an unterminated block.
-        let (out, _, _) = run_with(&[big.as_bytes()], 16, &mut |_| IdAction::DropEvent);
-        assert_eq!(out, format!("data: {}\n\n", "x".repeat(40)).as_bytes());
-        let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| {
-            IdAction::Cut
-        });
-        assert_eq!(out, format!("data: {}\n", "x".repeat(40)).as_bytes());
-        assert!(rw.is_cut() && rw.cut_mid_block());
+        // DropEvent and Cut both leave it unterminated: a client never dispatches it.
+        for action in [IdAction::DropEvent, IdAction::Cut] {
+            let (out, _, rw) = run_with(&[big.as_bytes(), b"data: next\n\n"], 16, &mut |_| {
+                action.clone()
+            });
+            assert_eq!(out, format!("data: {}\n", "x".repeat(40)).as_bytes());
+            assert!(rw.is_cut() && rw.cut_mid_block());
+            assert!(reference(&out).events.is_empty());
+        }
         // A short block after an overflowed one is held again.
         let mut both = big.clone();
         both.push_str("id: b\ndata: y\n\n");
@@ -1351,11 +1495,12 @@ mod tests {
                 3 => (prop_oneof![Just(&b"id:"[..]), Just(&b"id: "[..]), Just(&b"id:  "[..])], text())
                     .prop_map(move |(p, t)| cat(p, t)),
                 1 => Just(b"id".to_vec()),
+                1 => Just(b"data".to_vec()),
                 3 => (prop_oneof![Just(&b"data:"[..]), Just(&b"data: "[..])], text()).prop_map(move |(p, t)| cat(p, t)),
                 1 => text().prop_map(move |t| cat(b"event: ", t)),
                 1 => prop_oneof![Just(b"retry: 100".to_vec()), Just(b"retry:5".to_vec()), Just(b"retry: x1".to_vec())],
                 1 => text().prop_map(move |t| cat(b":", t)),
-                1 => (prop_oneof![Just(&b"idx"[..]), Just(&b"i"[..]), Just(&b"d"[..]), Just(&b" id"[..]), Just(&b"ID"[..])], text())
+                1 => (prop_oneof![Just(&b"idx"[..]), Just(&b"i"[..]), Just(&b"d"[..]), Just(&b" id"[..]), Just(&b"ID"[..]), Just(&b"dat"[..]), Just(&b"datas"[..])], text())
                     .prop_map(move |(p, t)| cat(p, t)),
             ]
         }
@@ -1494,6 +1639,54 @@ mod tests {
                 }
                 rw.finish(&mut out);
                 prop_assert_eq!(reference(&out), reference(&held_small));
+            }
+
+            #[test]
+            fn every_block_a_client_dispatches_or_takes_an_id_from_is_reported(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
+                let want: Vec<Option<String>> = reference_blocks(&s)
+                    .into_iter()
+                    .filter(|(id, data, _)| id.is_some() || *data)
+                    .map(|(id, _, _)| id)
+                    .collect();
+                for streaming in [false, true] {
+                    for chunks in [split(&s, &cuts), s.chunks(1).collect()] {
+                        let mut rw = if streaming { Rewriter::streaming(1 << 16) } else { Rewriter::new(1 << 16) };
+                        let (mut calls, mut out) = (Calls::default(), Vec::new());
+                        for c in &chunks {
+                            rw.push_with(c, &mut out, &mut calls);
+                        }
+                        prop_assert_eq!(&calls.0, &want);
+                        // Omit takes every id out: a client's last event id is never set.
+                        rw.finish(&mut out);
+                        prop_assert!(reference(&out).events.iter().all(|e| e.last_id.is_none()));
+                    }
+                }
+            }
+
+            #[test]
+            fn a_refused_overflow_cuts_between_blocks_whatever_the_chunking(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8), max_hold in 0usize..40) {
+                let go = |chunks: &[&[u8]]| {
+                    let mut rw = Rewriter::new(max_hold);
+                    let (mut calls, mut out) = (Calls::default(), Vec::new());
+                    for c in chunks {
+                        rw.push_with(c, &mut out, &mut calls);
+                    }
+                    rw.finish(&mut out);
+                    (out, calls.0, calls.1, rw.stats(), rw.is_cut(), rw.cut_mid_block())
+                };
+                let whole = go(&[&s]);
+                prop_assert_eq!(&go(&split(&s, &cuts)), &whole);
+                let bytes: Vec<&[u8]> = s.chunks(1).collect();
+                prop_assert_eq!(&go(&bytes), &whole);
+                let (out, _, asked, stats, cut, mid) = whole;
+                prop_assert_eq!(stats.overflow_cuts > 0, cut);
+                prop_assert!(!mid);
+                prop_assert_eq!(asked.len() as u64, stats.overflowed_blocks + stats.overflow_cuts);
+                if cut {
+                    // Nothing of the refused block left: the output ends where a block ended.
+                    let (events, _) = crate::eventsource::parse(&[&out, b"data: end\n\n"]);
+                    prop_assert_eq!(events.last().map(|e| e.data.as_str()), Some("end"));
+                }
             }
 
             #[test]

@@ -122,6 +122,14 @@ impl OnId for Minter<'_> {
     fn write_id(&mut self, id: &str, out: &mut Vec<u8>) {
         self.ids.write_cursor(self.keys, id, out);
     }
+
+    fn on_event_without_id(&mut self) -> IdAction {
+        self.ids.on_event_without_id()
+    }
+
+    fn may_overflow(&mut self, id: Option<&str>) -> bool {
+        self.ids.may_overflow(id)
+    }
 }
 
 impl StreamState {
@@ -316,12 +324,14 @@ impl StreamState {
                 }
             }
         }
+        let empty_replay = self.ids.rewritten == 0 && !self.ids.expected.is_empty();
+        if !self.cut && empty_replay && !self.rewriter.is_cut() {
+            // The unterminated block held is not flushed (clients discard it anyway): the
+            // control event must start a line of its own, or a client reads it as a message.
+            return self.cut_with_signal(Reason::ReplayMismatch, out);
+        }
         if !self.cut {
             self.rewriter.finish(out);
-            let empty_replay = self.ids.rewritten == 0 && !self.ids.expected.is_empty();
-            if empty_replay && !self.rewriter.is_cut() {
-                return self.cut_with_signal(Reason::ReplayMismatch, out);
-            }
         }
         self.after(out)
     }
@@ -574,8 +584,13 @@ fn field(block: &mut Block, line: &[u8]) {
 impl IdMap {
     fn on_id(&mut self, id: &str, digest: u64) -> IdAction {
         if id.is_empty() {
-            // An empty id resets the client's cursor; nothing to bind.
-            return IdAction::Keep;
+            // A reset during the replay is not the recorded next event. Elsewhere the line is
+            // dropped: the client keeps the last cursor it got, never an id the guard did not
+            // mint (an empty one would make it resume with nothing, i.e. start over silently).
+            return match self.expected.is_empty() {
+                true => IdAction::Omit,
+                false => IdAction::Cut,
+            };
         }
         // The records hold ids in recorded form (a digest for long ones).
         let recorded = || recorded_id(id);
@@ -597,6 +612,29 @@ impl IdMap {
         self.relayed.push(id, digest);
         self.rewritten += 1;
         IdAction::Write
+    }
+
+    /// An event without an id cannot be matched with the recorded next event: it is cut while
+    /// one is expected; after the replay it is new, and relayed.
+    fn on_event_without_id(&self) -> IdAction {
+        match self.expected.is_empty() {
+            true => IdAction::Keep,
+            false => IdAction::Cut,
+        }
+    }
+
+    /// A block too long to hold is checked at its end, but by then its bytes are out: only a
+    /// cut can still keep it from being dispatched, and that cut carries no control event. So
+    /// it may stream only when nothing but its end can decide against it: no recorded event is
+    /// expected (its content could not be compared before it leaves), and it is not the
+    /// cursor's echo as far as its id so far says (an id line later in it still leads to the
+    /// cut). Otherwise the stream is cut with the control event before the block's first byte.
+    fn may_overflow(&self, id: Option<&str>) -> bool {
+        self.expected.is_empty()
+            && self
+                .echo
+                .as_deref()
+                .is_none_or(|e| id.is_some_and(|i| i != e))
     }
 
     /// The cursor of the event `on_id` just numbered, base64 written straight into `out`.
@@ -622,7 +660,7 @@ mod tests {
     use crate::ownership::recorded_event;
     use crate::sse::content_digest;
 
-    fn keys() -> Keyring {
+    pub(super) fn keys() -> Keyring {
         Keyring::new(
             Key {
                 id: 1,
@@ -793,6 +831,18 @@ mod tests {
         let (out, flow) = run(&mut s, &k, "id: e7\ndata: echo\n\n: ping\n\n");
         assert_eq!((flow, out.contains("echo")), (Flow::Open, false));
         assert_eq!(finish(&mut s).1, Flow::CutReplayMismatch);
+        // An unterminated tail is not flushed before the control event, which would join it.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
+        let (out, _) = run(&mut s, &k, ": ping\n\nx");
+        let (end, flow) = finish(&mut s);
+        assert_eq!(
+            (flow, end),
+            (
+                Flow::CutReplayMismatch,
+                control_event(Reason::ReplayMismatch)
+            )
+        );
+        assert_eq!(out, ": ping\n\n");
         // Part of the recorded events, then the end: an early close, not a mismatch.
         let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
         run(&mut s, &k, "id: e8\ndata: 8\n\n");
@@ -817,12 +867,19 @@ mod tests {
     }
 
     #[test]
-    fn empty_id_resets_and_is_kept() {
+    fn an_empty_id_is_dropped_so_the_client_keeps_its_cursor() {
         let k = keys();
         let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
-        let (out, _) = run(&mut s, &k, "id:\ndata: a\n\n");
-        assert!(out.contains("data: a"));
-        assert_eq!(s.rewritten(), 0);
+        let (out, _) = run(&mut s, &k, "id: e1\ndata: a\n\nid:\ndata: b\n\nid\n\n");
+        assert_eq!(ids_of(&out).len(), 1, "{out:?}");
+        assert!(out.ends_with("data: b\n\n\n"), "{out:?}");
+        assert_eq!(s.rewritten(), 1);
+        // After a continuation's replay too.
+        let expected = vec!["e8".to_string()];
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+        let (out, flow) = run(&mut s, &k, "id: e8\ndata: 8\n\nid:\ndata: new\n\n");
+        assert_eq!((flow, ids_of(&out).len()), (Flow::Open, 1), "{out:?}");
+        assert!(!out.contains("id: \n") && out.contains("data: new"));
     }
 
     fn assertion(after: &str, complete: bool) -> String {
@@ -979,10 +1036,20 @@ mod tests {
             String::from_utf8_lossy(&out),
             control_event(Reason::Unasserted)
         );
+        // Relayed: a block too long to hold while a recorded event is expected is cut before it.
         let mut s = continued(Contiguity::Relayed);
         let mut out = Vec::new();
+        assert_eq!(
+            s.push(&k, big.as_bytes(), &mut out),
+            Flow::CutReplayMismatch
+        );
+        assert_eq!(s.cut_reason(), Some(Reason::ReplayMismatch));
+        assert_eq!(out, control_event(Reason::ReplayMismatch).as_bytes());
+        // With nothing expected and no echo to look for it streams through.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), vec![], false, 4096);
+        let mut out = Vec::new();
         assert_eq!(s.push(&k, big.as_bytes(), &mut out), Flow::Open);
-        assert!(out.len() >= big.len(), "streams through as before");
+        assert!(out.len() >= big.len(), "streams through");
     }
 
     #[test]
@@ -995,3 +1062,7 @@ mod tests {
         assert_eq!(finish(&mut s).1, Flow::Open);
     }
 }
+
+#[cfg(test)]
+#[path = "stream_client_tests.rs"]
+mod client_tests;

@@ -1,11 +1,11 @@
 //! `sse_rewriter`: the incremental SSE rewriter on arbitrary bytes, chunked anywhere.
 //!
-//! Invariants: the output, the ids passed to the callback, the stats and the cut state do not
-//! depend on how the input was chunked; the rewriter holds at most about twice `max_hold`; and
+//! Invariants: the output, the questions asked (ids, events without one, overflows), the
+//! stats and the cut state do not depend on how the input was chunked; the rewriter holds at most about twice `max_hold`; and
 //! when every id is replaced by a function of itself (or kept), a client sees exactly the
 //! input's events, with their ids mapped, in both the holding and the streaming mode.
 use arbitrary::{Arbitrary, Unstructured};
-use mcp_resume_core::sse::{IdAction, Rewriter, RewriterStats};
+use mcp_resume_core::sse::{IdAction, OnId, Rewriter, RewriterStats};
 
 use crate::client::{self, Seen};
 
@@ -17,7 +17,7 @@ struct Input {
     /// Map ids by a function of themselves and check what a client sees.
     oracle: bool,
     cuts: Vec<u16>,
-    /// One action per callback, in order (cycled); ids are replaced by `R<n>` plus a suffix.
+    /// One action per question, in order (cycled); ids are replaced by `R<n>` plus a suffix.
     script: Vec<u8>,
     stream: Vec<u8>,
 }
@@ -41,6 +41,37 @@ struct Run {
     cut_mid_block: bool,
 }
 
+/// Asks `act` every question the rewriter asks, and logs it: an id, `\0none` for an event
+/// without one, `\0overflow <id so far>` for a block too long to hold (refused on `Cut`).
+struct Decider<'a> {
+    act: &'a mut dyn FnMut(usize, &str) -> IdAction,
+    ids: Vec<String>,
+}
+
+impl Decider<'_> {
+    fn ask(&mut self, question: String) -> IdAction {
+        let a = (self.act)(self.ids.len(), &question);
+        self.ids.push(question);
+        a
+    }
+}
+
+impl OnId for Decider<'_> {
+    fn on_id(&mut self, id: &str, _digest: u64) -> IdAction {
+        self.ask(id.to_owned())
+    }
+
+    fn write_id(&mut self, _: &str, _: &mut Vec<u8>) {}
+
+    fn on_event_without_id(&mut self) -> IdAction {
+        self.ask("\0none".to_owned())
+    }
+
+    fn may_overflow(&mut self, id: Option<&str>) -> bool {
+        self.ask(format!("\0overflow {id:?}")) != IdAction::Cut
+    }
+}
+
 fn run(
     inp: &Input,
     max_hold: usize,
@@ -53,24 +84,19 @@ fn run(
         Rewriter::new(max_hold)
     };
     let mut out = Vec::new();
-    let mut ids = Vec::new();
-    let mut cb = |id: &str, _digest: u64| {
-        let a = act(ids.len(), id);
-        ids.push(id.to_owned());
-        a
-    };
+    let mut cb = Decider { act, ids: vec![] };
     for c in chunks {
-        rw.push(c, &mut out, &mut cb);
+        rw.push_with(c, &mut out, &mut cb);
         let held = rw.held_bytes();
         assert!(
-            held <= 2 * max_hold + 2,
+            held <= 3 * max_hold + 2,
             "held {held} bytes with max_hold {max_hold}"
         );
     }
     rw.finish(&mut out);
     Run {
         out,
-        ids,
+        ids: cb.ids,
         stats: rw.stats(),
         cut: rw.is_cut(),
         cut_mid_block: rw.cut_mid_block(),
@@ -96,10 +122,11 @@ fn scripted(inp: &Input) {
             len => inp.script.get(n % len).copied().unwrap_or(0),
         };
         match op % 8 {
-            0..=3 => IdAction::Replace(format!(
+            0..=2 => IdAction::Replace(format!(
                 "R{n}{}",
                 ["", "\r", "\n", "\r\nx"][usize::from(op >> 6)]
             )),
+            3 => IdAction::Omit,
             4 => IdAction::Keep,
             5 | 6 => IdAction::DropEvent,
             _ => IdAction::Cut,
@@ -108,6 +135,13 @@ fn scripted(inp: &Input) {
     let whole = run(inp, max_hold, &[&inp.stream], &mut act);
     let parts = client::split(&inp.stream, &inp.cuts);
     assert_same(&whole, &run(inp, max_hold, &parts, &mut act), "at the cuts");
+    // A refused overflow cuts before the block's first byte: the output ends between blocks.
+    if whole.stats.overflow_cuts > 0 {
+        assert!(
+            whole.cut && !whole.cut_mid_block,
+            "a refused overflow cut mid-block"
+        );
+    }
     if inp.stream.len() <= 512 {
         let bytes: Vec<&[u8]> = inp.stream.chunks(1).collect();
         assert_same(
