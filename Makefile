@@ -200,7 +200,8 @@ check: rust-targets check-venv
 # the behaviour menu and the faults the current tree passes (the corpus in sim/seeds/corpus.txt
 # lists what fails). `make sim` builds in its own optimized profile (target/sim), so it never
 # rebuilds the debug tree; `sim-smoke` (part of `make check`) runs the debug build for seconds.
-SIM_GREEN   := --menu correct,feed-all,ids-without-data,echo-cursor,5xx --callout-loss 20 --store-blip 2 --skew-ms 500 --service-jitter-ms 20
+SIM_GREEN   := --menu correct,feed-all,ids-without-data,echo-cursor,5xx,large,odd-type,hang,refuse-second,echo-cursor+large \
+               --odd-ids 6 --callout-loss 20 --store-blip 2 --skew-ms 500 --service-jitter-ms 20
 SIM_SEED    ?= 1
 SIM_SEEDS   ?= 40
 SIM_STEPS   ?= 500000
@@ -213,6 +214,7 @@ sim-smoke:
 sim:
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS) $(SIM_GREEN)
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 120000 --menu correct,feed-all,echo-cursor,5xx --attack 1 --interference 1
+	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 200000 --menu correct,feed-all,echo-cursor,5xx --check-continue 1
 
 # ---- benchmarks ------------------------------------------------------------
 # `make bench`: bare Envoy vs the proxy-wasm floors vs the guard, and the native floors vs the native guard:

@@ -56,6 +56,8 @@ pub enum Event {
     },
     /// A forwarded request reaches its replica.
     AtReplica(usize),
+    /// A continuation's deadline for its owner's response headers (the adapters' timer).
+    Deadline(usize),
     UpHeaders {
         conn: usize,
         status: u32,
@@ -317,6 +319,7 @@ impl World {
                 body,
             } => self.callout_answer(gw, token, status, body),
             Event::AtReplica(conn) => self.at_replica(conn),
+            Event::Deadline(conn) => self.deadline(conn),
             Event::UpHeaders {
                 conn,
                 status,

@@ -141,7 +141,11 @@ impl World {
             .logicals
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.conn.is_some() && l.expect.last.is_some())
+            // Drops hit the bytes of an answer: a client waiting for headers waits (its own
+            // request timeout is the SDK's, past the oracle's bound).
+            .filter(|(_, l)| {
+                l.expect.last.is_some() && l.conn.is_some_and(|k| self.conns[k].cc.status != 0)
+            })
             .map(|(i, _)| i)
             .collect();
         if reading.is_empty() {
@@ -406,10 +410,15 @@ impl World {
         self.log(c, Some(l), || {
             format!("conn {conn}: {status} mcp-resume={signal:?}")
         });
-        let sse = h.iter().any(|(k, v)| {
-            k.eq_ignore_ascii_case("content-type")
-                && String::from_utf8_lossy(v).contains("text/event-stream")
-        });
+        // As the SDK clients read an answer (docs/sse-model.md): neither parses a 4xx or 5xx
+        // body; below that, any Content-Type instance naming an event stream makes it one.
+        let sse = status < 400
+            && h.iter().any(|(k, v)| {
+                k.eq_ignore_ascii_case("content-type")
+                    && String::from_utf8_lossy(v)
+                        .to_ascii_lowercase()
+                        .contains("text/event-stream")
+            });
         self.conns[conn].cc.sse = sse;
         self.conns[conn].cc.status = status;
         let outcome = format!("#{l} {status} signal={}", signal.is_some());

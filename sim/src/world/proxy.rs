@@ -44,6 +44,29 @@ impl World {
         c.stage = Stage::Upstream;
         let at = c.up.due(self.net.now, c.latency);
         self.net.at(at, Event::AtReplica(conn));
+        // The guard's deadline is on the gateway's clock (skewed); the timer fires on ours.
+        if let Some(due) = c.ps.ex.deadline_ms() {
+            let clock = self.net.now + self.gateways[c.ps.gw].skew_ms;
+            self.net
+                .after(due.saturating_sub(clock), Event::Deadline(conn));
+        }
+    }
+
+    /// The adapters' timer: a continuation still waiting for its owner's headers is answered
+    /// by the guard itself.
+    pub(super) fn deadline(&mut self, conn: usize) {
+        let c = &mut self.conns[conn];
+        if c.stage != Stage::Upstream {
+            return;
+        }
+        let g = c.ps.gw;
+        let gw = &mut self.gateways[g];
+        gw.enter(self.net.now, None, None);
+        if !c.ps.ex.on_deadline(&mut gw.worker, &mut gw.host) {
+            return;
+        }
+        let outs = gw.effects(Waiter::Conn(conn), Some(&mut c.ps));
+        self.outs(g, Some(conn), outs);
     }
 
     pub(super) fn outs(&mut self, g: usize, conn: Option<usize>, outs: Vec<Out>) {
