@@ -533,14 +533,19 @@ def test_a_replicas_hostile_sse(fresh, hostile_envoy, case):
         def is_ordinary(raw):
             return raw is not None and len(raw) <= 128 and b"\0" not in raw
         seen.sort(key=lambda cr: not is_ordinary(cr[1]))
+        lost = False
         for cursor, raw in seen:
             up.cursors.clear()
             r = c.get_stream(last_event_id=cursor)
-            if is_ordinary(raw):
+            if is_ordinary(raw) and not lost:
                 # An ordinary id continues, whatever else the stream carried.
                 assert not refused(r), (raw, r.header(GUARD_HEADER))
             if not refused(r):
                 assert up.cursors == [raw], [x[:16] for x in up.cursors]
+                # An event a client cannot match with the records (no id, NUL, an id past 64 KiB)
+                # inside the replay is cut (`replay_mismatch`): the client had it already. The
+                # stream is then recorded lost, and its later cursors are refused explicitly.
+                lost = lost or any(e.event == "mcp-resume" for e in r.read_all())
             r.close()
         assert hostile_envoy.alive
         assert c.request("POST", {"jsonrpc": "2.0", "method": "notifications/initialized"}).status == 202
