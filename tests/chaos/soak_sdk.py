@@ -304,6 +304,12 @@ def error_kind(msg: str | None) -> str:
     return m[:110].replace("|", "/")
 
 
+def answers(r: dict) -> str:
+    """The guard's answers to a call's resumes, alike ones counted: `200 ×57; 200 rejected; reason=gap`."""
+    c = collections.Counter(r.get("answers") or [])
+    return "; ".join(f"{a} ×{n}" if n > 1 else a for a, n in c.items()) or "-"
+
+
 def plot(recs: list[dict], path: Path, title: str) -> bool:
     try:
         import matplotlib
@@ -349,7 +355,13 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
     lines = [
         "# SDK soak: a rolling deploy under real SDK clients",
         "",
-        f"Command: `{args.command}`",
+        "Written by `make soak-sdk` (tests/chaos/soak_sdk.py; `make test` runs a short one into "
+        "target/soak-sdk-smoke/). Real SDK clients call a long-running tool again and again while the replicas "
+        "behind the guard are restarted one after another on their addresses and the network between clients "
+        "and gateways blips; every outcome below is what the client *application* got. The notes at the end "
+        "are kept from run to run.",
+        "",
+        f"Command: `{args.command}`{' (control run: **no guard**)' if args.no_guard else ''}",
         f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {elapsed:.0f} s (calls start for "
         f"{args.seconds:.0f} s; the last ones end within their {TIMEOUT_MS // 1000} s timeout); seed {args.seed}; "
         f"machine: {os.cpu_count()} cores, {platform.machine()}, shared with other jobs (timings are noisy). "
@@ -367,8 +379,9 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         *summary_rows(by_sdk),
         "",
         "**settled**: the call ended with the guard's error (-32010) naming its reason. **from break**: from the "
-        "moment the client's stream carrying the call ended or failed without the call's response (measured in "
-        "the client's fetch/transport; not for rmcp-client), to the call's end. **from death**: from the "
+        "moment the client's stream carrying the call ended or failed without the call's response (the first such "
+        "end since its progress last flowed; measured in the client's fetch/transport, not for rmcp-client), to "
+        "the call's end. **from death**: from the "
         "replica's exit (the stop of a `prestop` or `no_prestop` restart during the call; its own replica when "
         "the client knows it) to the call's end. **hung**: the call hit the 30 s request timeout.",
         "",
@@ -400,7 +413,7 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         lines += ["| client | server | started (s) | replica | resumes: guard's answers | break → timeout | death "
                   "during the call |", "| --- | --- | ---: | --- | --- | --- | --- |"]
         lines += [f"| {r['client']} | {r['pool']} | {(r['start'] - t0) / 1000:.1f} | {r.get('replica') or '-'} | "
-                  f"{r['resumes']}: {'; '.join(r.get('answers') or []) or '-'} | "
+                  f"{r['resumes']}: {answers(r)} | "
                   f"{'%.1f s' % (r['from_break'] / 1000) if r.get('from_break') is not None else '-'} | "
                   f"{r.get('death_kind') or '-'} |" for r in hung[:40]]
     else:
@@ -410,9 +423,19 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
     lines += ["", "## Violations", ""]
     lines += [f"- {c} → {p}: {v}" for c, p, v in viol[:50]] or ["None."]
     if notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]
+        lines += ["", "## Run notes", "", *[f"- {n}" for n in notes]]
     lines.append("")
     return "\n".join(lines)
+
+
+# Everything after this line in an existing report is the reader's notes (what a run showed, by whom): a new
+# run keeps it.
+KEEP = "<!-- notes below are kept by soak_sdk.py -->"
+
+
+def kept_notes(path: Path) -> str:
+    text = path.read_text() if path.exists() else ""
+    return text[text.index(KEEP):] if KEEP in text else ""
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -426,6 +449,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fault-every", type=float, default=7.0)
     ap.add_argument("--blip-every", type=float, default=11.0)
+    ap.add_argument("--no-guard", action="store_true",
+                    help="the Envoys without the guard: a control run, to tell the servers' and SDKs' own behaviour "
+                         "from the guard's")
     ap.add_argument("--hung-allowed", action="store_true", help="hung calls are reported but do not fail the run")
     ap.add_argument("--report", type=Path, required=True)
     ap.add_argument("--plot", type=Path, default=None)
@@ -470,7 +496,7 @@ def main() -> int:
         stack.start()
         for _, proc in replicas.values():
             proc.start()
-        stack.use(guard=True)
+        stack.use(guard=not args.no_guard)
         for p in proxies:
             p.start()
         phase("system up")
@@ -548,7 +574,7 @@ def main() -> int:
     text = report(args, recs, deaths, blips, tally, notes, started, time.monotonic() - t0, plotted)
     print(text)
     args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(text)
+    args.report.write_text(text + kept_notes(args.report))
     if not ok:
         return 2
     violations = sum(len(r["violations"]) for r in recs) + len(tally.violations)

@@ -75,8 +75,11 @@ def replica_of(session: str | None) -> str | None:
 class Watched(httpx2.AsyncByteStream):
     """A stream carrying the pending call: notes when it ends or fails without the call's response."""
 
-    def __init__(self, inner, app: "App", call: dict):
+    def __init__(self, inner, app: "App", call: dict, method: str, last_event_id: str | None):
         self.inner, self.app, self.call, self.text = inner, app, call, b""
+        # What this stream carried, kept for the report when the call shows a violation.
+        self.wire = {"method": method, "last_event_id": (last_event_id or "")[:16] or None, "head": ""}
+        call["wire"].append(self.wire)
 
     def broke(self) -> None:
         rid = self.call.get("rpc_id")
@@ -87,7 +90,11 @@ class Watched(httpx2.AsyncByteStream):
     async def __aiter__(self):
         try:
             async for chunk in self.inner:
+                if b"notifications/progress" in chunk:
+                    self.call["break_at"] = None  # progress flows again: a later break counts from its start
                 self.text = (self.text + chunk)[-65536:]
+                if len(self.wire["head"]) < 1500:
+                    self.wire["head"] = (self.wire["head"] + chunk.decode(errors="replace"))[:1500]
                 yield chunk
         except Exception:
             self.broke()
@@ -126,8 +133,8 @@ class Wire(httpx2.AsyncBaseTransport):
         if call is not None and resume:
             call["answers"].append(f"{resp.status_code} {resp.headers.get('mcp-resume') or ''}".strip())
         if watched and "text/event-stream" in resp.headers.get("content-type", ""):
-            return httpx2.Response(resp.status_code, headers=resp.headers, stream=Watched(resp.stream, self.app, call),
-                                   extensions=resp.extensions)
+            stream = Watched(resp.stream, self.app, call, request.method, request.headers.get("last-event-id"))
+            return httpx2.Response(resp.status_code, headers=resp.headers, stream=stream, extensions=resp.extensions)
         return resp
 
     async def aclose(self):
@@ -146,7 +153,7 @@ class App:
     def new_call(self) -> dict:
         self.call = {"sdk": "python", "client": f"py-{self.i}", "pool": self.pool, "start": now_ms(), "end": None,
                      "outcome": None, "reason": None, "code": None, "message": None, "break_at": None,
-                     "replica": self.replica, "progress": [], "resumes": 0, "answers": [], "violations": []}
+                     "replica": self.replica, "progress": [], "resumes": 0, "answers": [], "violations": [], "wire": []}
         return self.call
 
     def finish(self, call: dict, outcome: str, e: BaseException | None = None) -> None:
@@ -171,6 +178,8 @@ class App:
                 call["outcome"] = "hung"
         call.pop("rpc_id", None)
         call.pop("http_status", None)
+        if not call["violations"]:
+            call.pop("wire", None)
         call["end"] = now_ms()
         if self.call is call:
             self.call = None

@@ -5,7 +5,8 @@
 // that pool's tool. Every call's outcome, as the APPLICATION sees it, is one JSON line on stdout:
 //   {sdk, client, pool, start, end, outcome: completed|settled|error|hung, reason, code, message, break_at,
 //    replica, progress, resumes, violations}
-// break_at: when a stream carrying the pending call first ended or failed without its response (epoch ms);
+// break_at: when a stream carrying the pending call ended or failed without its response (epoch ms), the first
+// such end since the call's progress last flowed;
 // replica: the session's replica (from the affinity envelope in Mcp-Session-Id). Violations seen here: a
 // progress value repeated or skipped, a result before every step, a result that is not this call's, a
 // response for an unknown request.
@@ -80,6 +81,9 @@ class App {
     const reader = res.body.getReader();
     const dec = new TextDecoder();
     let text = '';
+    // What this stream carried, kept for the report when the call shows a violation.
+    const wire = { method, last_event_id: lastEventId?.slice(0, 16) ?? null, head: '' };
+    call.wire.push(wire);
     const broke = () => {
       const answered = call.rpc_id !== undefined && new RegExp(`"id":\\s*${call.rpc_id}[,}]`).test(text);
       if (!answered && call.break_at === null && !call.done) call.break_at = Date.now();
@@ -89,7 +93,11 @@ class App {
         let r;
         try { r = await reader.read(); } catch (e) { broke(); ctrl.error(e); return; }
         if (r.done) { broke(); ctrl.close(); return; }
-        text = (text + dec.decode(r.value, { stream: true })).slice(-65536);
+        const chunk = dec.decode(r.value, { stream: true });
+        // Progress flows again: the break (if any) is over; the next one counts from its own start.
+        if (chunk.includes('notifications/progress')) call.break_at = null;
+        text = (text + chunk).slice(-65536);
+        if (wire.head.length < 1500) wire.head = (wire.head + chunk).slice(0, 1500);
         ctrl.enqueue(r.value);
       },
       cancel(reason) { return reader.cancel(reason).catch(() => {}); },
@@ -122,7 +130,7 @@ class App {
     const tool = TOOLS[this.pool](tag);
     const call = this.call = { sdk: 'typescript', client: `ts-${this.i}`, pool: this.pool, start: Date.now(), end: null,
       outcome: null, reason: null, code: null, message: null, break_at: null, replica: null, progress: [], resumes: 0,
-      answers: [], violations: [], done: false };
+      answers: [], violations: [], wire: [], done: false };
     try {
       if (!this.client) await this.connect();
       call.replica = this.replica;
@@ -154,6 +162,8 @@ class App {
     call.end = Date.now();
     this.call = null;
     delete call.done;
+    delete call.rpc_id;
+    if (!call.violations.length) delete call.wire;
     emit(call);
     // A settled call leaves the session usable; anything else starts a new session, as an application would.
     if (call.outcome !== 'completed' && call.outcome !== 'settled') await this.drop();
