@@ -800,6 +800,9 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
     lines = [
         "# Chaos soak",
         "",
+        "The same kind of soak with real SDK clients and servers (a rolling deploy, measured from the "
+        "applications): [docs/soak-sdk.md](docs/soak-sdk.md), `make soak-sdk`.",
+        "",
         f"Command: `make chaos CHAOS_S={args.seconds} CHAOS_CLIENTS={args.clients} CHAOS_SEED={args.seed}"
         f" CHAOS_STORE={args.store}`",
         f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {elapsed:.0f} s; seed {args.seed};"

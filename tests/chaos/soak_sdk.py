@@ -18,8 +18,9 @@ does) and then stops it; `no_prestop` stops it without. Every --blip-every s one
 
 Every call's outcome comes from the application: completed, settled (the guard's error, with its reason; time
 from the break the client saw, and from the replica's death), other error, hung (to the timeout). A repeated,
-skipped or foreign progress value or result is a violation. Exit 1 on violations, and on hung calls unless
---hung-allowed.
+skipped or foreign progress value or result is a violation, unless the client's own wire shows its SDK asked
+for it (a resume from an older cursor than the newest event it had): those are counted apart. Exit 1 on
+violations, and on hung calls unless --hung-allowed.
 
     python tests/chaos/soak_sdk.py --seconds 150 --ts-clients 20 --py-clients 10 --rmcp-clients 4 \
         --report docs/soak-sdk.md --plot docs/soak-sdk-settle.png
@@ -207,8 +208,14 @@ def rmcp_call(i: int, n: int) -> dict:
         out = {"error": f"rmcp-client gave no report: {r.stderr[-200:]}"}
     rec["end"] = int(time.time() * 1000)
     rec["progress"] = [int(p) for p in out.get("progress") or []]
-    gets = [s for s in out.get("streams") or [] if s.get("method") == "GET" and s.get("last_event_id")]
-    rec["resumes"] = len(gets)
+    newest = None
+    for st in out.get("streams") or []:
+        if st.get("method") == "GET" and st.get("last_event_id"):
+            rec["resumes"] += 1
+            # rmcp asked for a replay from before the newest event it had (see soak_ts_client.mjs).
+            if newest and st["last_event_id"] != newest:
+                rec["stale_resume"] = True
+        newest = (st.get("ids") or [newest])[-1]
     prev = 0
     for k in rec["progress"]:
         if k <= prev:
@@ -281,17 +288,29 @@ def q(values: list[float]) -> str:
     return f"{pct(values, 0.5) / 1000:.2f} / {pct(values, 0.9) / 1000:.2f} / {max(values) / 1000:.2f}"
 
 
+def ours(r: dict) -> list[str]:
+    """A call's violations the guard answers for: none when the SDK itself resumed from an older cursor
+    than the newest event it had been given (the replay then repeats what it asked for)."""
+    return [] if r.get("stale_resume") else r["violations"]
+
+
+def sdks(r: dict) -> list[str]:
+    return r["violations"] if r.get("stale_resume") else []
+
+
 def summary_rows(groups: dict[str, list[dict]]) -> list[str]:
     rows = ["| client | calls | completed (after a break) | settled | other error | hung | violations | "
-            "settle from break, s (p50 / p90 / max) | settle from death, s (p50 / p90 / max) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+            "SDK's own (stale cursor) | settle from break, s (p50 / p90 / max) | "
+            "settle from death, s (p50 / p90 / max) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, rs in groups.items():
         c = collections.Counter(r["outcome"] for r in rs)
         after_break = sum(1 for r in rs if r["outcome"] == "completed" and (r.get("break_at") or r["resumes"]))
         settled = [r for r in rs if r["outcome"] == "settled"]
-        viol = sum(len(r["violations"]) for r in rs)
+        viol = sum(1 for r in rs if ours(r))
+        own = sum(1 for r in rs if sdks(r))
         rows.append(f"| {name} | {len(rs)} | {c['completed']} ({after_break}) | {c['settled']} | {c['error']} | "
-                    f"{'**%d**' % c['hung'] if c['hung'] else 0} | {'**%d**' % viol if viol else 0} | "
+                    f"{'**%d**' % c['hung'] if c['hung'] else 0} | {'**%d**' % viol if viol else 0} | {own} | "
                     f"{q([r['from_break'] for r in settled if r['from_break'] is not None])} | "
                     f"{q([r['from_death'] for r in settled if r['from_death'] is not None])} |")
     return rows
@@ -410,18 +429,25 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         lines += [f"![time to settle, CDF]({plotted.name})", ""]
     lines += ["## Hung calls", ""]
     if hung:
-        lines += ["| client | server | started (s) | replica | resumes: guard's answers | break → timeout | death "
-                  "during the call |", "| --- | --- | ---: | --- | --- | --- | --- |"]
-        lines += [f"| {r['client']} | {r['pool']} | {(r['start'] - t0) / 1000:.1f} | {r.get('replica') or '-'} | "
+        lines += ["| client | server | started (s) | phase | replica | resumes: guard's answers | break → timeout | "
+                  "death during the call |", "| --- | --- | ---: | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['client']} | {r['pool']} | {(r['start'] - t0) / 1000:.1f} | {r.get('phase') or 'call'} | "
+                  f"{r.get('replica') or '-'} | "
                   f"{r['resumes']}: {answers(r)} | "
                   f"{'%.1f s' % (r['from_break'] / 1000) if r.get('from_break') is not None else '-'} | "
                   f"{r.get('death_kind') or '-'} |" for r in hung[:40]]
     else:
         lines.append("None.")
-    viol = [(r["client"], r["pool"], v) for r in recs for v in r["violations"]] + \
+    viol = [(r["client"], r["pool"], "; ".join(ours(r))) for r in recs if ours(r)] + \
         [("-", "-", f"{k}: {d}") for _, k, d in tally.violations]
-    lines += ["", "## Violations", ""]
+    lines += ["", "## Violations", "", "Calls (one line each) whose application got a repeated, skipped or foreign "
+              "message without a signal first, and the guard's own 5xx answers.", ""]
     lines += [f"- {c} → {p}: {v}" for c, p, v in viol[:50]] or ["None."]
+    own = [(r["client"], r["pool"], "; ".join(sdks(r))) for r in recs if sdks(r)]
+    lines += ["", "## The SDK's own repeats", "", "Calls whose SDK resumed from an older cursor than the newest event "
+              "it had been given for the call (seen on the client's own wire): the replay repeats what it asked for.",
+              ""]
+    lines += [f"- {c} → {p}: {v}" for c, p, v in own[:30]] or ["None."]
     if notes:
         lines += ["", "## Run notes", "", *[f"- {n}" for n in notes]]
     lines.append("")
@@ -577,7 +603,7 @@ def main() -> int:
     args.report.write_text(text + kept_notes(args.report))
     if not ok:
         return 2
-    violations = sum(len(r["violations"]) for r in recs) + len(tally.violations)
+    violations = sum(1 for r in recs if ours(r)) + len(tally.violations)
     hung = sum(1 for r in recs if r["outcome"] == "hung")
     missing = [s for s, n in (("typescript", args.ts_clients), ("python", args.py_clients),
                               ("rmcp", args.rmcp_clients)) if n > 0 and not any(r["sdk"] == s for r in recs)]

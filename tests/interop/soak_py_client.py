@@ -76,7 +76,7 @@ class Watched(httpx2.AsyncByteStream):
     """A stream carrying the pending call: notes when it ends or fails without the call's response."""
 
     def __init__(self, inner, app: "App", call: dict, method: str, last_event_id: str | None):
-        self.inner, self.app, self.call, self.text = inner, app, call, b""
+        self.inner, self.app, self.call, self.text, self.buf = inner, app, call, b"", b""
         # What this stream carried, kept for the report when the call shows a violation.
         self.wire = {"method": method, "last_event_id": (last_event_id or "")[:16] or None, "head": ""}
         call["wire"].append(self.wire)
@@ -93,6 +93,13 @@ class Watched(httpx2.AsyncByteStream):
                 if b"notifications/progress" in chunk:
                     self.call["break_at"] = None  # progress flows again: a later break counts from its start
                 self.text = (self.text + chunk)[-65536:]
+                # The newest event id the client has received whole for this call (see Wire).
+                self.buf += chunk
+                *events, self.buf = re.split(rb"\r\n\r\n|\n\n|\r\r", self.buf)
+                for ev in events:
+                    m = re.search(rb"^id: ?(.*?)\r?$", ev, re.M)
+                    if m:
+                        self.call["last_id"] = m.group(1).decode(errors="replace")
                 if len(self.wire["head"]) < 1500:
                     self.wire["head"] = (self.wire["head"] + chunk.decode(errors="replace"))[:1500]
                 yield chunk
@@ -124,6 +131,10 @@ class Wire(httpx2.AsyncBaseTransport):
         if call is not None and resume:
             call["resumes"] += 1
             watched = True
+            # A resume from an older cursor than the newest event the SDK was given for this call: whatever
+            # the replay repeats, the SDK asked for it.
+            if call.get("last_id") and request.headers["last-event-id"] != call["last_id"]:
+                call["stale_resume"] = True
         resp = await self.inner.handle_async_request(request)
         if call is not None and resp.status_code >= 400:
             call["http_status"] = resp.status_code  # the SDK's error message does not say
@@ -153,7 +164,8 @@ class App:
     def new_call(self) -> dict:
         self.call = {"sdk": "python", "client": f"py-{self.i}", "pool": self.pool, "start": now_ms(), "end": None,
                      "outcome": None, "reason": None, "code": None, "message": None, "break_at": None,
-                     "replica": self.replica, "progress": [], "resumes": 0, "answers": [], "violations": [], "wire": []}
+                     "replica": self.replica, "progress": [], "resumes": 0, "answers": [], "violations": [], "wire": [],
+                     "phase": None}
         return self.call
 
     def finish(self, call: dict, outcome: str, e: BaseException | None = None) -> None:
@@ -178,6 +190,7 @@ class App:
                 call["outcome"] = "hung"
         call.pop("rpc_id", None)
         call.pop("http_status", None)
+        call.pop("last_id", None)
         if not call["violations"]:
             call.pop("wire", None)
         call["end"] = now_ms()
@@ -190,7 +203,7 @@ class App:
         self.n += 1
         name, arguments, expect = tool(self.pool, tag)
         call = self.new_call()
-        call["replica"] = self.replica
+        call["phase"] = "call"
 
         async def on_progress(progress, total, message):
             prev = call["progress"][-1] if call["progress"] else 0
@@ -229,8 +242,11 @@ class App:
             try:
                 async with http, streamable_http_client(self.url, http_client=http) as (read, write):
                     async with ClientSession(read, write) as session:
+                        # Opening the session is part of the application's next call: recorded as it if it fails.
+                        self.new_call()["phase"] = "initialize"
                         with anyio.fail_after(TIMEOUT):
                             await session.initialize()
+                        self.call = None
                         while time.time() < DEADLINE:
                             outcome = await self.one(session)
                             # A settled call leaves the session usable; anything else: a new session.
@@ -239,7 +255,7 @@ class App:
                             await anyio.sleep(0.05 + rng.random() * 0.2)
             except Exception as e:  # noqa: BLE001 - the session went down, under a call or while connecting
                 if self.call is not None:
-                    self.finish(self.call, "error", e)
+                    self.finish(self.call, "hung" if isinstance(e, TimeoutError) else "error", e)
                 await anyio.sleep(0.2)
 
 

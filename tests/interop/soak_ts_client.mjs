@@ -4,7 +4,8 @@
 // Client i talks to pool --pools[i % n] (the header x-soak-pool routes it to that pool's replicas) and calls
 // that pool's tool. Every call's outcome, as the APPLICATION sees it, is one JSON line on stdout:
 //   {sdk, client, pool, start, end, outcome: completed|settled|error|hung, reason, code, message, break_at,
-//    replica, progress, resumes, violations}
+//    replica, progress, resumes, answers, violations, phase, stale_resume}
+// phase: `initialize` when the call's application was still opening its session (a new one after an error).
 // break_at: when a stream carrying the pending call ended or failed without its response (epoch ms), the first
 // such end since the call's progress last flowed;
 // replica: the session's replica (from the affinity envelope in Mcp-Session-Id). Violations seen here: a
@@ -72,6 +73,9 @@ class App {
     if (call && method === 'GET' && lastEventId) {
       call.resumes += 1;
       callStream = true;
+      // A resume from an older cursor than the newest event the SDK was given for this call: whatever the
+      // replay repeats, the SDK asked for it.
+      if (call.last_id && lastEventId !== call.last_id) call.stale_resume = true;
     }
     const res = await fetch(url, init);
     const session = res.headers.get('mcp-session-id');
@@ -81,6 +85,7 @@ class App {
     const reader = res.body.getReader();
     const dec = new TextDecoder();
     let text = '';
+    let buf = '';
     // What this stream carried, kept for the report when the call shows a violation.
     const wire = { method, last_event_id: lastEventId?.slice(0, 16) ?? null, head: '' };
     call.wire.push(wire);
@@ -97,6 +102,14 @@ class App {
         // Progress flows again: the break (if any) is over; the next one counts from its own start.
         if (chunk.includes('notifications/progress')) call.break_at = null;
         text = (text + chunk).slice(-65536);
+        // The newest event id the client has received whole for this call.
+        buf += chunk;
+        const events = buf.split(/\r\n\r\n|\n\n|\r\r/);
+        buf = events.pop();
+        for (const ev of events) {
+          const m = ev.match(/^id: ?(.*?)\r?$/m);
+          if (m) call.last_id = m[1];
+        }
         if (wire.head.length < 1500) wire.head = (wire.head + chunk).slice(0, 1500);
         ctrl.enqueue(r.value);
       },
@@ -115,7 +128,7 @@ class App {
       if (/unknown message ID|unknown progress token/i.test(m) && this.call) this.call.violations.push(`misdelivered: ${m.slice(0, 160)}`);
     };
     this.replica = null;
-    await client.connect(transport);
+    await client.connect(transport, { timeout: TIMEOUT });
     this.client = client;
   }
 
@@ -130,9 +143,13 @@ class App {
     const tool = TOOLS[this.pool](tag);
     const call = this.call = { sdk: 'typescript', client: `ts-${this.i}`, pool: this.pool, start: Date.now(), end: null,
       outcome: null, reason: null, code: null, message: null, break_at: null, replica: null, progress: [], resumes: 0,
-      answers: [], violations: [], wire: [], done: false };
+      answers: [], violations: [], wire: [], phase: null, done: false };
     try {
-      if (!this.client) await this.connect();
+      if (!this.client) {
+        call.phase = 'initialize';
+        await this.connect();
+      }
+      call.phase = 'call';
       call.replica = this.replica;
       const r = await this.client.request({ method: 'tools/call', params: { name: tool.name, arguments: tool.args } },
         CallToolResultSchema, {
@@ -163,6 +180,7 @@ class App {
     this.call = null;
     delete call.done;
     delete call.rpc_id;
+    delete call.last_id;
     if (!call.violations.length) delete call.wire;
     emit(call);
     // A settled call leaves the session usable; anything else starts a new session, as an application would.
