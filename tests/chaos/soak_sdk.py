@@ -65,14 +65,16 @@ SDKS = ("typescript", "python", "rmcp")
 
 # ---- the servers ---------------------------------------------------------------------------------------------
 
-def replica_proc(pool: str, port: int, k: int, state_dir: Path) -> Proc:
+def replica_proc(pool: str, port: int, k: int, state_dir: Path, py_store: str = "session") -> Proc:
     """A replica of `pool` on `port`, not started (Proc.start() starts it again on the same address)."""
     if pool == "everything":
         # server-everything binds every interface; the preload keeps it on 127.0.0.1.
         return Proc(f"everything-{k}", [NODE, "--import", INTEROP / "loopback.mjs", EVERYTHING, "streamableHttp"],
                     port=port, env={"PORT": str(port)})
     if pool == "py":
-        return py_server(port, f"py{k}", "--retry-ms", 200, "--idle-s", 600)
+        # A store per session (see py_server.py); `process`: the SDK's one store shared by every session.
+        return py_server(port, f"py{k}", "--retry-ms", 200, "--idle-s", 600,
+                         *(["--store-per-session"] if py_store == "session" else []))
     return Proc(f"rmcp-r{k}", [binary("rmcp-replica"), "--listen", f"{HOST}:{port}", "--name", f"r{k}",
                                "--state-dir", state_dir, "--sse-retry-ms", 500], port=port)
 
@@ -175,8 +177,8 @@ def start_sdk_clients(args) -> list[tuple[str, subprocess.Popen, Path]]:
     common = ["--urls", urls(), "--seconds", str(args.seconds), "--timeout-ms", str(TIMEOUT_MS),
               "--seed", str(args.seed)]
     for sdk, n, cmd, pools in (
-            ("typescript", args.ts_clients, [NODE, INTEROP / "soak_ts_client.mjs"], "everything,everything,py,rmcp"),
-            ("python", args.py_clients, [PYTHON, INTEROP / "soak_py_client.py"], "everything,py,rmcp")):
+            ("typescript", args.ts_clients, [NODE, INTEROP / "soak_ts_client.mjs"], args.ts_pools),
+            ("python", args.py_clients, [PYTHON, INTEROP / "soak_py_client.py"], args.py_pools)):
         if n <= 0:
             continue
         log = RUNS / f"soak-sdk-{sdk}.jsonl"
@@ -380,7 +382,8 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         "and gateways blips; every outcome below is what the client *application* got. The notes at the end "
         "are kept from run to run.",
         "",
-        f"Command: `{args.command}`{' (control run: **no guard**)' if args.no_guard else ''}",
+        f"Command: `{args.command}`{' (control run: **no guard**)' if args.no_guard else ''}"
+        f"{'; Python servers with one event store per process (`--py-store process`)' if args.py_store == 'process' else ''}",
         f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {elapsed:.0f} s (calls start for "
         f"{args.seconds:.0f} s; the last ones end within their {TIMEOUT_MS // 1000} s timeout); seed {args.seed}; "
         f"machine: {os.cpu_count()} cores, {platform.machine()}, shared with other jobs (timings are noisy). "
@@ -472,12 +475,19 @@ def main() -> int:
     ap.add_argument("--ts-clients", type=int, default=20)
     ap.add_argument("--py-clients", type=int, default=10)
     ap.add_argument("--rmcp-clients", type=int, default=4)
+    # Client i of an SDK talks to the i-th pool of its list (round robin): server-everything, the issue's
+    # server, gets half the TypeScript clients.
+    ap.add_argument("--ts-pools", default="everything,everything,py,rmcp")
+    ap.add_argument("--py-pools", default="everything,py,rmcp")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fault-every", type=float, default=7.0)
     ap.add_argument("--blip-every", type=float, default=11.0)
     ap.add_argument("--no-guard", action="store_true",
                     help="the Envoys without the guard: a control run, to tell the servers' and SDKs' own behaviour "
                          "from the guard's")
+    ap.add_argument("--py-store", choices=["session", "process"], default="session",
+                    help="the Python servers' event store: one per session, or one per process as the SDK gives "
+                         "it (its request stream ids repeat across sessions)")
     ap.add_argument("--hung-allowed", action="store_true", help="hung calls are reported but do not fail the run")
     ap.add_argument("--report", type=Path, required=True)
     ap.add_argument("--plot", type=Path, default=None)
@@ -494,7 +504,7 @@ def main() -> int:
     stack = Stack(state_dir, upstreams=[(HOST, p) for ports in POOLS.values() for p in ports],
                   ownership_ports=OWNERSHIP_PORTS, store="redis", gateways=2, envoy_ports=ENVOY_PORTS,
                   admin_ports=ADMIN_PORTS, base=BASE, name="soak", configure=pooled)
-    replicas = {p: (pool, replica_proc(pool, p, k + 1, state_dir))
+    replicas = {p: (pool, replica_proc(pool, p, k + 1, state_dir, args.py_store))
                 for pool, ports in POOLS.items() for k, p in enumerate(ports)}
     proxies = [Proxy(lp, ep) for lp, ep in zip(PROXY_PORTS, ENVOY_PORTS)]
     # The rolling order: the first replica of each pool, then the second, ... (7 replicas: an odd number).
