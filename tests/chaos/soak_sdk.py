@@ -613,17 +613,22 @@ def main() -> int:
     args.report.write_text(text + kept_notes(args.report))
     if not ok:
         return 2
-    violations = sum(1 for r in recs if ours(r)) + len(tally.violations)
+    rc, why = verdict(recs, deaths, len(tally.violations), args)
+    print(f"soak-sdk: {why}; {len(deaths)} restarts, {len(blips)} blips", flush=True)
+    return rc
+
+
+def verdict(recs: list[dict], deaths: list[dict], other_violations: int, args) -> tuple[int, str]:
+    """The run's exit code and why: 1 on violations the guard answers for, on hung calls unless
+    args.hung_allowed, and when an SDK asked for made no call or nothing was restarted."""
+    violations = sum(1 for r in recs if ours(r)) + other_violations
     hung = sum(1 for r in recs if r["outcome"] == "hung")
     missing = [s for s, n in (("typescript", args.ts_clients), ("python", args.py_clients),
                               ("rmcp", args.rmcp_clients)) if n > 0 and not any(r["sdk"] == s for r in recs)]
-    print(f"soak-sdk: {len(recs)} calls, {violations} violations, {hung} hung"
-          f"{' (allowed)' if args.hung_allowed else ''}, {len(deaths)} restarts, {len(blips)} blips", flush=True)
+    why = f"{len(recs)} calls, {violations} violations, {hung} hung{' (allowed)' if args.hung_allowed else ''}"
     if missing or not deaths:
-        print(f"soak-sdk: nothing was exercised ({'no calls from ' + ', '.join(missing) if missing else 'no restarts'})",
-              flush=True)
-        return 1
-    return 1 if violations or (hung and not args.hung_allowed) else 0
+        return 1, why + f"; nothing was exercised ({'no calls from ' + ', '.join(missing) if missing else 'no restarts'})"
+    return (1 if violations or (hung and not args.hung_allowed) else 0), why
 
 
 if __name__ == "__main__":
