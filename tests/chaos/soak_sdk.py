@@ -144,24 +144,20 @@ class Proxy:
             asyncio.start_server(self._handle, HOST, self.listen), self.loop).result(10)
         return self
 
-    def blip(self) -> int:
-        def cut() -> int:
-            n = len(self.conns)
-            for w in list(self.conns):
-                w.transport.abort()
-            return n
+    async def _cut(self) -> int:
+        """Abort every connection (client and Envoy side; both count): the peers see a reset."""
+        n = len(self.conns)
+        for w in list(self.conns):
+            w.transport.abort()
+        return n
 
-        async def run() -> int:
-            return cut()
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+    def blip(self) -> int:
+        return asyncio.run_coroutine_threadsafe(self._cut(), self.loop).result(10)
 
     def stop(self) -> None:
-        async def close() -> None:
-            self.server.close()
-            for w in list(self.conns):
-                w.transport.abort()
         if self.server is not None:
-            asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+            self.loop.call_soon_threadsafe(self.server.close)
+            self.blip()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
@@ -394,7 +390,7 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         f"3.11.0 (rmcp-client), each through a TCP proxy in front of either Envoy.",
         f"Faults: a replica restarted on its address every {args.fault_every:g} s, in turn "
         f"({', '.join(f'{faults[k]} {k}' for k in FAULT_KINDS)}); {len(blips)} network blips (a proxy closed "
-        f"every connection it carried, {sum(b['conns'] for b in blips)} connections in all).",
+        f"every connection it carried: {sum(b['conns'] for b in blips)} client and gateway sides in all).",
         "",
         "## Per SDK client",
         "",
