@@ -428,6 +428,15 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         lines += [f"![time to settle, CDF]({plotted.name})", ""]
     lines += ["## Hung calls", ""]
     if hung:
+        pattern = collections.Counter(
+            (r["sdk"], r["pool"], r.get("death_kind") or "none", r.get("phase") or "call",
+             " / ".join(sorted({a.split(";")[0] for a in r.get("answers") or []})) or "no resume",
+             "many" if r["resumes"] > 3 else str(r["resumes"])) for r in hung)
+        lines += ["By pattern: the restart of the call's replica during the call, the phase, and the guard's answers "
+                  "to its resumes (status and `Mcp-Resume` kind).", "",
+                  "| client | server | restart during the call | phase | answers | resumes | calls |",
+                  "| --- | --- | --- | --- | --- | --- | ---: |",
+                  *[f"| {' | '.join(k)} | {n} |" for k, n in pattern.most_common()], "", "Each (the first 40):", ""]
         lines += ["| client | server | started (s) | phase | replica | resumes: guard's answers | break → timeout | "
                   "death during the call |", "| --- | --- | ---: | --- | --- | --- | --- | --- |"]
         lines += [f"| {r['client']} | {r['pool']} | {(r['start'] - t0) / 1000:.1f} | {r.get('phase') or 'call'} | "
