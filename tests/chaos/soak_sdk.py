@@ -47,7 +47,7 @@ from pathlib import Path
 from chaos import ADMIN_PORTS, ENVOY_PORTS, OWNERSHIP_PORTS, Tally, access_logged, check_access_logs, mark_gone, \
     pct
 from stack.envoy import hcm, set_endpoints
-from stack.procs import BIN, ENVOY_PORT, HOST, REPLICA_PORTS, ROOT, RUNS, Proc, binary
+from stack.procs import BIN, HOST, REPLICA_PORTS, ROOT, RUNS, Proc, binary
 from stack.services import INTEROP, NODE, PYTHON, py_server
 from stack.topology import Stack
 
