@@ -155,7 +155,7 @@ e2e-native: venv build native
 
 # A one-off build keeps no incremental caches (about 1.8 GB in target/debug/incremental).
 test: export CARGO_INCREMENTAL ?= 0
-test: tools lint unit sse-diff wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke sim
+test: tools lint unit sse-diff wasm-test validate rules adapters-test e2e e2e-native chaos-smoke bench-smoke sim soak-sdk-smoke
 	@echo "make test: all green"
 
 # ---- the quick loop ----------------------------------------------------------
@@ -292,6 +292,34 @@ chaos: venv interop-deps redis wasm
 
 chaos-smoke:
 	$(MAKE) chaos CHAOS_S=120 CHAOS_REPORT=target/chaos-smoke/CHAOS.md
+
+# ---- SDK soak ----------------------------------------------------------------
+# `make soak-sdk`: a rolling deploy (a replica restarted on its address every 7 s, with and without the
+# preStop mark) and network blips under real SDK clients (TypeScript, Python, rmcp) against real SDK servers
+# (server-everything, the Python SDK, rmcp) behind 2 Envoys with the guard on Redis; every call's outcome is
+# taken from the application. Writes docs/soak-sdk.md and its time-to-settle plot (SOAK_S=150: about 3.5 min).
+# `make test` runs a short one (soak-sdk-smoke, 75 s) into target/soak-sdk-smoke/. Violations fail the run;
+# so do hung calls (a call that meets its 30 s timeout), unless SOAK_HUNG_ALLOWED=1.
+.PHONY: soak-sdk soak-sdk-smoke
+SOAK_S            ?= 150
+SOAK_TS           ?= 20
+SOAK_PY           ?= 10
+SOAK_RMCP         ?= 4
+SOAK_SEED         ?= 1
+SOAK_OUT          ?= docs
+SOAK_HUNG_ALLOWED ?=
+
+soak-sdk: venv interop-deps redis build $(VENV)/.bench-stamp
+	mkdir -p target/soak-sdk
+	E2E_PORT_OFFSET=$${E2E_PORT_OFFSET:-500} $(PY) tests/chaos/soak_sdk.py --seconds $(SOAK_S) \
+	  --ts-clients $(SOAK_TS) --py-clients $(SOAK_PY) --rmcp-clients $(SOAK_RMCP) --seed $(SOAK_SEED) \
+	  --report $(SOAK_OUT)/soak-sdk.md --plot $(SOAK_OUT)/soak-sdk-settle.png --records target/soak-sdk/$(notdir $(SOAK_OUT))-calls.jsonl \
+	  $(if $(SOAK_HUNG_ALLOWED),--hung-allowed) \
+	  --command "make soak-sdk SOAK_S=$(SOAK_S) SOAK_TS=$(SOAK_TS) SOAK_PY=$(SOAK_PY) SOAK_RMCP=$(SOAK_RMCP) SOAK_SEED=$(SOAK_SEED)"
+
+soak-sdk-smoke:
+	$(MAKE) soak-sdk SOAK_S=75 SOAK_TS=6 SOAK_PY=4 SOAK_RMCP=2 SOAK_OUT=target/soak-sdk-smoke
+
 # ---- fuzzing ---------------------------------------------------------------
 # `make fuzz`: each target in fuzz/ for FUZZ_S seconds, coverage-guided (cargo-fuzz, libFuzzer,
 # nightly), starting from the committed corpus in fuzz/corpus/<target>. New inputs go to

@@ -479,6 +479,29 @@ def access_logged(cfg: dict, i: int) -> None:
                "%RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %RESP(MCP-RESUME)%\n")
 
 
+def mark_gone(port: int, ownership_ports: list[int], rng: random.Random, retry_s: float,
+              admin_token: str | None = None) -> bool:
+    """POST /v1/owners/gone for the replica on `port` (what the preStop hook does) to any of the ownership
+    instances, retried for retry_s; also the rolling deploy of tests/chaos/soak_sdk.py."""
+    import urllib.request
+    headers = {"content-type": "application/json"}
+    if admin_token:
+        headers["authorization"] = f"Bearer {admin_token}"
+    deadline = time.monotonic() + retry_s
+    while True:
+        req = urllib.request.Request(f"http://{HOST}:{rng.choice(ownership_ports)}/v1/owners/gone",
+                                     method="POST", headers=headers,
+                                     data=json.dumps({"owner": f"{HOST}:{port}"}).encode())
+        try:
+            urllib.request.urlopen(req, timeout=3).read()
+            return True
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                print(f"owner_gone call failed: {e}", flush=True)
+                return False
+        time.sleep(0.2)
+
+
 class System(Stack):
     """2 Envoys (--concurrency 2) x 2 ownership instances on the store x 3 naive replicas, and the faults."""
 
@@ -551,24 +574,7 @@ class System(Stack):
     # -- faults --
 
     def mark_gone(self, port: int, rng: random.Random, retry_s: float) -> bool:
-        """POST /v1/owners/gone for the replica on `port` (any ownership instance), retried for retry_s."""
-        import urllib.request
-        headers = {"content-type": "application/json"}
-        if self.admin_token:
-            headers["authorization"] = f"Bearer {self.admin_token}"
-        deadline = time.monotonic() + retry_s
-        while True:
-            req = urllib.request.Request(f"http://{HOST}:{rng.choice(OWNERSHIP_PORTS)}/v1/owners/gone",
-                                         method="POST", headers=headers,
-                                         data=json.dumps({"owner": f"{HOST}:{port}"}).encode())
-            try:
-                urllib.request.urlopen(req, timeout=3).read()
-                return True
-            except OSError as e:
-                if time.monotonic() >= deadline:
-                    print(f"owner_gone call failed: {e}", flush=True)
-                    return False
-            time.sleep(0.2)
+        return mark_gone(port, OWNERSHIP_PORTS, rng, retry_s, self.admin_token)
 
     def restart_replica(self, port: int, rng: random.Random) -> None:
         """Start a replica again at its address, after marking the address gone (its startup step; it
@@ -793,6 +799,9 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
     c = tally.counts
     lines = [
         "# Chaos soak",
+        "",
+        "The same kind of soak with real SDK clients and servers (a rolling deploy, measured from the "
+        "applications): [docs/soak-sdk.md](docs/soak-sdk.md), `make soak-sdk`.",
         "",
         f"Command: `make chaos CHAOS_S={args.seconds} CHAOS_CLIENTS={args.clients} CHAOS_SEED={args.seed}"
         f" CHAOS_STORE={args.store}`",

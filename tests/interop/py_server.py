@@ -17,6 +17,8 @@
   the last N events per stream, evicted ids forgotten. `--contiguity`: the store wrapped by the
   contiguity adapter (adapters/python).
 * `--idle-s`: the SDK's session idle timeout; an expired session answers 404.
+* `--store-per-session`: one store per session instead of the SDK's one per process (see the comment at
+  the hook: request stream ids repeat across sessions).
 * Test hooks (not on /mcp): GET /_interop/state, POST /_interop/reset. Every response carries
   `x-replica: <name>`. Listens on 127.0.0.1 only.
 """
@@ -41,6 +43,7 @@ ap.add_argument("--retry-ms", type=int, default=200)
 ap.add_argument("--idle-s", type=float, default=600.0)
 ap.add_argument("--store-limit", type=int, default=0)
 ap.add_argument("--contiguity", action="store_true")
+ap.add_argument("--store-per-session", action="store_true")
 args = ap.parse_args()
 NAME = args.name
 
@@ -157,6 +160,28 @@ async def reset(_: Request) -> JSONResponse:
     STATE["requests"].clear()
     return JSONResponse({})
 
+
+if args.store_per_session:
+    # The SDK gives every session's transport the one store it was given, and a request stream's id is the
+    # request's JSON-RPC id, which every session numbers from 0: a store keyed by stream id (what the
+    # interface invites; store_event is never told the session) replays another session's events and result
+    # for the same id. Here each session gets its own store (a private SDK hook; ids stay unique in the
+    # process), which is what tests/chaos/soak_sdk.py runs by default.
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+    SEQ = itertools.count(1)
+    _admit = StreamableHTTPSessionManager._admit_session
+
+    def _admit_with_own_store(self, requestor):
+        transport = _admit(self, requestor)
+        if transport is not None and transport._event_store is not None:
+            store = event_store()
+            if hasattr(store, "seq"):
+                store.seq = SEQ
+            transport._event_store = store
+        return transport
+
+    StreamableHTTPSessionManager._admit_session = _admit_with_own_store
 
 app = mcp.streamable_http_app(event_store=event_store(), retry_interval=args.retry_ms,
                               session_idle_timeout=args.idle_s)
