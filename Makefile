@@ -299,7 +299,7 @@ chaos-smoke:
 # (server-everything, the Python SDK, rmcp) behind 2 Envoys with the guard on Redis; every call's outcome is
 # taken from the application. Writes docs/soak-sdk.md and its time-to-settle plot (SOAK_S=150: about 3.5 min).
 # `make test` runs a short one (soak-sdk-smoke, 75 s) into target/soak-sdk-smoke/. Violations fail the run;
-# so do hung calls (a call that meets its 30 s timeout), unless SOAK_HUNG_ALLOWED=1.
+# so do hung calls (a call that meets its 30 s timeout), unless SOAK_HUNG_ALLOWED=1 (as in the smoke run).
 .PHONY: soak-sdk soak-sdk-smoke
 SOAK_S            ?= 150
 SOAK_TS           ?= 20
@@ -317,8 +317,11 @@ soak-sdk: venv interop-deps redis build $(VENV)/.bench-stamp
 	  $(if $(SOAK_HUNG_ALLOWED),--hung-allowed) \
 	  --command "make soak-sdk SOAK_S=$(SOAK_S) SOAK_TS=$(SOAK_TS) SOAK_PY=$(SOAK_PY) SOAK_RMCP=$(SOAK_RMCP) SOAK_SEED=$(SOAK_SEED)"
 
+# The smoke run allows hung calls (it still fails on any violation): server-everything's own event store
+# replays into a stream id that is an event id, so a resumed call can hang with no guard in the path too
+# (docs/soak-sdk.md); the full run counts them against the guard.
 soak-sdk-smoke:
-	$(MAKE) soak-sdk SOAK_S=75 SOAK_TS=6 SOAK_PY=4 SOAK_RMCP=2 SOAK_OUT=target/soak-sdk-smoke
+	$(MAKE) soak-sdk SOAK_S=75 SOAK_TS=6 SOAK_PY=4 SOAK_RMCP=2 SOAK_OUT=target/soak-sdk-smoke SOAK_HUNG_ALLOWED=1
 
 # ---- fuzzing ---------------------------------------------------------------
 # `make fuzz`: each target in fuzz/ for FUZZ_S seconds, coverage-guided (cargo-fuzz, libFuzzer,
