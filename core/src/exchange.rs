@@ -266,7 +266,9 @@ struct ResponseView {
     is_sse: bool,
     /// A `Location` header is present.
     location: bool,
-    /// The first `Content-Encoding` names anything but identity.
+    /// The first `Content-Encoding` names anything but identity, or a `Content-Type` names a
+    /// charset other than UTF-8 (Python's client decodes by it: UTF-16 or UTF-7 bytes hide ids
+    /// and events from a UTF-8 reading).
     encoded: bool,
     content_length: bool,
 }
@@ -286,6 +288,7 @@ impl ResponseView {
             } else if k.eq_ignore_ascii_case(b"content-type") {
                 // Every instance: clients join repeated headers (", ") and read the joined value.
                 r.is_sse |= is_event_stream(v);
+                r.encoded |= foreign_charset(v);
             } else if k.eq_ignore_ascii_case(b"location") {
                 r.location = true;
             } else if k.eq_ignore_ascii_case(b"content-encoding") {
@@ -301,7 +304,7 @@ impl ResponseView {
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
         r.session_id = sid.filter(|_| sids == 1).map(<[u8]>::to_vec);
-        r.encoded = encoded(ce);
+        r.encoded |= encoded(ce);
         r
     }
 
@@ -1461,6 +1464,21 @@ impl Exchange {
 }
 
 /// Does a `Content-Encoding` value name anything but identity?
+/// Does a `Content-Type` value (joined instances too) name a `charset` other than UTF-8?
+fn foreign_charset(ct: &[u8]) -> bool {
+    ct.split(|b| *b == b',' || *b == b';').any(|param| {
+        let mut kv = param.splitn(2, |b| *b == b'=');
+        let key = kv.next().unwrap_or_default().trim_ascii();
+        let value = kv.next().unwrap_or_default().trim_ascii();
+        let value = value
+            .strip_prefix(b"\"")
+            .and_then(|v| v.strip_suffix(b"\""))
+            .unwrap_or(value);
+        key.eq_ignore_ascii_case(b"charset")
+            && !(value.eq_ignore_ascii_case(b"utf-8") || value.eq_ignore_ascii_case(b"utf8"))
+    })
+}
+
 fn encoded(value: Option<&[u8]>) -> bool {
     value.is_some_and(|v| {
         !v.split(|b| *b == b',')
