@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from stack.envoy import ENVOY_BIN, WASM, wait_live
-from stack.procs import ROOT, Proc
+from stack.procs import ROOT, Proc, wait_port
 from stack.services import start_ownership
 
 DEPLOY = ROOT / "deploy"
@@ -760,6 +760,8 @@ def test_k8s_store_keeps_every_session_across_an_ownership_restart(tmp_path):
                               "--daemonize", "no", "--loglevel", "warning"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        # The service answers 503 until its store is reachable: records only once Redis listens.
+        wait_port(rport, proc=redis)
         oargs = oc["args"]
         store = oargs[oargs.index("--store") + 1].replace("redis.mcp-system:6379", f"127.0.0.1:{rport}")
         env = {e["name"]: e["value"] for e in oc["env"]}
