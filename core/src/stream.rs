@@ -5,6 +5,7 @@ use crate::ownership::{digest_matches, recorded_id, split_recorded, Reason, Stre
 use crate::sse::{IdAction, OnId, Rewriter};
 use serde::Deserialize;
 use std::collections::VecDeque;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// JSON-RPC method of a replica's contiguity assertion (docs/contiguity-extension.md).
 pub const ASSERTION_METHOD: &str = "notifications/mcp-resume-guard/replay";
@@ -106,6 +107,11 @@ struct IdMap {
     rewritten: u64,
     /// The seq of the cursor to write for the id just answered with [`IdAction::Write`].
     minted: u64,
+    /// A continuation's last relayed event (XXH3 of its replica id, content digest): a replica
+    /// that sends it again at once would have the client dispatch it twice.
+    last: Option<(u64, u64)>,
+    /// Blocks are held (a continuation), so a repeat can be dropped whole.
+    held: bool,
 }
 
 /// The rewriter's view of a stream: decides at each id, then writes its cursor into the output.
@@ -153,6 +159,8 @@ impl StreamState {
                 relayed: RelayedIds::default(),
                 rewritten: 0,
                 minted: 0,
+                last: None,
+                held: false,
             },
             cut: false,
             cut_reason: None,
@@ -178,6 +186,7 @@ impl StreamState {
         s.ids.next_seq = cursor.seq.saturating_add(1);
         s.ids.expected = expected.into();
         s.ids.request_id = cursor.request_id.clone();
+        s.ids.held = true;
         if suppress_echo {
             s.ids.echo = cursor.replica_event_id.clone();
         }
@@ -600,6 +609,17 @@ impl IdMap {
                 return IdAction::DropEvent;
             }
         }
+        let hash = self.held.then(|| xxh3_64(id.as_bytes()));
+        if let (Some(h), Some((last, last_digest))) = (hash, self.last) {
+            if h == last {
+                // The event just relayed, sent again (ids are unique in a session): dropped
+                // whole; the same id with other data is a reused id, not the next event.
+                return match digest == last_digest {
+                    true => IdAction::DropEvent,
+                    false => IdAction::Cut,
+                };
+            }
+        }
         if let Some(want) = self.expected.pop_front() {
             // Same id, other data: a replica that reused the id for another event.
             let (want_id, want_digest) = split_recorded(&want);
@@ -611,6 +631,7 @@ impl IdMap {
         self.next_seq = self.minted.saturating_add(1);
         self.relayed.push(id, digest);
         self.rewritten += 1;
+        self.last = hash.map(|h| (h, digest));
         IdAction::Write
     }
 

@@ -225,6 +225,22 @@ fn hole_3_an_echo_too_long_to_hold_is_cut_not_dispatched_twice() {
 }
 
 #[test]
+fn an_event_sent_again_at_once_is_dispatched_once() {
+    // The replay, then its last event again (same id and data): the client gets it once, and
+    // the stream goes on with new events.
+    let again = b"id: e2\ndata: d2\n\nid: e3\ndata: d3\n\nid: e3\ndata: d3\n\nid: e4\ndata: d4\n\n";
+    let run = at_every_split(1, 3, true, 1 << 16, again);
+    let data: Vec<&str> = run.events.iter().map(|e| e.data.as_str()).collect();
+    assert_eq!(data, ["d2", "d3", "d4"]);
+    assert!(!signalled(&run));
+    // The same id with other data is not the next event: cut before it.
+    let reused = b"id: e2\ndata: d2\n\nid: e3\ndata: d3\n\nid: e3\ndata: other\n\n";
+    let run = at_every_split(1, 3, true, 1 << 16, reused);
+    assert!(signalled(&run));
+    assert!(run.events.iter().all(|e| e.data != "other"));
+}
+
+#[test]
 fn a_long_recorded_event_is_cut_but_a_long_new_one_streams() {
     let big = "x".repeat(3000);
     // Its content cannot be compared before it leaves.
@@ -353,13 +369,16 @@ mod props {
     fn render(k: u64, pieces: &[Piece]) -> String {
         let at = |o: i64| k.saturating_add_signed(o);
         let mut s = String::new();
+        // New long events each get their own id.
+        let mut longs = 0;
         for p in pieces {
             match p {
                 Piece::Recorded(o, sh) => event(&mut s, &rid(at(*o)), &rdata(at(*o)), *sh),
                 Piece::Foreign(o, sh) => event(&mut s, &rid(at(*o)), "foreign", *sh),
                 Piece::New(j, sh) => event(&mut s, &format!("n{j}"), &format!("new {j}"), *sh),
                 Piece::Long(o, id_first) => {
-                    let id = o.map_or_else(|| "long".to_owned(), |o| rid(at(o)));
+                    longs += 1;
+                    let id = o.map_or_else(|| format!("long{longs}"), |o| rid(at(o)));
                     let data = "x".repeat(HOLD * 2);
                     let sh = if *id_first {
                         Shape::Plain
@@ -427,8 +446,10 @@ mod props {
             for (o, sh) in (1..=more as i64).zip(&shapes) {
                 pieces.push(Piece::Recorded(o, *sh));
             }
-            for (j, sh, long) in &new {
-                pieces.push(if *long { Piece::Long(None, true) } else { Piece::New(*j, *sh) });
+            for (i, (_, sh, long)) in new.iter().enumerate() {
+                // Ids are unique in a session: an honest replica never repeats one.
+                let j = i as u8;
+                pieces.push(if *long { Piece::Long(None, true) } else { Piece::New(j, *sh) });
                 pieces.push(Piece::Comment);
             }
             let input = render(k, &pieces);
