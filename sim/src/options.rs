@@ -39,6 +39,9 @@ pub struct Options {
     /// Chance (per mille) that a client resuming also sends copies of the resume it drops a few
     /// ms later, while their verdict is pending (its own abandoned retries).
     pub drop_pending_per_mille: u64,
+    /// The same, the dropped copies sent along with the resume (they may reach the service
+    /// after it).
+    pub drop_pending_race: u64,
     /// Gateways' clocks are ahead of the store's by up to this much.
     pub skew_ms: u64,
     /// One-way latency between a gateway and the service.
@@ -77,6 +80,7 @@ impl Default for Options {
             store_max_bytes: 0,
             store_max_session_events: 0,
             drop_pending_per_mille: 0,
+            drop_pending_race: 0,
             skew_ms: 0,
             service_latency_ms: 1,
             service_jitter_ms: 0,
@@ -139,6 +143,7 @@ impl Options {
             "--store-max-bytes" => self.store_max_bytes = num()? as usize,
             "--store-max-session-events" => self.store_max_session_events = num()? as usize,
             "--drop-pending" => self.drop_pending_per_mille = num()?,
+            "--drop-pending-race" => self.drop_pending_race = num()?,
             "--skew-ms" => self.skew_ms = num()?,
             "--service-latency-ms" => self.service_latency_ms = num()?,
             "--service-jitter-ms" => self.service_jitter_ms = num()?,
@@ -157,9 +162,9 @@ impl Options {
             .map(|set| set.iter().map(|b| b.name()).collect::<Vec<_>>().join("+"))
             .collect();
         format!(
-            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --drop-pending {} --callout-loss {} --store {} --store-max-bytes {} --store-max-session-events {} --store-blip {} --store-wipe {} --service-restart {} --lose-branches {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
+            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --drop-pending {} --drop-pending-race {} --callout-loss {} --store {} --store-max-bytes {} --store-max-session-events {} --store-blip {} --store-wipe {} --service-restart {} --lose-branches {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),
-            self.odd_ids, self.bound_ms, self.drop_per_mille, self.drop_pending_per_mille,
+            self.odd_ids, self.bound_ms, self.drop_per_mille, self.drop_pending_per_mille, self.drop_pending_race,
             self.callout_loss_per_mille, self.store.name(), self.store_max_bytes,
             self.store_max_session_events, self.store_blip_per_mille, self.store_wipe_per_mille,
             self.service_restart_per_mille, self.lose_branches_per_mille, self.skew_ms,
