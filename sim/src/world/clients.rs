@@ -176,7 +176,11 @@ impl World {
     }
 
     pub(super) fn schedule_retry(&mut self, c: usize, l: usize) {
-        let delay = self.clients[c].rng.range(50, 1000);
+        let (lo, hi) = match self.opts.reconnect_after_ms {
+            0 => (50, 1000),
+            ms => (ms, ms + 1000),
+        };
+        let delay = self.clients[c].rng.range(lo, hi);
         let at = self.net.now + delay;
         self.clients[c].logicals[l].retry_at = Some(at);
     }
@@ -217,7 +221,7 @@ impl World {
         }
         self.stats.resumes += u64::from(cursor.is_some());
         // Retries the client drops while their verdict is pending (issue 30, 4): sent before
-        // this resume, which follows 50 ms later (`--drop-pending`), or along with it, so
+        // this resume, which follows as a reconnection does (`--drop-pending`), or along with it, so
         // they may reach the service after it (`--drop-pending-race`). Drawn only when asked
         // for, so runs without them draw as before.
         if let Some(k) = &cursor {
@@ -230,9 +234,8 @@ impl World {
                     self.drop_pending(c, l, k.clone());
                 }
                 if self.clients[c].rng.below(before + race) < before {
-                    let lg = &mut self.clients[c].logicals[l];
-                    lg.retries -= 1;
-                    lg.retry_at = Some(self.net.now + 50);
+                    self.clients[c].logicals[l].retries -= 1;
+                    self.schedule_retry(c, l);
                     return;
                 }
             }
