@@ -213,8 +213,9 @@ sim-smoke:
 	$(LINTED) cargo run -q -p mcp-sim -- --seed $(SIM_SEED) --seeds 2 --steps 20000 --menu correct,feed-all,echo-cursor --interference 1
 # Then over a real Redis (its own redis-server on 127.0.0.1:6399+E2E_PORT_OFFSET, started and
 # stopped by pid): each seed over memory and over Redis must give every client the same outcomes
-# (the Lua and the Rust store rules cannot diverge unseen), and the Redis-only faults (lost
-# branch tables, service rollouts) keep valid resumes continuing. SIM_REDIS_SEEDS x
+# (the Lua and the Rust store rules cannot diverge unseen; with issue 30's healed blips and
+# dropped retries among them), and the Redis-only faults (lost branch tables, service
+# rollouts) keep valid resumes continuing. SIM_REDIS_SEEDS x
 # SIM_REDIS_STEPS: about a minute.
 SIM_REDIS_SEEDS ?= 8
 SIM_REDIS_STEPS ?= 100000
@@ -232,6 +233,8 @@ sim: redis
 	set -ex; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 $(SIM_GREEN); \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 --menu correct,blip --check-continue 1; \
+	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 --menu blip --check-continue 1 --reconnect-after-ms 31000 --bound-ms 600000; \
+	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 --menu correct --check-continue 1 --drop-pending 300 --reconnect-after-ms 3500 --bound-ms 600000; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds 4 --steps $(SIM_REDIS_STEPS) $$store --menu correct,feed-all,echo-cursor --lose-branches 5; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds 4 --steps $(SIM_REDIS_STEPS) $$store --menu correct --check-continue 1 --service-restart 5
 
