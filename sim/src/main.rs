@@ -13,12 +13,13 @@ macro_rules! say {
 use std::time::Instant;
 
 use mcp_sim::options::Options;
-use mcp_sim::run::{non_interference, run, trace};
+use mcp_sim::run::{differential, non_interference, run, trace};
+use mcp_sim::service::StoreKind;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut opts = Options::default();
-    let (mut seeds, mut interference) = (1u64, false);
+    let (mut seeds, mut interference, mut diff) = (1u64, false, false);
     for pair in args.chunks(2) {
         let (flag, value) = (pair[0].as_str(), pair.get(1).map_or("", String::as_str));
         let r = match flag {
@@ -27,12 +28,20 @@ fn main() -> ExitCode {
                 interference = value == "1";
                 Ok(())
             }
+            "--differential" => {
+                diff = value == "1";
+                Ok(())
+            }
             _ => opts.set(flag, value),
         };
         if let Err(e) = r {
             eprintln!("mcp-sim: {e}");
             return ExitCode::from(2);
         }
+    }
+    if diff && opts.store == StoreKind::Memory {
+        eprintln!("mcp-sim: --differential 1 compares memory with --store redis://HOST:PORT");
+        return ExitCode::from(2);
     }
     let started = Instant::now();
     let (mut steps, mut failed) = (0u64, 0u32);
@@ -44,6 +53,14 @@ fn main() -> ExitCode {
                 failed += 1;
                 say!("FAIL seed {seed} {}: {}", v.invariant.name(), v.what);
                 say!("  replay: mcp-sim {} --interference 1", opts.flags());
+            }
+            continue;
+        }
+        if diff {
+            if let Some(v) = differential(&opts) {
+                failed += 1;
+                say!("FAIL seed {seed} {}: {}", v.invariant.name(), v.what);
+                say!("  replay: mcp-sim {} --differential 1", opts.flags());
             }
             continue;
         }
@@ -83,22 +100,24 @@ fn main() -> ExitCode {
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    if interference {
+    if diff {
+        say!(
+            "mcp-sim: {seeds} seed(s) from {first}, each over memory and over {}, {} steps, in {secs:.1} s, {failed} failed",
+            opts.store.name(),
+            opts.steps
+        );
+    } else if interference {
         say!(
             "mcp-sim: {seeds} seed(s) from {first}, client 0 alone and among {} others for {} simulated ms each, in {secs:.1} s, {failed} failed",
             opts.clients.saturating_sub(1),
             opts.steps
         );
-        return if failed > 0 {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        };
-    }
-    say!(
+    } else {
+        say!(
         "mcp-sim: {seeds} seed(s) from {first}, {steps} steps in {secs:.1} s ({:.0} steps/s), {failed} failed",
-        steps as f64 / secs.max(1e-9)
-    );
+            steps as f64 / secs.max(1e-9)
+        );
+    }
     if failed > 0 {
         ExitCode::FAILURE
     } else {

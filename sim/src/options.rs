@@ -1,5 +1,6 @@
 //! What one run simulates: sizes, the replicas' behaviour menu, faults, and the client quirks.
 use crate::replica::Behaviour;
+use crate::service::StoreKind;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -25,6 +26,25 @@ pub struct Options {
     pub store_blip_per_mille: u64,
     /// Chance (per mille, per request) that the store loses every key.
     pub store_wipe_per_mille: u64,
+    /// Chance (per mille, per request) that the ownership service restarts (a rollout): the
+    /// memory store loses everything, a Redis store nothing.
+    pub service_restart_per_mille: u64,
+    /// Chance (per mille, per request) that every branch table is lost (Redis only).
+    pub lose_branches_per_mille: u64,
+    /// The store: memory, or a real Redis.
+    pub store: StoreKind,
+    /// The store's `Limits::max_bytes` and `Limits::max_session_events` (0: the default).
+    pub store_max_bytes: usize,
+    pub store_max_session_events: usize,
+    /// Chance (per mille) that a client resuming also sends copies of the resume it drops a few
+    /// ms later, while their verdict is pending (its own abandoned retries).
+    pub drop_pending_per_mille: u64,
+    /// The same, the dropped copies sent along with the resume (they may reach the service
+    /// after it).
+    pub drop_pending_race: u64,
+    /// Clients reconnect this long (up to 1 s more) after a stream ends or they drop it
+    /// (0: after 50 ms to 1 s).
+    pub reconnect_after_ms: u64,
     /// Gateways' clocks are ahead of the store's by up to this much.
     pub skew_ms: u64,
     /// One-way latency between a gateway and the service.
@@ -57,6 +77,14 @@ impl Default for Options {
             callout_loss_per_mille: 0,
             store_blip_per_mille: 0,
             store_wipe_per_mille: 0,
+            service_restart_per_mille: 0,
+            lose_branches_per_mille: 0,
+            store: StoreKind::Memory,
+            store_max_bytes: 0,
+            store_max_session_events: 0,
+            drop_pending_per_mille: 0,
+            drop_pending_race: 0,
+            reconnect_after_ms: 0,
             skew_ms: 0,
             service_latency_ms: 1,
             service_jitter_ms: 0,
@@ -69,6 +97,18 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The store's limits: the defaults, with the sizes the flags set.
+    pub fn limits(&self) -> mcp_ownership::store::Limits {
+        let mut l = mcp_ownership::store::Limits::default();
+        if self.store_max_bytes > 0 {
+            l.max_bytes = self.store_max_bytes;
+        }
+        if self.store_max_session_events > 0 {
+            l.max_session_events = self.store_max_session_events;
+        }
+        l
+    }
+
     /// Applies one `--flag value` pair; `Err` names what is wrong.
     pub fn set(&mut self, flag: &str, value: &str) -> Result<(), String> {
         let num = || {
@@ -101,6 +141,14 @@ impl Options {
             "--callout-loss" => self.callout_loss_per_mille = num()?,
             "--store-blip" => self.store_blip_per_mille = num()?,
             "--store-wipe" => self.store_wipe_per_mille = num()?,
+            "--service-restart" => self.service_restart_per_mille = num()?,
+            "--lose-branches" => self.lose_branches_per_mille = num()?,
+            "--store" => self.store = StoreKind::parse(value)?,
+            "--store-max-bytes" => self.store_max_bytes = num()? as usize,
+            "--store-max-session-events" => self.store_max_session_events = num()? as usize,
+            "--drop-pending" => self.drop_pending_per_mille = num()?,
+            "--drop-pending-race" => self.drop_pending_race = num()?,
+            "--reconnect-after-ms" => self.reconnect_after_ms = num()?,
             "--skew-ms" => self.skew_ms = num()?,
             "--service-latency-ms" => self.service_latency_ms = num()?,
             "--service-jitter-ms" => self.service_jitter_ms = num()?,
@@ -119,10 +167,12 @@ impl Options {
             .map(|set| set.iter().map(|b| b.name()).collect::<Vec<_>>().join("+"))
             .collect();
         format!(
-            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --callout-loss {} --store-blip {} --store-wipe {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
+            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --drop-pending {} --drop-pending-race {} --reconnect-after-ms {} --callout-loss {} --store {} --store-max-bytes {} --store-max-session-events {} --store-blip {} --store-wipe {} --service-restart {} --lose-branches {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),
-            self.odd_ids, self.bound_ms, self.drop_per_mille, self.callout_loss_per_mille,
-            self.store_blip_per_mille, self.store_wipe_per_mille, self.skew_ms,
+            self.odd_ids, self.bound_ms, self.drop_per_mille, self.drop_pending_per_mille, self.drop_pending_race, self.reconnect_after_ms,
+            self.callout_loss_per_mille, self.store.name(), self.store_max_bytes,
+            self.store_max_session_events, self.store_blip_per_mille, self.store_wipe_per_mille,
+            self.service_restart_per_mille, self.lose_branches_per_mille, self.skew_ms,
             self.service_latency_ms, self.service_jitter_ms, u8::from(self.attack),
             u8::from(self.check_continue),
         )

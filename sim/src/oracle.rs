@@ -20,6 +20,10 @@ pub enum Invariant {
     Continues,
     /// 4: a session's outcomes changed with other sessions' traffic.
     NonInterference,
+    /// Memory and Redis stores gave a client different outcomes (`--differential 1`).
+    Differential,
+    /// Not an invariant: the run's store could not be used (no Redis at the URL).
+    Store,
 }
 
 impl Invariant {
@@ -30,6 +34,8 @@ impl Invariant {
             Invariant::Settles => "settles",
             Invariant::Continues => "continues",
             Invariant::NonInterference => "non-interference",
+            Invariant::Differential => "differential",
+            Invariant::Store => "store",
         }
     }
 }

@@ -36,13 +36,16 @@ pub enum Behaviour {
     /// A resume's replay starts with an event that is not the recorded next one, carrying no
     /// id, an id with a NUL (clients ignore it), or its id in a later block.
     Mangle,
+    /// A stream's first resume is answered 503 (a blip), every later one as `correct` does
+    /// (issue 30, 2: a blip that healed must not become a loss later).
+    Blip,
     /// Paces every stream from one replica-wide random stream, so one session's traffic shifts
     /// another's timing: not a fault of the guard; it proves invariant 4's check can fail.
     SharedPace,
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 14] = [
+    pub const ALL: [Behaviour; 15] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -57,6 +60,7 @@ impl Behaviour {
         Behaviour::Restart,
         Behaviour::Mangle,
         Behaviour::SharedPace,
+        Behaviour::Blip,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +79,7 @@ impl Behaviour {
             Behaviour::Restart => "restart",
             Behaviour::Mangle => "mangle-replay",
             Behaviour::SharedPace => "shared-pace",
+            Behaviour::Blip => "blip",
         }
     }
 
@@ -127,6 +132,8 @@ struct Stream {
     /// Entries still to write; a call's last one is its result.
     left: u64,
     rng: Rng,
+    /// A `blip` replica answered this stream's resume 503 once.
+    blipped: bool,
 }
 
 /// What the oracle needs to know about a written entry.
@@ -302,6 +309,7 @@ impl Replica {
                 call_id: call_id.map(str::to_owned),
                 left,
                 rng,
+                blipped: false,
             },
         );
         Reply {
@@ -357,6 +365,10 @@ impl Replica {
         let odd = self.has(Behaviour::OddType);
         let (status, headers) = sse_headers(&mut Rng::new(draw), odd);
         let s = self.streams.get_mut(&uid)?;
+        if self.behaviours.contains(&Behaviour::Blip) && !s.blipped {
+            s.blipped = true;
+            return Some(Replica::json(503, r#"{"error":"unavailable"}"#));
+        }
         if refuse && !s.readers.is_empty() {
             return Some(Replica::json(409, r#"{"error":"stream has a reader"}"#));
         }
@@ -408,6 +420,16 @@ impl Replica {
 
     /// Whether `uid` is a stream a client may still resume here: held, and (a GET stream) not
     /// superseded by a newer one.
+    /// Does the replica serve stream `uid`'s resumes as `correct` does (a `blip` replica once
+    /// its one 503 is spent)?
+    pub fn serves_correctly(&self, uid: u64) -> bool {
+        match self.behaviours.as_slice() {
+            [Behaviour::Correct] => true,
+            [Behaviour::Blip] => self.streams.get(&uid).is_some_and(|s| s.blipped),
+            _ => false,
+        }
+    }
+
     pub fn current(&self, uid: u64) -> bool {
         self.streams.get(&uid).is_some_and(|s| {
             s.call_id.is_some() || self.sessions.get(&s.session) == Some(&Some(uid))

@@ -199,10 +199,14 @@ impl World {
         let clients = (0..opts.clients)
             .map(|c| Client::new(Rng::fork(opts.seed, 0xc11e + c as u64), opts.odd_ids))
             .collect();
+        let (service, broken) = match Service::open(&opts.store, opts.limits()) {
+            Ok(s) => (s, None),
+            Err(e) => (Service::new(), Some(e)),
+        };
         let mut w = World {
             net: Network::default(),
             faults,
-            service: Service::new(),
+            service,
             gateways,
             replicas,
             clients,
@@ -215,7 +219,13 @@ impl World {
             // client drops at a byte offset: invariant 4 compares runs).
             next_uid: 100_000,
             steps: 0,
-            violation: None,
+            // A store that cannot be used fails the run at once, naming why.
+            violation: broken.map(|what| Violation {
+                invariant: Invariant::Store,
+                client: 0,
+                logical: None,
+                what,
+            }),
             trace: Vec::new(),
             blip_until: 0,
             stats: Stats::default(),

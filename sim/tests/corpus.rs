@@ -1,6 +1,14 @@
 //! Replays sim/seeds/corpus.txt: `pass` runs stay green, `xfail` runs still find their hole.
+//! Lines with `--store redis` run over a redis-server this test starts on 127.0.0.1:6399
+//! (+ `E2E_PORT_OFFSET`; or `SIM_REDIS_URL`'s), stopped when the test exits; without
+//! redis-server they are skipped, said on stderr (`SIM_REQUIRE_REDIS=1` fails instead).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
 use mcp_sim::options::Options;
-use mcp_sim::run::{non_interference, run};
+use mcp_sim::run::{differential, non_interference, run};
 
 struct Entry {
     name: String,
@@ -8,6 +16,61 @@ struct Entry {
     invariant: String,
     opts: Options,
     interference: bool,
+    differential: bool,
+    /// Over the test's Redis.
+    redis: bool,
+}
+
+/// A redis-server for the corpus, under a watchdog shell that stops it (by pid) once this
+/// process is gone; `None` when redis-server is not installed.
+fn start_redis(port: u16) -> Option<Child> {
+    let installed = Command::new("sh")
+        .args(["-c", "command -v redis-server"])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        return None;
+    }
+    let script = format!(
+        "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
+         --daemonize no --loglevel warning & rp=$!; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done; \
+         kill $rp 2>/dev/null; wait $rp",
+        parent = std::process::id()
+    );
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start redis-server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not open 127.0.0.1:{port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child)
+}
+
+/// The Redis URL for `--store redis` lines, and the server this test started (if it did).
+fn redis_url() -> (Option<String>, Option<Child>) {
+    if let Ok(url) = std::env::var("SIM_REDIS_URL") {
+        return (Some(url), None);
+    }
+    let offset: u16 = std::env::var("E2E_PORT_OFFSET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let port = 6399 + offset;
+    match start_redis(port) {
+        Some(child) => (Some(format!("redis://127.0.0.1:{port}")), Some(child)),
+        None => (None, None),
+    }
 }
 
 fn corpus() -> Result<Vec<Entry>, String> {
@@ -23,11 +86,18 @@ fn corpus() -> Result<Vec<Entry>, String> {
             return Err(format!("corpus line: {line}"));
         }
         let mut opts = Options::default();
-        let mut interference = false;
+        let (mut interference, mut differential, mut redis) = (false, false, false);
         for pair in words[3..].chunks(2) {
             let value = pair.get(1).copied().unwrap_or("");
-            if pair[0] == "--interference" {
-                interference = value == "1";
+            match (pair[0], value) {
+                ("--interference", v) => interference = v == "1",
+                ("--differential", v) => differential = v == "1",
+                ("--store", "redis") => redis = true,
+                _ => {}
+            }
+            if matches!(pair[0], "--interference" | "--differential")
+                || redis && pair[0] == "--store"
+            {
                 continue;
             }
             opts.set(pair[0], value)
@@ -39,6 +109,8 @@ fn corpus() -> Result<Vec<Entry>, String> {
             invariant: words[2].to_owned(),
             opts,
             interference,
+            differential,
+            redis,
         });
     }
     Ok(out)
@@ -51,11 +123,31 @@ fn every_corpus_run_ends_as_the_corpus_says() {
     let entries = entries.unwrap_or_default();
     assert!(entries.len() >= 10, "the corpus lost its entries");
     let mut wrong = Vec::new();
+    let (url, _server) = if entries.iter().any(|e| e.redis) {
+        redis_url()
+    } else {
+        (None, None)
+    };
+    let require = std::env::var("SIM_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+    assert!(
+        url.is_some() || !require,
+        "SIM_REQUIRE_REDIS=1 and no redis-server"
+    );
     for e in &entries {
-        let violation = if e.interference {
-            non_interference(&e.opts, e.opts.steps)
+        let mut opts = e.opts.clone();
+        if e.redis {
+            let Some(url) = &url else {
+                eprintln!("corpus: {} skipped: redis-server is not installed", e.name);
+                continue;
+            };
+            opts.set("--store", url).unwrap();
+        }
+        let violation = if e.differential {
+            differential(&opts)
+        } else if e.interference {
+            non_interference(&opts, opts.steps)
         } else {
-            run(&e.opts).violation
+            run(&opts).violation
         };
         let got = violation.as_ref().map(|v| v.invariant.name());
         let ok = match e.expect.as_str() {

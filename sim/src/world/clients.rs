@@ -176,7 +176,11 @@ impl World {
     }
 
     pub(super) fn schedule_retry(&mut self, c: usize, l: usize) {
-        let delay = self.clients[c].rng.range(50, 1000);
+        let (lo, hi) = match self.opts.reconnect_after_ms {
+            0 => (50, 1000),
+            ms => (ms, ms + 1000),
+        };
+        let delay = self.clients[c].rng.range(lo, hi);
         let at = self.net.now + delay;
         self.clients[c].logicals[l].retry_at = Some(at);
     }
@@ -216,6 +220,26 @@ impl World {
             return;
         }
         self.stats.resumes += u64::from(cursor.is_some());
+        // Retries the client drops while their verdict is pending (issue 30, 4): sent before
+        // this resume, which follows as a reconnection does (`--drop-pending`), or along with it, so
+        // they may reach the service after it (`--drop-pending-race`). Drawn only when asked
+        // for, so runs without them draw as before.
+        if let Some(k) = &cursor {
+            let (before, race) = (
+                self.opts.drop_pending_per_mille,
+                self.opts.drop_pending_race,
+            );
+            if before + race > 0 && self.clients[c].rng.chance(before + race) {
+                for _ in 0..3 {
+                    self.drop_pending(c, l, k.clone());
+                }
+                if self.clients[c].rng.below(before + race) < before {
+                    self.clients[c].logicals[l].retries -= 1;
+                    self.schedule_retry(c, l);
+                    return;
+                }
+            }
+        }
         // Invariant 3 needs the client to be the stream's only reader: no earlier connection
         // of this stream still open at the gateway.
         let others = self.clients[c].half_open.iter().any(|k| {
@@ -239,6 +263,24 @@ impl World {
         self.stats.must_continue += u64::from(must);
     }
 
+    /// A retry of the resume with `cursor` that the client abandons a few ms after it reaches
+    /// the gateway, while the guard still waits for the service's verdict (issue 30, 4): it
+    /// must cost the real reader nothing.
+    fn drop_pending(&mut self, c: usize, l: usize, cursor: String) {
+        let purpose = Purpose::Stream {
+            logical: l,
+            resume: true,
+        };
+        let conn = self.open(c, purpose, "GET", Some(cursor), Vec::new(), None);
+        self.clients[c].logicals[l].conn = None;
+        self.conns[conn].cc.gone = true;
+        let gone = self.conns[conn].latency + self.clients[c].rng.range(1, 4);
+        self.log(c, Some(l), || {
+            format!("client drops conn {conn} of #{l} before its verdict")
+        });
+        self.net.after(gone, Event::ClientGone(conn));
+    }
+
     /// Invariant 3's preconditions for a resume with `cursor`: its owner is a correct replica
     /// that holds the stream, nobody reads it, and every record reached the store.
     pub(super) fn valid_resume(&self, cursor: &str) -> bool {
@@ -259,7 +301,7 @@ impl World {
         let settled = self.gateways.iter().all(|g| {
             g.worker.queued_records() == 0 && g.callouts.values().all(|w| *w != Waiter::Records)
         });
-        r.behaviours == [Behaviour::Correct] && r.current(uid) && r.readers(uid) == 0 && settled
+        r.serves_correctly(uid) && r.current(uid) && r.readers(uid) == 0 && settled
     }
 
     /// Opens a client connection; returns its index.

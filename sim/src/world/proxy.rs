@@ -220,6 +220,17 @@ impl World {
         {
             self.service.wipe();
         }
+        // Drawn only when asked for, so runs without these faults draw as before.
+        if self.opts.service_restart_per_mille > 0
+            && self.faults.chance(self.opts.service_restart_per_mille)
+        {
+            self.service.restart();
+        }
+        if self.opts.lose_branches_per_mille > 0
+            && self.faults.chance(self.opts.lose_branches_per_mille)
+        {
+            self.service.lose_branch_tables();
+        }
         let lat = self.service_latency();
         self.net.after(
             lat,
