@@ -111,7 +111,7 @@ lint: rust-targets
 	cargo clippy --target wasm32-wasip1 -p mcp-resume-guard -- -D warnings
 
 unit: redis
-	cargo test --workspace $(REDIS_TESTS)
+	SIM_REQUIRE_REDIS=1 cargo test --workspace $(REDIS_TESTS)
 
 # The client model (core/src/eventsource.rs) against the SSE parsers the real SDK clients use
 # (tests/sse-diff: eventsource-parser in Node, httpx2 in .venv), live; fails if they are absent.
