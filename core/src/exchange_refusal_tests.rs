@@ -441,13 +441,8 @@ fn the_deadline_is_configured_and_ends_with_the_owners_headers_or_the_stream() {
 
 #[test]
 fn sse_in_a_charset_other_than_utf8_is_never_relayed() {
-    // Python's client decodes the body by its charset: UTF-16 or UTF-7 bytes would hide ids and
-    // events from the guard's UTF-8 reading.
-    for ct in [
-        "text/event-stream; charset=utf-16-le",
-        "text/event-stream;charset=\"UTF-7\"",
-        "text/plain; charset=latin1, text/event-stream",
-    ] {
+    // A fresh GET stream answered with this Content-Type.
+    let answer = |ct: &str| {
         let mut w = worker();
         let mut host = MockHost::new();
         let mut ex = Exchange::new();
@@ -458,6 +453,16 @@ fn sse_in_a_charset_other_than_utf8_is_never_relayed() {
             &mut host,
             &hdrs(&[(":status", "200"), ("content-type", ct)]),
         );
+        (host, ex)
+    };
+    // Python's client decodes the body by its charset: UTF-16 or UTF-7 bytes would hide ids and
+    // events from the guard's UTF-8 reading.
+    for ct in [
+        "text/event-stream; charset=utf-16-le",
+        "text/event-stream;charset=\"UTF-7\"",
+        "text/plain; charset=latin1, text/event-stream",
+    ] {
+        let (host, ex) = answer(ct);
         assert!(
             matches!(local_reply(&host.effects), Some((409, b)) if b.contains("encoded_stream")),
             "{ct}"
@@ -469,16 +474,7 @@ fn sse_in_a_charset_other_than_utf8_is_never_relayed() {
         "text/event-stream; charset=UTF-8",
         "text/event-stream;charset=\"utf8\"",
     ] {
-        let mut w = worker();
-        let mut host = MockHost::new();
-        let mut ex = Exchange::new();
-        rq(&mut ex, &mut w, &mut host, &get(&[]));
-        rs(
-            &mut ex,
-            &mut w,
-            &mut host,
-            &hdrs(&[(":status", "200"), ("content-type", ct)]),
-        );
+        let (host, ex) = answer(ct);
         assert!(local_reply(&host.effects).is_none(), "{ct}");
         assert!(ex.wants_body(), "{ct}");
     }
