@@ -1069,8 +1069,10 @@ mod tests {
     /// Records every callback: `Some(id)` for `on_id`, `None` for `on_event_without_id`; and
     /// each `may_overflow` question, allowed when the id so far has a `k`.
     #[derive(Default)]
+    #[cfg(not(target_arch = "wasm32"))]
     struct Calls(Vec<Option<String>>, Vec<Option<String>>);
 
+    #[cfg(not(target_arch = "wasm32"))]
     impl OnId for Calls {
         fn on_id(&mut self, id: &str, _: u64) -> IdAction {
             self.0.push(Some(id.to_owned()));
