@@ -900,7 +900,7 @@ fn eol_at(rest: &[u8], e: usize) -> (usize, bool) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// One dispatched event as a WHATWG client sees it.
@@ -1470,7 +1470,7 @@ mod tests {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    mod props {
+    pub(crate) mod props {
         use super::*;
         use proptest::prelude::*;
 
@@ -1537,7 +1537,8 @@ mod tests {
                 })
         }
 
-        fn split<'a>(s: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
+        /// `s` cut at the given points (any number, anywhere): the chunks a proxy might deliver.
+        pub(crate) fn split<'a>(s: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
             let mut at: Vec<usize> = cuts.iter().map(|c| c.index(s.len() + 1)).collect();
             at.sort_unstable();
             let mut parts = Vec::new();

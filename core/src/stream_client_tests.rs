@@ -281,6 +281,7 @@ fn a_long_id_does_not_make_a_short_event_long() {
 #[cfg(not(target_arch = "wasm32"))]
 mod props {
     use super::*;
+    use crate::sse::tests::props::split;
     use proptest::prelude::*;
 
     /// How a replica writes one event.
@@ -393,18 +394,6 @@ mod props {
             }
         }
         s
-    }
-
-    fn split<'a>(s: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
-        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(s.len() + 1)).collect();
-        at.sort_unstable();
-        let mut parts = Vec::new();
-        let mut prev = 0;
-        for p in at.into_iter().chain([s.len()]) {
-            parts.push(&s[prev..p]);
-            prev = p;
-        }
-        parts
     }
 
     proptest! {
