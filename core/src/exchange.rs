@@ -252,6 +252,17 @@ impl<'h> RequestView<'h> {
         }
         r
     }
+
+    /// Why the request's `Mcp-Session-Id` cannot name a session: repeated, or not one value of
+    /// visible ASCII (the MCP spec's 0x21–0x7E; an empty value included). `None`: absent or valid.
+    fn session_id_refusal(&self) -> Option<Reason> {
+        let visible = |v: &[u8]| !v.is_empty() && v.iter().all(|b| (0x21..=0x7e).contains(b));
+        match self.session_id {
+            _ if self.session_ids > 1 => Some(Reason::DuplicateHeader),
+            Some(v) if !visible(v) => Some(Reason::BadSessionId),
+            _ => None,
+        }
+    }
 }
 
 /// What the exchange reads of the response headers, from one pass over the map.
@@ -516,6 +527,13 @@ impl Exchange {
             return Action::Continue;
         }
         self.req.mcp = true;
+        // Refused before any replica sees it: a server may take an empty id for none and open a
+        // session, past a rate limit that only counts POSTs without the header.
+        if let Some(reason) = h.session_id_refusal() {
+            host.count(Stat::Refused(reason), 1);
+            self.reply_refusal(host, 400, &session_refusal_body(reason), reason);
+            return Action::Pause;
+        }
         // The guard must read every SSE answer: replicas are asked for identity encoding (an
         // encoded SSE answer is refused, `encoded_stream`). A compressor belongs after the guard.
         if !identity {
@@ -1163,12 +1181,16 @@ impl Exchange {
     }
 
     fn reject<H: Host>(&mut self, w: &Worker, host: &mut H, reason: Reason) {
+        self.reply_refusal(host, w.config.reject_status, &reject_body(reason), reason);
+    }
+
+    /// Answers locally with a JSON refusal `body` that names `reason`.
+    fn reply_refusal<H: Host>(&mut self, host: &mut H, status: u16, body: &str, reason: Reason) {
         host.count(Stat::Rejected, 1);
         self.phase = Phase::Replied;
-        let body = reject_body(reason);
         let header = format!("rejected; reason={reason}");
         host.send_local_response(
-            w.config.reject_status,
+            status,
             &[
                 ("content-type", "application/json"),
                 (MCP_RESUME_HEADER, &header),
@@ -1515,14 +1537,34 @@ pub fn settle_event(reason: Reason, request_ids: Option<&str>) -> String {
 
 /// The 409 body of a rejection (JSON-RPC error shape, `id: null`).
 pub fn reject_body(reason: Reason) -> String {
+    refusal_body(
+        reason,
+        &format!(
+            "Last-Event-ID not honoured ({reason}): reconnect without Last-Event-ID to open a new stream"
+        ),
+    )
+}
+
+/// The 400 body of a request refused for its `Mcp-Session-Id`. Both SDK clients settle the
+/// POST's pending call with this error (`id: null` is read as the call's own).
+pub fn session_refusal_body(reason: Reason) -> String {
+    refusal_body(
+        reason,
+        &format!(
+            "Mcp-Session-Id refused ({reason}): a session id is one value of visible ASCII \
+             (0x21-0x7E); send the one the server issued, or none to open a session"
+        ),
+    )
+}
+
+/// A refusal in JSON-RPC error shape, `id: null`, naming `reason` in `data`.
+fn refusal_body(reason: Reason, message: &str) -> String {
     serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
         "error": {
             "code": REFUSED_CODE,
-            "message": format!(
-                "Last-Event-ID not honoured ({reason}): reconnect without Last-Event-ID to open a new stream"
-            ),
+            "message": message,
             "data": { "resumed": false, "reason": reason.as_str() }
         }
     })

@@ -48,7 +48,7 @@ fn refuse_along(w: &mut Worker, host: &mut MockHost, c: &str, path: Path) -> Opt
             let h = hdrs(&[
                 (":method", "GET"),
                 (":path", "/mcp"),
-                ("mcp-session-id", "another session"),
+                ("mcp-session-id", "another-session"),
                 ("last-event-id", c),
             ]);
             rq(&mut ex, w, host, &h);

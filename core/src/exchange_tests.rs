@@ -471,9 +471,9 @@ fn mcp_paths_match_after_normalization() {
 fn ambiguous_headers_are_refused_by_name() {
     let mut w = worker();
     let c = cursor(&w, 42, 7, "e7");
-    let cases: [Vec<(&str, &str)>; 3] = [
+    // A repeated Mcp-Session-Id is refused outright (exchange_session_tests.rs).
+    let cases: [Vec<(&str, &str)>; 2] = [
         vec![("last-event-id", &c), ("last-event-id", "e1")],
-        vec![("last-event-id", &c), ("mcp-session-id", "s-2")],
         vec![
             ("last-event-id", &c),
             ("mcp-protocol-version", "2025-06-18"),
@@ -498,32 +498,41 @@ fn ambiguous_headers_are_refused_by_name() {
 #[test]
 fn session_ids_are_hashed_as_raw_bytes() {
     let mut w = worker();
-    let raw: Vec<u8> = vec![b's', 0xff, 0xfe, b'1'];
-    let lossy = String::from_utf8_lossy(&raw).into_owned();
-    let c = w.config.keyring.encode(&Cursor {
-        request_id: None,
-        session: crate::cursor::session_binding(&raw),
-        incarnation: 9,
-        kind: StreamKind::Get,
-        seq: 1,
-        replica_event_id: Some("e1"),
-    });
-    let h = |sid: Vec<u8>| -> Headers {
-        let mut h = hdrs(&[(":method", "GET"), (":path", "/mcp"), ("last-event-id", &c)]);
-        h.push(("mcp-session-id".into(), sid));
+    let cursor_of = |w: &Worker, sid: &[u8]| {
+        w.config.keyring.encode(&Cursor {
+            request_id: None,
+            session: crate::cursor::session_binding(sid),
+            incarnation: 9,
+            kind: StreamKind::Get,
+            seq: 1,
+            replica_event_id: Some("e1"),
+        })
+    };
+    let h = |c: &str, sid: &[u8]| -> Headers {
+        let mut h = hdrs(&[(":method", "GET"), (":path", "/mcp"), ("last-event-id", c)]);
+        h.push(("mcp-session-id".into(), sid.to_vec()));
         h
     };
+    let raw = b"s-1";
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
-    rq(&mut ex, &mut w, &mut host, &h(raw.clone()));
+    let req = h(&cursor_of(&w, raw), raw);
+    rq(&mut ex, &mut w, &mut host, &req);
     let (_, body) = host.last_dispatch().expect("bound to the raw bytes: asked");
     let q: ResumeQuery = serde_json::from_slice(body).unwrap();
-    assert_eq!(q.session, crate::cursor::session_key(&raw));
-    // The lossy spelling of the same id is another session.
-    let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    rq(&mut ex, &mut w, &mut host, &h(lossy.into_bytes()));
-    assert_eq!(host.stat(Stat::Refused(Reason::SessionMismatch)), 1);
+    assert_eq!(q.session, crate::cursor::session_key(raw));
+    // Bytes a lossy reading would fold together (invalid UTF-8 and its U+FFFD spelling) are no
+    // session id at all: refused before any callout, so no two spellings share a binding.
+    let odd: Vec<u8> = vec![b's', 0xff, 0xfe, b'1'];
+    let lossy = String::from_utf8_lossy(&odd).into_owned();
+    let c = cursor_of(&w, &odd);
+    for sid in [odd.as_slice(), lossy.as_bytes()] {
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        rq(&mut ex, &mut w, &mut host, &h(&c, sid));
+        assert!(host.last_dispatch().is_none(), "{sid:?}");
+        assert_eq!(host.stat(Stat::Refused(Reason::BadSessionId)), 1);
+    }
 }
 
 fn body_str(host: &MockHost) -> String {
@@ -1100,3 +1109,6 @@ fn every_answer_a_client_reads_as_sse_has_its_ids_rewritten() {
 
 #[path = "exchange_refusal_tests.rs"]
 mod refusals;
+
+#[path = "exchange_session_tests.rs"]
+mod session_ids;

@@ -109,10 +109,13 @@ pub enum Reason {
     /// The replica answered SSE with a `Content-Encoding` other than identity: its ids
     /// cannot be read, so the stream is not relayed.
     EncodedStream,
+    /// The request's `Mcp-Session-Id` is not a session id (empty, or a byte outside visible
+    /// ASCII 0x21–0x7E): refused before any replica sees it.
+    BadSessionId,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -132,6 +135,7 @@ impl Reason {
         Reason::RecordsLost,
         Reason::ReplayMissing,
         Reason::EncodedStream,
+        Reason::BadSessionId,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -155,6 +159,7 @@ impl Reason {
             Reason::RecordsLost => "records_lost",
             Reason::ReplayMissing => "replay_missing",
             Reason::EncodedStream => "encoded_stream",
+            Reason::BadSessionId => "bad_session_id",
         }
     }
 }
