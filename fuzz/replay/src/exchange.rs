@@ -257,7 +257,6 @@ impl Run {
                     headers,
                     body,
                 } => {
-                    assert_eq!(*status, self.w.config.reject_status);
                     let h: Vec<_> = headers
                         .iter()
                         .filter(|(k, _)| k == MCP_RESUME_HEADER)
@@ -268,6 +267,12 @@ impl Run {
                     assert!(
                         h.len() == 1 && reason.is_some_and(reason_named),
                         "{headers:?}"
+                    );
+                    // A session id that cannot name a session is a bad request, never a resume.
+                    let bad_sid = matches!(reason, Some("bad_session_id" | "duplicate_header"));
+                    assert!(
+                        *status == self.w.config.reject_status || (*status == 400 && bad_sid),
+                        "{status} {reason:?}"
                     );
                     assert!(!headers
                         .iter()
