@@ -989,24 +989,30 @@ impl Exchange {
         }
     }
 
-    /// A request stream's continuation ended without relaying a single event: its call's
-    /// response did not come, and the client would resume into the same empty answer (or
-    /// wait forever). Its end says so (`replay_missing`) and settles the call.
+    /// A request stream ended without its call's response and without a cursor to resume
+    /// from: a continuation that relayed no event (the client would resume into the same empty
+    /// answer, `replay_missing`), or a fresh stream that relayed nothing at all (the replica
+    /// ended it before answering; the client has no cursor, `response_missing`). Its end says
+    /// so and settles the call. A fresh stream that relayed a priming id is left alone: the
+    /// client resumes from it.
     fn settle_unanswered_end<H: Host>(&mut self, w: &Worker, host: &mut H, out: &mut Vec<u8>) {
-        let Phase::Continuing { cursor, .. } = &self.phase else {
-            return;
-        };
         let Some(stream) = self.stream.as_ref() else {
             return;
         };
-        let unanswered = cursor.kind == StreamKind::Request
-            && stream.rewritten() == 0
-            && stream.cut_reason().is_none()
-            && !stream.output_mid_block();
-        if !unanswered {
+        let reason = match &self.phase {
+            Phase::Continuing { cursor, .. }
+                if cursor.kind == StreamKind::Request && stream.rewritten() == 0 =>
+            {
+                Reason::ReplayMissing
+            }
+            Phase::Idle if stream.kind() == StreamKind::Request && stream.relayed_events() == 0 => {
+                Reason::ResponseMissing
+            }
+            _ => return,
+        };
+        if stream.cut_reason().is_some() || stream.output_mid_block() {
             return;
         }
-        let reason = Reason::ReplayMissing;
         host.count(Stat::Refused(reason), 1);
         out.extend_from_slice(control_event(reason).as_bytes());
         self.settle_tail(w, out, reason);

@@ -109,10 +109,13 @@ pub enum Reason {
     /// The replica answered SSE with a `Content-Encoding` other than identity: its ids
     /// cannot be read, so the stream is not relayed.
     EncodedStream,
+    /// A request's fresh `200` SSE answer ended cleanly before relaying a single event: its
+    /// response did not come and the client holds no cursor to resume from.
+    ResponseMissing,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -132,6 +135,7 @@ impl Reason {
         Reason::RecordsLost,
         Reason::ReplayMissing,
         Reason::EncodedStream,
+        Reason::ResponseMissing,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -155,6 +159,7 @@ impl Reason {
             Reason::RecordsLost => "records_lost",
             Reason::ReplayMissing => "replay_missing",
             Reason::EncodedStream => "encoded_stream",
+            Reason::ResponseMissing => "response_missing",
         }
     }
 }
