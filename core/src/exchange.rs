@@ -386,9 +386,17 @@ pub struct Exchange {
     /// The replica ended this branch; the end is held while the store says (answering this
     /// token) whether another branch of the incarnation is open: then this one was overtaken.
     ending: Option<u32>,
-    /// When a continuation forwarded to its owner must have its response headers (host
-    /// clock, ms); `None` once they came or the exchange ended.
+    /// When a continuation forwarded to its owner must have its response headers, and, when
+    /// a replay is expected, its first replayed event (host clock, ms); `None` once they came
+    /// or the exchange ended.
     headers_due: Option<u64>,
+    /// The owner's response headers are held (a replay is expected and its first event has
+    /// not been checked yet): nothing reached the client, so the deadline can still answer
+    /// locally.
+    holding: bool,
+    /// The rewritten output held with the headers (blocks that dispatch nothing: comments,
+    /// `retry`), released with the first replayed event.
+    held: Vec<u8>,
 }
 
 impl Default for Exchange {
@@ -415,6 +423,8 @@ impl Exchange {
             branch_open: false,
             ending: None,
             headers_due: None,
+            holding: false,
+            held: Vec::new(),
         }
     }
 
@@ -609,11 +619,18 @@ impl Exchange {
         }
     }
 
+    /// Whether the owner's response headers are held (the adapter answered them with
+    /// [`Action::Pause`]): until the first replayed event, the end of the body, or the deadline.
+    pub fn holds_response_headers(&self) -> bool {
+        self.holding
+    }
+
     /// The adapter's timer, for an exchange with a [`Exchange::deadline_ms`] (early calls do
     /// nothing). Past the deadline the owner is taken as hung: the continuation is answered
     /// here (`owner_busy`: a request stream's call settled, a GET stream's resume rejected)
-    /// through [`Host::send_local_response`], acting on this exchange's stream. `true` when
-    /// it answered.
+    /// through [`Host::send_local_response`], acting on this exchange's stream. The owner's
+    /// headers were not sent on (none came, or they are held while a replay is expected and
+    /// none of it came), so a local answer is still possible. `true` when it answered.
     pub fn on_deadline<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> bool {
         let Some(due) = self.deadline_ms() else {
             return false;
@@ -627,10 +644,18 @@ impl Exchange {
         };
         let (cursor, owner) = (cursor.clone(), owner.clone());
         let ms = w.config.continuation_headers_timeout_ms;
+        let what = match self.holding {
+            true => "its headers but no replayed event",
+            false => "no response headers",
+        };
         host.log(
             LogLevel::Warn,
-            &format!("mcp-resume-guard: owner {owner} sent no response headers in {ms} ms"),
+            &format!("mcp-resume-guard: owner {owner} sent {what} in {ms} ms"),
         );
+        // Whatever the owner sends later is not relayed: the local answer ends the stream.
+        self.holding = false;
+        self.held = Vec::new();
+        self.stream = None;
         self.owner_busy(w, host, &cursor);
         true
     }
@@ -650,7 +675,7 @@ impl Exchange {
         headers: Option<&[F]>,
         end_of_stream: bool,
     ) -> Action {
-        self.headers_due = None;
+        let due = self.headers_due.take();
         if !self.wants_response_headers() {
             self.on_response_headers_unread(w, host);
             return Action::Continue;
@@ -731,6 +756,14 @@ impl Exchange {
                 host.remove_response_header("content-length");
             }
             self.open_stream(w, host);
+            if matches!(&self.phase, Phase::Continuing { expected, .. } if !expected.is_empty()) {
+                // Events after the cursor are recorded: the headers wait for the first of
+                // them (or the body's end), within the same deadline, so an owner that answers
+                // and then stalls is still answered here.
+                self.headers_due = due;
+                self.holding = true;
+                return Action::Pause;
+            }
         }
         Action::Continue
     }
@@ -758,6 +791,8 @@ impl Exchange {
         }
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
+        // Output held with the headers goes first, now or with a later chunk.
+        out.append(&mut self.held);
         let mut ask_end = None;
         if let Some(reason) = self.control_pending.take() {
             out.extend_from_slice(control_event(reason).as_bytes());
@@ -785,6 +820,12 @@ impl Exchange {
                 None => self.relay(w, host, chunk, eos, &mut out),
             },
         }
+        if self.holding && !self.release_headers(w, eos || ask_end.is_some(), &mut out) {
+            // Envoy gets nothing of this chunk; the exchange keeps its output.
+            host.replace_body_chunk(&[]);
+            w.scratch = out;
+            return Action::Pause;
+        }
         host.replace_body_chunk(&out);
         // Keep the worker's buffer, unless one huge chunk made it large.
         if out.capacity() > SCRATCH_KEEP_BYTES {
@@ -799,6 +840,29 @@ impl Exchange {
             }
             None => Action::Continue,
         }
+    }
+
+    /// While the headers are held: are they released with this chunk's output (the first
+    /// replayed event was checked and relayed, the stream was cut or refused, or the body
+    /// ended)? If not, `out` (blocks that dispatch nothing) is kept, up to `max_event_hold_bytes`;
+    /// beyond, it is dropped: no client dispatches any of it.
+    fn release_headers(&mut self, w: &Worker, end: bool, out: &mut Vec<u8>) -> bool {
+        let replayed = self.stream.as_ref().is_none_or(|s| s.rewritten() > 0);
+        let continuing = matches!(self.phase, Phase::Continuing { .. });
+        if end || replayed || !continuing || self.cut_sent {
+            self.holding = false;
+            self.headers_due = None;
+            return true;
+        }
+        let whole = !self
+            .stream
+            .as_ref()
+            .is_some_and(StreamState::output_mid_block);
+        if out.len() > w.config.max_event_hold_bytes && whole {
+            out.clear();
+        }
+        self.held.append(out);
+        false
     }
 
     /// The request's stream is over (complete, reset or abandoned): its branch no longer holds
