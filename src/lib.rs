@@ -51,8 +51,8 @@ struct Guard {
 }
 
 /// Streams whose exchange has a deadline (a continuation waiting for its owner's response
-/// headers, or, its headers held, for the first replayed event), by context id: proxy-wasm has
-/// no per-stream timer, so the root's tick serves them.
+/// headers, or for the first replayed event), by context id: proxy-wasm has no per-stream
+/// timer, so the root's tick serves them.
 type Waiting = Rc<RefCell<Vec<(u32, Weak<RefCell<Exchange>>)>>>;
 
 impl Guard {
@@ -225,8 +225,8 @@ impl HttpContext for Filter {
             return Action::Continue;
         }
         let headers = host::header_map(MapType::HttpResponseHeaders);
-        // Pause is StopIteration: a continuation's headers held until its first replayed event
-        // (a body callback answering Continue sends them on) or the deadline's local reply.
+        // Never Pause for a replay (`holds_headers_with_body` is false): the host would stop
+        // the body too (StopAllIterationAndWatermark).
         action(ex.on_response_headers(&mut w, &mut h, headers.as_deref(), eos))
     }
 
@@ -243,8 +243,7 @@ impl HttpContext for Filter {
         };
         let mut w = self.worker.borrow_mut();
         // Pause (at the end) is StopIterationAndBuffer: Envoy holds the body until the
-        // exchange finishes it from the callout's answer (`finish_held_response`). While the
-        // headers are held, Pause buffers an emptied chunk: the exchange keeps its output.
+        // exchange finishes it from the callout's answer (`finish_held_response`).
         action(ex.on_response_body(&mut w, &mut h, chunk.as_deref(), eos))
     }
 }

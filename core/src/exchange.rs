@@ -390,9 +390,11 @@ pub struct Exchange {
     /// a replay is expected, its first replayed event (host clock, ms); `None` once they came
     /// or the exchange ended.
     headers_due: Option<u64>,
-    /// The owner's response headers are held (a replay is expected and its first event has
-    /// not been checked yet): nothing reached the client, so the deadline can still answer
-    /// locally.
+    /// A replay is expected and its first event has not been checked yet: the deadline runs.
+    awaiting_replay: bool,
+    /// Meanwhile the owner's response headers are held (hosts that can, see
+    /// [`Host::holds_headers_with_body`]): nothing reached the client, so the deadline can
+    /// still answer locally.
     holding: bool,
     /// The rewritten output held with the headers (blocks that dispatch nothing: comments,
     /// `retry`), released with the first replayed event.
@@ -423,6 +425,7 @@ impl Exchange {
             branch_open: false,
             ending: None,
             headers_due: None,
+            awaiting_replay: false,
             holding: false,
             held: Vec::new(),
         }
@@ -644,7 +647,7 @@ impl Exchange {
         };
         let (cursor, owner) = (cursor.clone(), owner.clone());
         let ms = w.config.continuation_headers_timeout_ms;
-        let what = match self.holding {
+        let what = match self.awaiting_replay {
             true => "its headers but no replayed event",
             false => "no response headers",
         };
@@ -652,10 +655,23 @@ impl Exchange {
             LogLevel::Warn,
             &format!("mcp-resume-guard: owner {owner} sent {what} in {ms} ms"),
         );
-        // Whatever the owner sends later is not relayed: the local answer ends the stream.
+        // Whatever the owner sends later is not relayed: the answer ends the stream.
+        let sent = self.awaiting_replay && !self.holding;
+        self.awaiting_replay = false;
         self.holding = false;
         self.held = Vec::new();
         self.stream = None;
+        if sent {
+            // The headers went out (a host that cannot hold them): no local answer is possible
+            // any more. The stream is reset and recorded lost, so the client's reconnect with
+            // its cursor is refused, and settled, at once.
+            host.count(Stat::Refused(Reason::OwnerBusy), 1);
+            self.phase = Phase::Replied;
+            self.report_branch_end(w, host);
+            self.record_stream_lost(w, host, &cursor);
+            host.reset_response();
+            return true;
+        }
         self.owner_busy(w, host, &cursor);
         true
     }
@@ -761,8 +777,11 @@ impl Exchange {
                 // them (or the body's end), within the same deadline, so an owner that answers
                 // and then stalls is still answered here.
                 self.headers_due = due;
-                self.holding = true;
-                return Action::Pause;
+                self.awaiting_replay = true;
+                self.holding = host.holds_headers_with_body();
+                if self.holding {
+                    return Action::Pause;
+                }
             }
         }
         Action::Continue
@@ -820,7 +839,7 @@ impl Exchange {
                 None => self.relay(w, host, chunk, eos, &mut out),
             },
         }
-        if self.holding && !self.release_headers(w, eos || ask_end.is_some(), &mut out) {
+        if self.awaiting_replay && !self.release_headers(w, eos || ask_end.is_some(), &mut out) {
             // Envoy gets nothing of this chunk; the exchange keeps its output.
             host.replace_body_chunk(&[]);
             w.scratch = out;
@@ -842,16 +861,22 @@ impl Exchange {
         }
     }
 
-    /// While the headers are held: are they released with this chunk's output (the first
-    /// replayed event was checked and relayed, the stream was cut or refused, or the body
-    /// ended)? If not, `out` (blocks that dispatch nothing) is kept, up to `max_event_hold_bytes`;
-    /// beyond, it is dropped: no client dispatches any of it.
+    /// While the first replayed event is awaited: did it come with this chunk (checked and
+    /// relayed, or the stream was cut or refused, or the body ended)? Then the deadline ends and
+    /// held headers are released with the output. If not, and the headers are held, `out`
+    /// (blocks that dispatch nothing) is kept, up to `max_event_hold_bytes`; beyond, it is
+    /// dropped: no client dispatches any of it.
     fn release_headers(&mut self, w: &Worker, end: bool, out: &mut Vec<u8>) -> bool {
         let replayed = self.stream.as_ref().is_none_or(|s| s.rewritten() > 0);
         let continuing = matches!(self.phase, Phase::Continuing { .. });
         if end || replayed || !continuing || self.cut_sent {
+            self.awaiting_replay = false;
             self.holding = false;
             self.headers_due = None;
+            return true;
+        }
+        if !self.holding {
+            // The headers went out: the output flows; only the deadline still waits.
             return true;
         }
         let whole = !self

@@ -233,3 +233,45 @@ fn nothing_expected_passes_the_headers_at_once_without_a_deadline() {
         assert_eq!(body_str(&host), ": ping\n\n");
     }
 }
+
+#[test]
+fn a_host_that_cannot_hold_headers_resets_a_stalled_replay_and_records_it_lost() {
+    // proxy-wasm: a headers pause would stop the body too, so the headers go at once; the
+    // deadline still waits for the first replayed event.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    host.holds_headers = false;
+    let start = host.now_ms;
+    let (mut ex, action) = continue_expecting(&mut w, &mut host);
+    assert_eq!(action, Action::Continue);
+    assert!(!ex.holds_response_headers());
+    assert_eq!(ex.deadline_ms(), Some(start + 5000));
+    assert_eq!(
+        bd(&mut ex, &mut w, &mut host, b": ping\n\n", false),
+        Action::Continue
+    );
+    assert_eq!(body_str(&host), ": ping\n\n");
+    drain_records(&mut w, &mut host);
+    host.take();
+    host.now_ms = start + 5000;
+    assert!(ex.on_deadline(&mut w, &mut host));
+    // No local answer is possible: reset, and the stream recorded lost so the next resume is
+    // refused (and settled) at once.
+    assert!(local(&host.effects).is_none());
+    assert!(host.effects.contains(&Effect::ResetResponse));
+    assert_eq!(host.stat(Stat::Refused(Reason::OwnerBusy)), 1);
+    let records = drain_records(&mut w, &mut host);
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    assert!(!ex.on_deadline(&mut w, &mut host));
+    // A replay that comes in time ends the deadline.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    host.holds_headers = false;
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    bd(&mut ex, &mut w, &mut host, b"id: e4\ndata: {}\n\n", false);
+    assert_eq!(ex.deadline_ms(), None);
+    host.now_ms += 10_000;
+    assert!(!ex.on_deadline(&mut w, &mut host));
+}

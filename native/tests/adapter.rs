@@ -81,6 +81,7 @@ fn body_flow(r: u32) -> Flow {
 }
 
 impl<const C: bool> Proxy for Native<C> {
+    const HOLDS_HEADERS: bool = true;
     fn start(config: &str) -> Result<Self, String> {
         with(|e| {
             *e = envoy::Envoy::default();
