@@ -253,6 +253,13 @@ impl Host for ProxyHost<'_> {
         }
     }
 
+    /// proxy-wasm-cpp-host turns a headers pause (StopIteration) into
+    /// StopAllIterationAndWatermark: no body callback until the filter resumes the response, so
+    /// the exchange could never see the replay it would hold the headers for.
+    fn holds_headers_with_body(&self) -> bool {
+        false
+    }
+
     fn count(&mut self, stat: Stat, n: u64) {
         let id = self
             .metrics

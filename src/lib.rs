@@ -51,7 +51,8 @@ struct Guard {
 }
 
 /// Streams whose exchange has a deadline (a continuation waiting for its owner's response
-/// headers), by context id: proxy-wasm has no per-stream timer, so the root's tick serves them.
+/// headers, or for the first replayed event), by context id: proxy-wasm has no per-stream
+/// timer, so the root's tick serves them.
 type Waiting = Rc<RefCell<Vec<(u32, Weak<RefCell<Exchange>>)>>>;
 
 impl Guard {
@@ -224,6 +225,8 @@ impl HttpContext for Filter {
             return Action::Continue;
         }
         let headers = host::header_map(MapType::HttpResponseHeaders);
+        // Never Pause for a replay (`holds_headers_with_body` is false): the host would stop
+        // the body too (StopAllIterationAndWatermark).
         action(ex.on_response_headers(&mut w, &mut h, headers.as_deref(), eos))
     }
 

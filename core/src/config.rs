@@ -165,8 +165,9 @@ pub struct RawConfig {
     /// Evidence a continuation needs: `relayed` (default) or `asserted`.
     #[serde(default)]
     pub contiguity: Contiguity,
-    /// How long a continuation waits for its owner's response headers before the guard
-    /// answers it itself (`owner_busy`): a hung owner must not hang the client.
+    /// How long a continuation waits for its owner's response headers (and, when a replay is
+    /// expected, for its first replayed event, the headers held meanwhile) before the guard
+    /// answers it itself (`owner_busy`): a hung or stalled owner must not hang the client.
     #[serde(default = "default_continuation_headers_timeout_ms")]
     pub continuation_headers_timeout_ms: u64,
 }

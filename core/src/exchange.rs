@@ -397,9 +397,19 @@ pub struct Exchange {
     /// The replica ended this branch; the end is held while the store says (answering this
     /// token) whether another branch of the incarnation is open: then this one was overtaken.
     ending: Option<u32>,
-    /// When a continuation forwarded to its owner must have its response headers (host
-    /// clock, ms); `None` once they came or the exchange ended.
+    /// When a continuation forwarded to its owner must have its response headers, and, when
+    /// a replay is expected, its first replayed event (host clock, ms); `None` once they came
+    /// or the exchange ended.
     headers_due: Option<u64>,
+    /// A replay is expected and its first event has not been checked yet: the deadline runs.
+    awaiting_replay: bool,
+    /// Meanwhile the owner's response headers are held (hosts that can, see
+    /// [`Host::holds_headers_with_body`]): nothing reached the client, so the deadline can
+    /// still answer locally.
+    holding: bool,
+    /// The rewritten output held with the headers (blocks that dispatch nothing: comments,
+    /// `retry`), released with the first replayed event.
+    held: Vec<u8>,
 }
 
 impl Default for Exchange {
@@ -426,6 +436,9 @@ impl Exchange {
             branch_open: false,
             ending: None,
             headers_due: None,
+            awaiting_replay: false,
+            holding: false,
+            held: Vec::new(),
         }
     }
 
@@ -627,11 +640,18 @@ impl Exchange {
         }
     }
 
+    /// Whether the owner's response headers are held (the adapter answered them with
+    /// [`Action::Pause`]): until the first replayed event, the end of the body, or the deadline.
+    pub fn holds_response_headers(&self) -> bool {
+        self.holding
+    }
+
     /// The adapter's timer, for an exchange with a [`Exchange::deadline_ms`] (early calls do
     /// nothing). Past the deadline the owner is taken as hung: the continuation is answered
     /// here (`owner_busy`: a request stream's call settled, a GET stream's resume rejected)
-    /// through [`Host::send_local_response`], acting on this exchange's stream. `true` when
-    /// it answered.
+    /// through [`Host::send_local_response`], acting on this exchange's stream. The owner's
+    /// headers were not sent on (none came, or they are held while a replay is expected and
+    /// none of it came), so a local answer is still possible. `true` when it answered.
     pub fn on_deadline<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> bool {
         let Some(due) = self.deadline_ms() else {
             return false;
@@ -645,10 +665,31 @@ impl Exchange {
         };
         let (cursor, owner) = (cursor.clone(), owner.clone());
         let ms = w.config.continuation_headers_timeout_ms;
+        let what = match self.awaiting_replay {
+            true => "its headers but no replayed event",
+            false => "no response headers",
+        };
         host.log(
             LogLevel::Warn,
-            &format!("mcp-resume-guard: owner {owner} sent no response headers in {ms} ms"),
+            &format!("mcp-resume-guard: owner {owner} sent {what} in {ms} ms"),
         );
+        // Whatever the owner sends later is not relayed: the answer ends the stream.
+        let sent = self.awaiting_replay && !self.holding;
+        self.awaiting_replay = false;
+        self.holding = false;
+        self.held = Vec::new();
+        self.stream = None;
+        if sent {
+            // The headers went out (a host that cannot hold them): no local answer is possible
+            // any more. The stream is reset and recorded lost, so the client's reconnect with
+            // its cursor is refused, and settled, at once.
+            host.count(Stat::Refused(Reason::OwnerBusy), 1);
+            self.phase = Phase::Replied;
+            self.report_branch_end(w, host);
+            self.record_stream_lost(w, host, &cursor);
+            host.reset_response();
+            return true;
+        }
         self.owner_busy(w, host, &cursor);
         true
     }
@@ -668,7 +709,7 @@ impl Exchange {
         headers: Option<&[F]>,
         end_of_stream: bool,
     ) -> Action {
-        self.headers_due = None;
+        let due = self.headers_due.take();
         if !self.wants_response_headers() {
             self.on_response_headers_unread(w, host);
             return Action::Continue;
@@ -749,6 +790,17 @@ impl Exchange {
                 host.remove_response_header("content-length");
             }
             self.open_stream(w, host);
+            if matches!(&self.phase, Phase::Continuing { expected, .. } if !expected.is_empty()) {
+                // Events after the cursor are recorded: the headers wait for the first of
+                // them (or the body's end), within the same deadline, so an owner that answers
+                // and then stalls is still answered here.
+                self.headers_due = due;
+                self.awaiting_replay = true;
+                self.holding = host.holds_headers_with_body();
+                if self.holding {
+                    return Action::Pause;
+                }
+            }
         }
         Action::Continue
     }
@@ -776,6 +828,8 @@ impl Exchange {
         }
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
+        // Output held with the headers goes first, now or with a later chunk.
+        out.append(&mut self.held);
         let mut ask_end = None;
         if let Some(reason) = self.control_pending.take() {
             out.extend_from_slice(control_event(reason).as_bytes());
@@ -803,6 +857,12 @@ impl Exchange {
                 None => self.relay(w, host, chunk, eos, &mut out),
             },
         }
+        if self.awaiting_replay && !self.release_headers(w, eos || ask_end.is_some(), &mut out) {
+            // Envoy gets nothing of this chunk; the exchange keeps its output.
+            host.replace_body_chunk(&[]);
+            w.scratch = out;
+            return Action::Pause;
+        }
         host.replace_body_chunk(&out);
         // Keep the worker's buffer, unless one huge chunk made it large.
         if out.capacity() > SCRATCH_KEEP_BYTES {
@@ -817,6 +877,35 @@ impl Exchange {
             }
             None => Action::Continue,
         }
+    }
+
+    /// While the first replayed event is awaited: did it come with this chunk (checked and
+    /// relayed, or the stream was cut or refused, or the body ended)? Then the deadline ends and
+    /// held headers are released with the output. If not, and the headers are held, `out`
+    /// (blocks that dispatch nothing) is kept, up to `max_event_hold_bytes`; beyond, it is
+    /// dropped: no client dispatches any of it.
+    fn release_headers(&mut self, w: &Worker, end: bool, out: &mut Vec<u8>) -> bool {
+        let replayed = self.stream.as_ref().is_none_or(|s| s.rewritten() > 0);
+        let continuing = matches!(self.phase, Phase::Continuing { .. });
+        if end || replayed || !continuing || self.cut_sent {
+            self.awaiting_replay = false;
+            self.holding = false;
+            self.headers_due = None;
+            return true;
+        }
+        if !self.holding {
+            // The headers went out: the output flows; only the deadline still waits.
+            return true;
+        }
+        let whole = !self
+            .stream
+            .as_ref()
+            .is_some_and(StreamState::output_mid_block);
+        if out.len() > w.config.max_event_hold_bytes && whole {
+            out.clear();
+        }
+        self.held.append(out);
+        false
     }
 
     /// The request's stream is over (complete, reset or abandoned): its branch no longer holds
@@ -1007,24 +1096,30 @@ impl Exchange {
         }
     }
 
-    /// A request stream's continuation ended without relaying a single event: its call's
-    /// response did not come, and the client would resume into the same empty answer (or
-    /// wait forever). Its end says so (`replay_missing`) and settles the call.
+    /// A request stream ended without its call's response and without a cursor to resume
+    /// from: a continuation that relayed no event (the client would resume into the same empty
+    /// answer, `replay_missing`), or a fresh stream that relayed nothing at all (the replica
+    /// ended it before answering; the client has no cursor, `response_missing`). Its end says
+    /// so and settles the call. A fresh stream that relayed a priming id is left alone: the
+    /// client resumes from it.
     fn settle_unanswered_end<H: Host>(&mut self, w: &Worker, host: &mut H, out: &mut Vec<u8>) {
-        let Phase::Continuing { cursor, .. } = &self.phase else {
-            return;
-        };
         let Some(stream) = self.stream.as_ref() else {
             return;
         };
-        let unanswered = cursor.kind == StreamKind::Request
-            && stream.rewritten() == 0
-            && stream.cut_reason().is_none()
-            && !stream.output_mid_block();
-        if !unanswered {
+        let reason = match &self.phase {
+            Phase::Continuing { cursor, .. }
+                if cursor.kind == StreamKind::Request && stream.rewritten() == 0 =>
+            {
+                Reason::ReplayMissing
+            }
+            Phase::Idle if stream.kind() == StreamKind::Request && stream.relayed_events() == 0 => {
+                Reason::ResponseMissing
+            }
+            _ => return,
+        };
+        if stream.cut_reason().is_some() || stream.output_mid_block() {
             return;
         }
-        let reason = Reason::ReplayMissing;
         host.count(Stat::Refused(reason), 1);
         out.extend_from_slice(control_event(reason).as_bytes());
         self.settle_tail(w, out, reason);

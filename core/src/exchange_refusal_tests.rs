@@ -668,3 +668,6 @@ fn a_stray_resume_refused_by_the_owner_does_not_end_the_healthy_branch() {
 
 #[path = "exchange_id_tests.rs"]
 mod ids;
+
+#[path = "exchange_stall_tests.rs"]
+mod stall;

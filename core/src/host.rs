@@ -243,6 +243,13 @@ pub trait Host {
     /// [`crate::exchange::Action::Pause`] (at its end), and lets the response finish.
     fn finish_held_response(&mut self, tail: &[u8]);
 
+    /// Whether response headers answered with [`crate::exchange::Action::Pause`] are held while
+    /// the body still reaches the filter (Envoy's `StopIteration`). proxy-wasm hosts turn that
+    /// pause into `StopAllIterationAndWatermark` (no body until resumed), so they say no.
+    fn holds_headers_with_body(&self) -> bool {
+        true
+    }
+
     fn count(&mut self, stat: Stat, n: u64);
     fn observe_callout_ms(&mut self, ms: u64);
     fn log(&mut self, level: LogLevel, msg: &str);
@@ -294,6 +301,8 @@ pub struct MockHost {
     pub clock_reads: std::cell::Cell<u64>,
     /// How often randomness was drawn (`random_u64`).
     pub random_draws: u64,
+    /// [`Host::holds_headers_with_body`] (`true` as in the native build).
+    pub holds_headers: bool,
 }
 
 impl MockHost {
@@ -302,6 +311,7 @@ impl MockHost {
             now_ms: 1_700_000_000_000,
             rng: 0x243f_6a88_85a3_08d3,
             upstream: Some("127.0.0.1:9101".into()),
+            holds_headers: true,
             next_token: 1,
             ..MockHost::default()
         }
@@ -416,6 +426,9 @@ impl Host for MockHost {
     }
     fn finish_held_response(&mut self, tail: &[u8]) {
         self.effects.push(Effect::FinishHeld(tail.to_vec()));
+    }
+    fn holds_headers_with_body(&self) -> bool {
+        self.holds_headers
     }
     fn count(&mut self, stat: Stat, n: u64) {
         *self.stats.entry(stat).or_insert(0) += n;

@@ -112,10 +112,13 @@ pub enum Reason {
     /// The request's `Mcp-Session-Id` is not a session id (empty, or a byte outside visible
     /// ASCII 0x21–0x7E): refused before any replica sees it.
     BadSessionId,
+    /// A request's fresh `200` SSE answer ended cleanly before relaying a single event: its
+    /// response did not come and the client holds no cursor to resume from.
+    ResponseMissing,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -136,6 +139,7 @@ impl Reason {
         Reason::ReplayMissing,
         Reason::EncodedStream,
         Reason::BadSessionId,
+        Reason::ResponseMissing,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -160,6 +164,7 @@ impl Reason {
             Reason::ReplayMissing => "replay_missing",
             Reason::EncodedStream => "encoded_stream",
             Reason::BadSessionId => "bad_session_id",
+            Reason::ResponseMissing => "response_missing",
         }
     }
 }

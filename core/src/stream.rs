@@ -105,6 +105,9 @@ struct IdMap {
     /// `next_seq`, so the first one is derived, not stored.
     relayed: RelayedIds,
     rewritten: u64,
+    /// Events relayed without a cursor (no id, or a bare `id:` the guard removed): the client
+    /// dispatches them under no new id.
+    plain: u64,
     /// The seq of the cursor to write for the id just answered with [`IdAction::Write`].
     minted: u64,
     /// A continuation's last relayed event (XXH3 of its replica id, content digest): a replica
@@ -158,6 +161,7 @@ impl StreamState {
                 request_id: None,
                 relayed: RelayedIds::default(),
                 rewritten: 0,
+                plain: 0,
                 minted: 0,
                 last: None,
                 held: false,
@@ -404,6 +408,12 @@ impl StreamState {
         self.ids.rewritten
     }
 
+    /// Events relayed so far, with a cursor or without (a block a client may dispatch; a bare
+    /// `id:` block without data counts too: erring towards "something came").
+    pub fn relayed_events(&self) -> u64 {
+        self.ids.rewritten.saturating_add(self.ids.plain)
+    }
+
     /// Bytes held by the SSE parser (bounded by `max_hold`).
     pub fn held_bytes(&self) -> usize {
         self.rewriter.held_bytes()
@@ -597,7 +607,10 @@ impl IdMap {
             // dropped: the client keeps the last cursor it got, never an id the guard did not
             // mint (an empty one would make it resume with nothing, i.e. start over silently).
             return match self.expected.is_empty() {
-                true => IdAction::Omit,
+                true => {
+                    self.plain += 1;
+                    IdAction::Omit
+                }
                 false => IdAction::Cut,
             };
         }
@@ -637,9 +650,12 @@ impl IdMap {
 
     /// An event without an id cannot be matched with the recorded next event: it is cut while
     /// one is expected; after the replay it is new, and relayed.
-    fn on_event_without_id(&self) -> IdAction {
+    fn on_event_without_id(&mut self) -> IdAction {
         match self.expected.is_empty() {
-            true => IdAction::Keep,
+            true => {
+                self.plain += 1;
+                IdAction::Keep
+            }
             false => IdAction::Cut,
         }
     }

@@ -455,15 +455,18 @@ impl Filter {
         };
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
+        let mut action = Action::Continue;
         if ex.wants_response_headers() {
-            with_headers(envoy, abi::RESPONSE_HEADERS, |headers| {
+            action = with_headers(envoy, abi::RESPONSE_HEADERS, |headers| {
                 ex.on_response_headers(&mut w, &mut h, headers, eos)
             });
         } else {
             // No map read: only the owner header goes.
             ex.on_response_headers_unread(&mut w, &mut h);
         }
-        if h.out.replied {
+        // Pause: the headers are held until the first replayed event (a body hook answers
+        // Continue), the held end's `continue_encoding`, or the deadline's local reply.
+        if h.out.replied || action == Action::Pause {
             abi::HEADERS_STOP_ITERATION
         } else {
             abi::HEADERS_CONTINUE
@@ -493,6 +496,9 @@ impl Filter {
         });
         let h = out;
         if h.reset {
+            abi::BODY_STOP_NO_BUFFER
+        } else if action == Action::Pause && ex.holds_response_headers() {
+            // Headers held: the exchange keeps this chunk's output (Envoy got none of it).
             abi::BODY_STOP_NO_BUFFER
         } else if action == Action::Pause && !h.released {
             // Held until the callout's answer finishes it (`continue_encoding`).

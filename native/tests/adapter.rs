@@ -81,6 +81,7 @@ fn body_flow(r: u32) -> Flow {
 }
 
 impl<const C: bool> Proxy for Native<C> {
+    const HOLDS_HEADERS: bool = true;
     fn start(config: &str) -> Result<Self, String> {
         with(|e| {
             *e = envoy::Envoy::default();
@@ -402,7 +403,8 @@ fn a_held_ends_callout_answered_inline_finishes_it_in_the_hook() {
     p.callout_answer(token, Some(200), verdict.as_bytes());
     p.set_attribute(s, Attribute::UpstreamAddress, scenarios::OWNER);
     let sse = scenarios::headers(&[(":status", "200"), ("content-type", "text/event-stream")]);
-    assert_eq!(p.response_headers(s, sse, false), Flow::Continue);
+    // Held until the first replayed event.
+    assert_eq!(p.response_headers(s, sse, false), Flow::Stop);
     assert_eq!(
         p.response_body(s, b"id: e8\ndata: 8\n\n", false),
         Flow::Continue

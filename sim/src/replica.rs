@@ -28,6 +28,10 @@ pub enum Behaviour {
     OddType,
     /// A resume gets no answer at all (no headers).
     Hang,
+    /// A resume that has entries to replay which some reader already got is answered
+    /// `200 text/event-stream`, then only a comment, and nothing more (headers, then silence);
+    /// any other resume as `correct` does.
+    Stall,
     /// A resume is answered 500.
     ServerError,
     /// Restarts on the same address now and then, forgetting sessions and logs; an unknown
@@ -45,7 +49,7 @@ pub enum Behaviour {
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 15] = [
+    pub const ALL: [Behaviour; 16] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -56,6 +60,7 @@ impl Behaviour {
         Behaviour::Large,
         Behaviour::OddType,
         Behaviour::Hang,
+        Behaviour::Stall,
         Behaviour::ServerError,
         Behaviour::Restart,
         Behaviour::Mangle,
@@ -75,6 +80,7 @@ impl Behaviour {
             Behaviour::Large => "large",
             Behaviour::OddType => "odd-type",
             Behaviour::Hang => "hang",
+            Behaviour::Stall => "stall",
             Behaviour::ServerError => "5xx",
             Behaviour::Restart => "restart",
             Behaviour::Mangle => "mangle-replay",
@@ -134,6 +140,8 @@ struct Stream {
     rng: Rng,
     /// A `blip` replica answered this stream's resume 503 once.
     blipped: bool,
+    /// Entries (a count from the first) written while a reader was attached.
+    sent: usize,
 }
 
 /// What the oracle needs to know about a written entry.
@@ -310,6 +318,7 @@ impl Replica {
                 left,
                 rng,
                 blipped: false,
+                sent: 0,
             },
         );
         Reply {
@@ -363,8 +372,21 @@ impl Replica {
         let echo = self.has(Behaviour::EchoCursor);
         let mangle = self.has(Behaviour::Mangle);
         let odd = self.has(Behaviour::OddType);
+        let stall = self.has(Behaviour::Stall);
         let (status, headers) = sse_headers(&mut Rng::new(draw), odd);
         let s = self.streams.get_mut(&uid)?;
+        let after = usize::try_from(i - s.start).unwrap_or(0) + 1;
+        if stall && after < s.sent {
+            // Owes a replay some reader already got, and sends none of it.
+            return Some(Reply {
+                status,
+                headers,
+                body: b": stalled\n\n".to_vec(),
+                eos: false,
+                stream: None,
+                ended: Vec::new(),
+            });
+        }
         if self.behaviours.contains(&Behaviour::Blip) && !s.blipped {
             s.blipped = true;
             return Some(Replica::json(503, r#"{"error":"unavailable"}"#));
@@ -491,6 +513,9 @@ impl Replica {
         s.entries.push(Entry {
             bytes: bytes.clone(),
         });
+        if !s.readers.is_empty() {
+            s.sent = s.entries.len();
+        }
         // A GET stream stays open after its last event; a call's stream ends with its result.
         let done = last && s.call_id.is_some();
         let readers = if done {

@@ -106,6 +106,9 @@ struct Conn {
     down: Fifo,
     replica: Option<usize>,
     uid: Option<u64>,
+    /// The upstream's response head the guard holds (its headers hook paused): delivered before
+    /// the first body byte or end that passes, dropped for a local reply.
+    head: Option<(u32, Headers)>,
 }
 
 pub struct World {

@@ -11,6 +11,7 @@ E2E_PORT_OFFSET, stopped at the end of its test.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -190,3 +191,111 @@ def test_a_restarted_owners_answer_settles_the_pending_call(fresh, pending_envoy
         assert msg["id"] == CALL_ID and msg["error"]["data"]["reason"] == "replay_missing", msg
     else:
         h.assert_settled(r, body, "replay_missing", request_id=CALL_ID)
+
+
+# ---- an owner that answers, then sends nothing of the expected replay (issue 29, hole A) ---
+
+class AnswersThenStalls(Upstream):
+    """The owner: it opens `session`; a call's stream relays a priming event `p1` and one event
+    `p2` after it, then breaks (so `p2` is recorded after the client's cursor `p1`). A resume
+    (Last-Event-ID) is answered `200 text/event-stream`, then `stall` (nothing, or a comment) and
+    nothing more: the connection stays open, silent."""
+
+    def __init__(self, port: int, session: bytes, stall: bytes):
+        self.session = session
+        self.stall = stall
+        self.resumes: list[bytes] = []
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        if b"last-event-id" in headers:
+            self.resumes.append(headers[b"last-event-id"])
+            out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + self.stall)
+            out.flush()
+            return True  # reads on, silent, until the guard's answer closes the connection
+        if method == b"POST" and b'"initialize"' in body:
+            out.write(closing(initialize_answer("stall", self.session)))
+        elif method == b"POST" and b'"tools/call"' in body:
+            progress = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                   "params": {"progressToken": 1, "progress": 1}}).encode()
+            send_sse(out, b"id: p1\ndata: \n\nid: p2\ndata: " + progress + b"\n\n")
+        else:
+            out.write(closing(ACCEPTED))
+        return False
+
+
+STALLS = {"silence": b"", "comments_only": b": keep-alive\n\n"}
+
+
+@pytest.mark.parametrize("case", list(STALLS))
+def test_an_owner_that_answers_then_stalls_settles_the_pending_call(fresh, pending_envoy, case):
+    """Native build: the owner's headers are held while the replay of `p2` is expected; at the
+    deadline the guard still answers locally, and the pending call is settled (`owner_busy`).
+    Wasm build: proxy-wasm cannot hold headers and still read the body (a headers pause is
+    StopAllIterationAndWatermark), so the headers pass, the stream is reset at the deadline and
+    recorded lost, and the client's reconnect is settled at once."""
+    c = h.Client()
+    with AnswersThenStalls(PENDING_PORT, f"stall-{case}".encode(), STALLS[case]) as up:
+        c.initialize()
+        s = call(c, "slow", {})
+        evs = s.read_all()
+        s.close()
+        assert [e.data for e in evs][:1] == [""] and len(evs) == 2, evs
+        time.sleep(0.3)  # the records land
+        if h.BUILD == "native":
+            r, body, took = timed_resume(c, evs[0].id)
+            assert up.resumes == [b"p1"], up.resumes  # it did go to the owner, which answered
+            h.assert_settled(r, body, "owner_busy", request_id=CALL_ID)
+            assert_within_deadline(took)
+            return
+        t = time.monotonic()
+        r = c.get_stream(last_event_id=evs[0].id)
+        assert r.status == 200 and r.header(GUARD_HEADER) is None, r.status
+        with pytest.raises((http.client.IncompleteRead, OSError)):
+            r.resp.read()
+        r.close()
+        assert_within_deadline(time.monotonic() - t)
+        assert up.resumes == [b"p1"], up.resumes
+        time.sleep(0.3)  # the loss is recorded
+        r, body, took = timed_resume(c, evs[0].id)
+    assert up.resumes == [b"p1"], up.resumes  # refused at the guard, never forwarded again
+    assert took < MARGIN_S, took
+    h.assert_settled(r, body, "owner_unavailable", request_id=CALL_ID)
+
+
+# ---- a fresh request stream that ends with nothing (issue 29, simulator seed sim11) --------
+
+class AnswersNothing(Upstream):
+    """A replica that restarts before answering: a call's `200 text/event-stream` ends with
+    `body` (nothing, or a comment), no event, no id."""
+
+    def __init__(self, port: int, session: bytes, body: bytes):
+        self.session = session
+        self.body = body
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        if method == b"POST" and b'"initialize"' in body:
+            out.write(closing(initialize_answer("nothing", self.session)))
+        elif method == b"POST" and b'"tools/call"' in body:
+            send_sse(out, self.body)
+        else:
+            out.write(closing(ACCEPTED))
+        return False
+
+
+@pytest.mark.parametrize("body", [b"", b": bye\n\n"], ids=["empty", "comment"])
+def test_a_fresh_request_stream_that_ends_with_nothing_settles_the_call(fresh, pending_envoy, body):
+    c = h.Client()
+    with AnswersNothing(PENDING_PORT, b"nothing-" + str(len(body)).encode(), body):
+        c.initialize()
+        s = call(c, "slow", {})
+        evs = s.read_all()
+        s.close()
+    # The client holds no cursor: the end says why, and the call ends with its own id.
+    assert [e.event for e in evs] == ["mcp-resume", "message"], evs
+    assert evs[0].json() == {"resumed": False, "reason": "response_missing"}, evs
+    msg = evs[1].json()
+    assert msg["id"] == CALL_ID and msg["error"]["code"] == -32010, msg
+    assert msg["error"]["data"] == {"resumed": False, "reason": "response_missing"}, msg
+    assert all(e.id is None for e in evs), evs

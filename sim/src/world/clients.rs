@@ -376,6 +376,7 @@ impl World {
             down: Fifo::default(),
             replica: None,
             uid: None,
+            head: None,
         });
         if let Purpose::Stream { logical, .. } = purpose {
             self.clients[c].logicals[logical].conn = Some(conn);

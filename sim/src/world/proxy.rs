@@ -52,11 +52,12 @@ impl World {
         }
     }
 
-    /// The adapters' timer: a continuation still waiting for its owner's headers is answered
-    /// by the guard itself.
+    /// The adapters' timer: a continuation still waiting for its owner's headers (or, its
+    /// headers held, for its first replayed event) is answered by the guard itself.
     pub(super) fn deadline(&mut self, conn: usize) {
         let c = &mut self.conns[conn];
-        if c.stage != Stage::Upstream {
+        let held = c.stage == Stage::Responding && c.head.is_some();
+        if c.stage != Stage::Upstream && !held {
             return;
         }
         let g = c.ps.gw;
@@ -147,6 +148,15 @@ impl World {
     pub(super) fn deliver(&mut self, conn: usize, d: Delivery) {
         let c = &mut self.conns[conn];
         let at = c.down.due(self.net.now, c.latency);
+        if let Some((status, headers)) = c.head.take() {
+            // A held head goes out before anything else of its response.
+            if !matches!(d, Delivery::Head { .. }) {
+                self.net.at(
+                    at,
+                    Event::ToClient(conn, Delivery::Head { status, headers }),
+                );
+            }
+        }
         self.net.at(at, Event::ToClient(conn, d));
     }
 

@@ -125,9 +125,11 @@ impl World {
         let gw = &mut self.gateways[g];
         gw.enter(self.net.now, addr.as_deref(), details);
         c.ps.resp = headers.clone();
+        let mut action = Action::Continue;
         if c.ps.ex.wants_response_headers() {
-            c.ps.ex
-                .on_response_headers(&mut gw.worker, &mut gw.host, Some(&headers), eos);
+            action =
+                c.ps.ex
+                    .on_response_headers(&mut gw.worker, &mut gw.host, Some(&headers), eos);
         } else {
             c.ps.ex
                 .on_response_headers_unread(&mut gw.worker, &mut gw.host);
@@ -147,13 +149,18 @@ impl World {
                 .filter(|(k, _)| k != ":status")
                 .cloned()
                 .collect();
-        self.deliver(
-            conn,
-            Delivery::Head {
-                status,
-                headers: resp,
-            },
-        );
+        if action == Action::Pause {
+            // Held by the guard until the first replayed event (or the deadline).
+            c.head = Some((status, resp));
+        } else {
+            self.deliver(
+                conn,
+                Delivery::Head {
+                    status,
+                    headers: resp,
+                },
+            );
+        }
         self.outs(g, Some(conn), outs);
         if eos {
             self.deliver(conn, Delivery::End);
@@ -187,7 +194,9 @@ impl World {
         let ended = outs
             .iter()
             .any(|o| matches!(o, Out::Reset | Out::Finish(_) | Out::Local { .. }));
-        if action == Action::Pause {
+        // A pause while the headers are held keeps waiting for the next chunk; otherwise it
+        // holds the end for the store's word.
+        if action == Action::Pause && !c.ps.ex.holds_response_headers() {
             c.stage = Stage::Held;
         }
         self.outs(g, Some(conn), outs);

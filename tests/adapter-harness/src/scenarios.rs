@@ -69,6 +69,9 @@ pub type Reply = (u32, Headers, Vec<u8>);
 /// One adapter under a fake proxy. Hooks are called in the order the proxy calls them; the
 /// observers report what the proxy saw.
 pub trait Proxy: Sized {
+    /// Whether the adapter holds a continuation's response headers while its body reaches the
+    /// filter (native: StopIteration); proxy-wasm cannot (a headers pause stops the body too).
+    const HOLDS_HEADERS: bool;
     /// Loads the filter with `config`; `Err` when it refuses the configuration.
     fn start(config: &str) -> Result<Self, String>;
     fn new_stream(&mut self) -> u32;
@@ -254,7 +257,8 @@ fn branch_one<P: Proxy>(p: &mut P) -> u32 {
     let s = resume(p, StreamKind::Get, &branch_verdict(&["e8"], 1));
     assert!(p.resumed(s));
     p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
-    assert_eq!(p.response_headers(s, sse(&[]), false), Flow::Continue);
+    // Held until the first replayed event, where the adapter can.
+    assert_eq!(p.response_headers(s, sse(&[]), false), held_flow::<P>());
     assert_eq!(
         p.response_body(s, b"id: e8\ndata: 8\n\n", false),
         Flow::Continue
@@ -367,7 +371,9 @@ pub fn a_cursor_is_asked_about_and_its_continuation_pinned_to_the_owner<P: Proxy
 
     p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
     let answer = sse(&[("content-length", "16"), (OWNER_HEADER, &pin)]);
-    assert_eq!(p.response_headers(s, answer, false), Flow::Continue);
+    // Held (not yet sent) until the first replayed event where the adapter can; changed in
+    // place meanwhile.
+    assert_eq!(p.response_headers(s, answer, false), held_flow::<P>());
     let client = p.client_headers(s);
     assert!(!has(&client, OWNER_HEADER), "{client:?}");
     assert!(!has(&client, "content-length"), "{client:?}");
@@ -485,6 +491,75 @@ pub fn a_hung_owner_is_answered_at_the_deadline<P: Proxy>() {
     p.tick();
     assert!(p.local_replies(s).is_empty());
     p.end_stream(s);
+}
+
+/// What the headers hook of a continuation that expects a replay answers.
+fn held_flow<P: Proxy>() -> Flow {
+    match P::HOLDS_HEADERS {
+        true => Flow::Stop,
+        false => Flow::Continue,
+    }
+}
+
+/// A continuation that expects a replay holds its owner's headers (the headers hook stops)
+/// until the first replayed event: comments before it are held too (the body hook stops and the
+/// client gets nothing), then everything goes out with that event. An adapter that cannot hold
+/// them passes everything at once.
+pub fn an_expected_replay_holds_the_headers_until_its_first_event<P: Proxy>() {
+    let mut p: P = start();
+    let s = resume(&mut p, StreamKind::Get, &continue_verdict(&["e8"]));
+    p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+    assert_eq!(p.response_headers(s, sse(&[]), false), held_flow::<P>());
+    assert_eq!(p.response_body(s, b": ping\n\n", false), held_flow::<P>());
+    assert_eq!(p.client_body(s).is_empty(), P::HOLDS_HEADERS);
+    assert_eq!(
+        p.response_body(s, b"id: e8\ndata: x\n\n", false),
+        Flow::Continue
+    );
+    let body = String::from_utf8_lossy(&p.client_body(s)).into_owned();
+    assert!(body.starts_with(": ping\n\n"), "{body}");
+    assert_eq!(ids_in(body.as_bytes()).len(), 1, "{body}");
+    assert!(!p.held(s));
+    p.end_stream(s);
+}
+
+/// An owner that answers the continuation's headers and then sends no replayed event (nothing,
+/// or only comments) is answered at the same deadline as a hung owner, from the adapter's timer:
+/// held headers never reached the client, so the local reply does; where the adapter could not
+/// hold them, the stream is reset and recorded lost (the client's next resume is refused at once).
+pub fn a_stalled_replay_is_answered_at_the_deadline<P: Proxy>() {
+    for body in [&b""[..], b": keep-alive\n\n"] {
+        let mut p = match P::start(&config_with(r#","continuation_headers_timeout_ms":100"#)) {
+            Ok(p) => p,
+            Err(e) => unreachable!("the filter refused its config: {e}"),
+        };
+        let s = resume(&mut p, StreamKind::Request, &continue_verdict(&["e8"]));
+        p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+        assert_eq!(p.response_headers(s, sse(&[]), false), held_flow::<P>());
+        if !body.is_empty() {
+            assert_eq!(p.response_body(s, body, false), held_flow::<P>());
+        }
+        p.tick();
+        assert!(p.local_replies(s).is_empty(), "not before the deadline");
+        assert!(!p.was_reset(s));
+        p.advance_ms(150);
+        p.tick();
+        assert_eq!(p.counter("mcp_resume_guard.refused.owner_busy"), Some(1));
+        if P::HOLDS_HEADERS {
+            assert_settled(&p, s, "owner_busy");
+        } else {
+            assert!(p.local_replies(s).is_empty());
+            assert!(p.was_reset(s));
+            let records = flush(&mut p);
+            assert!(
+                records
+                    .iter()
+                    .any(|r| matches!(r, Record::StreamLost { .. })),
+                "{records:?}"
+            );
+        }
+        p.end_stream(s);
+    }
 }
 
 /// A failed continuation reads `response.code_details`: an owner no longer in the cluster is
@@ -674,6 +749,8 @@ macro_rules! adapter_tests {
             a_headers_only_answer_to_a_continuation_is_refused,
             an_owners_own_error_at_the_head_settles_the_call,
             a_hung_owner_is_answered_at_the_deadline,
+            an_expected_replay_holds_the_headers_until_its_first_event,
+            a_stalled_replay_is_answered_at_the_deadline,
             an_owner_gone_from_the_cluster_is_told_from_a_busy_one,
             the_tick_flushes_records_as_a_callout,
             the_owner_header_never_passes_on_any_path,

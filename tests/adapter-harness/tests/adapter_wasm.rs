@@ -26,6 +26,7 @@ fn flow(a: Result<Action, String>) -> Flow {
 }
 
 impl Proxy for Wasm {
+    const HOLDS_HEADERS: bool = false;
     fn start(config: &str) -> Result<Self, String> {
         Vm::start(module(), config.as_bytes()).map(Wasm)
     }

@@ -205,7 +205,11 @@ impl Vm {
             (ctx as i32, n, i32::from(eos)),
         )?;
         self.deliver_local_reply(ctx, sent)?;
-        Ok(Self::action(a))
+        let a = Self::action(a);
+        if a == Action::Pause && self.stream(ctx).local_replies.len() == sent {
+            self.stream_mut(ctx).headers_stopped_all = true;
+        }
+        Ok(a)
     }
 
     /// One response body chunk; what the hook lets continue is appended to `client_body`.
@@ -213,6 +217,10 @@ impl Vm {
     pub fn response_body(&mut self, ctx: u32, chunk: &[u8], eos: bool) -> Result<Action> {
         let s = self.stream_mut(ctx);
         s.response_body.extend_from_slice(chunk);
+        if s.headers_stopped_all {
+            // Envoy buffers it; the module's body hook is not called.
+            return Ok(Action::Pause);
+        }
         let n = s.response_body.len() as i32;
         self.enter(ctx);
         let a = self.call::<(i32, i32, i32), i32>(

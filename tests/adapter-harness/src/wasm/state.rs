@@ -69,6 +69,9 @@ pub struct Stream {
     /// The response's end is held: its last body hook answered Pause at the end of stream, so
     /// `response_body` waits for `proxy_continue_stream` (or `proxy_close_stream`).
     pub held: bool,
+    /// The response headers hook answered Pause: Envoy's proxy-wasm host makes that
+    /// StopAllIterationAndWatermark, so body chunks are buffered without a body hook.
+    pub headers_stopped_all: bool,
 }
 
 /// A metric defined by the module.

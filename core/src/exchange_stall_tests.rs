@@ -1,0 +1,277 @@
+//! Nothing pending without an end: a fresh request stream that ends with nothing settles its
+//! call; a continuation whose owner sends headers and then no event is answered at the deadline.
+use super::*;
+
+/// A fresh POST (request id 9) answered `200 text/event-stream`, whose body is `body` then ends.
+fn fresh_post_ending(body: &str) -> (MockHost, String) {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &post);
+    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#;
+    ex.on_request_body(Some(call.as_bytes()), true);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, body.as_bytes(), false);
+    bd(&mut ex, &mut w, &mut host, b"", true);
+    let out = body_str(&host);
+    (host, out)
+}
+
+#[test]
+fn a_fresh_request_stream_that_ends_with_nothing_settles_its_call() {
+    for body in ["", ": keep-alive\n\n", "retry: 1000\n\n", "event: x\n\n"] {
+        let (host, out) = fresh_post_ending(body);
+        let signal = control_event(Reason::ResponseMissing);
+        assert!(out.starts_with(&format!("{body}{signal}")), "{out}");
+        let msgs = messages(&out);
+        assert_eq!(msgs.len(), 1, "{out}");
+        assert_eq!(msgs[0]["id"], serde_json::json!(9));
+        assert_eq!(msgs[0]["error"]["data"]["reason"], "response_missing");
+        assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 1);
+    }
+}
+
+#[test]
+fn a_fresh_request_stream_with_a_priming_id_or_an_answer_is_left_alone() {
+    // A priming event: the client resumes from its cursor (SEP-1699 polling).
+    // An answer without an id, or a bare `id:`: something came; the guard cannot tell more.
+    for body in [
+        "id: p1\ndata:\n\n",
+        "data: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n\n",
+        "id:\ndata: x\n\n",
+    ] {
+        let (host, out) = fresh_post_ending(body);
+        assert!(!out.contains("mcp-resume"), "{out}");
+        assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 0);
+    }
+    // A GET stream that ends empty is an ordinary end.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[]));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, b"", true);
+    assert_eq!(body_str(&host), "");
+}
+
+/// A request stream's continuation at seq 3 with `e4` recorded after the cursor; its owner
+/// answered `200 text/event-stream`. Returns the exchange and the headers' action.
+fn continue_expecting(w: &mut Worker, host: &mut MockHost) -> (Exchange, Action) {
+    let (mut ex, _) = continue_request(w, host, &["e4"]);
+    host.take();
+    let action = rs(&mut ex, w, host, &sse_ok());
+    (ex, action)
+}
+
+fn no_effect_but_empty_chunks(effects: &[Effect]) -> bool {
+    effects.iter().all(|e| match e {
+        Effect::BodyChunk(b) => b.is_empty(),
+        Effect::LocalResponse { .. } | Effect::ResetResponse | Effect::FinishHeld(_) => false,
+        _ => true,
+    })
+}
+
+#[test]
+fn expected_replay_holds_the_headers_until_its_first_event() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let start = host.now_ms;
+    let (mut ex, action) = continue_expecting(&mut w, &mut host);
+    assert_eq!(action, Action::Pause);
+    assert!(ex.holds_response_headers());
+    // One deadline for the headers and the first replayed event, counted from forwarding.
+    assert_eq!(ex.deadline_ms(), Some(start + 5000));
+    // Comments and a `retry` dispatch nothing: held, Envoy gets nothing yet.
+    let a = bd(
+        &mut ex,
+        &mut w,
+        &mut host,
+        b": ping\n\nretry: 500\n\n",
+        false,
+    );
+    assert_eq!(a, Action::Pause);
+    assert!(no_effect_but_empty_chunks(&host.take()));
+    // The first replayed event, in two chunks: released with what was held before it.
+    let a = bd(&mut ex, &mut w, &mut host, b"id: e4\ndata: ", false);
+    assert_eq!(a, Action::Pause);
+    host.take();
+    let a = bd(&mut ex, &mut w, &mut host, b"{}\n\n", false);
+    assert_eq!(a, Action::Continue);
+    assert!(!ex.holds_response_headers());
+    assert_eq!(ex.deadline_ms(), None);
+    let out = body_str(&host);
+    assert!(out.starts_with(": ping\n\nretry: 500\n\n"), "{out}");
+    assert_eq!(ids_in(out.as_bytes()).len(), 1, "{out}");
+    // Later chunks stream as usual.
+    host.take();
+    assert_eq!(
+        bd(&mut ex, &mut w, &mut host, b": more\n\n", false),
+        Action::Continue
+    );
+    assert_eq!(body_str(&host), ": more\n\n");
+}
+
+#[test]
+fn an_owner_that_answers_then_stalls_is_answered_at_the_deadline() {
+    for (kind, body) in [
+        (StreamKind::Request, ""),
+        (StreamKind::Request, ": keep-alive\n\n"),
+        (StreamKind::Request, "retry: 100\n\nevent: x\n\n"),
+        (StreamKind::Get, ": keep-alive\n\n"),
+    ] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let start = host.now_ms;
+        let mut ex = match kind {
+            StreamKind::Request => continue_expecting(&mut w, &mut host).0,
+            StreamKind::Get => {
+                let c = cursor(&w, 42, 3, "e3");
+                let verdict = format!(
+                    r#"{{"verdict":"continue","owner":"{OWNER}","expected":["e4"],"head":4}}"#
+                );
+                let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
+                assert_eq!(rs(&mut ex, &mut w, &mut host, &sse_ok()), Action::Pause);
+                ex
+            }
+        };
+        if !body.is_empty() {
+            bd(&mut ex, &mut w, &mut host, body.as_bytes(), false);
+        }
+        host.take();
+        host.now_ms = start + 4999;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        host.now_ms = start + 5000;
+        assert!(ex.on_deadline(&mut w, &mut host), "{body}");
+        match kind {
+            StreamKind::Request => {
+                assert_settles(&host.effects, Reason::OwnerBusy, serde_json::json!(7))
+            }
+            StreamKind::Get => {
+                let (status, headers, _) = local(&host.effects).expect("no answer");
+                assert_eq!(status, 409);
+                let want = Some("rejected; reason=owner_busy");
+                assert_eq!(header_of(&headers, MCP_RESUME_HEADER), want);
+            }
+        }
+        assert!(!ex.holds_response_headers());
+        // Nothing the owner sends later is relayed.
+        assert!(!ex.wants_body());
+        let records = drain_records(&mut w, &mut host);
+        assert!(records
+            .iter()
+            .any(|r| matches!(r, Record::OwnerFailed { .. })));
+    }
+}
+
+#[test]
+fn a_held_continuation_whose_body_ends_is_released_with_its_end() {
+    // Ended with nothing but comments: the headers go with the mismatch cut and the settling
+    // error, as an empty replay always did.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    bd(&mut ex, &mut w, &mut host, b": ping\n\n", false);
+    host.take();
+    assert_eq!(bd(&mut ex, &mut w, &mut host, b"", true), Action::Continue);
+    assert!(!ex.holds_response_headers());
+    assert_eq!(ex.deadline_ms(), None);
+    let out = body_str(&host);
+    assert!(out.starts_with(": ping\n\n"), "{out}");
+    assert!(
+        out.contains(&control_event(Reason::ReplayMismatch)),
+        "{out}"
+    );
+    assert_eq!(messages(&out).len(), 1, "{out}");
+    // A replay that diverges is released with its cut, before any of it is dispatched.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    host.take();
+    let a = bd(&mut ex, &mut w, &mut host, b"id: other\ndata: x\n\n", false);
+    assert_eq!(a, Action::Continue);
+    assert!(!ex.holds_response_headers());
+    assert!(body_str(&host).starts_with(&control_event(Reason::ReplayMismatch)));
+}
+
+#[test]
+fn held_output_is_bounded() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    // Many small comments (one larger than the bound would be cut, as it always was).
+    let comment = format!(": {}\n\n", "x".repeat(100));
+    for _ in 0..=w.config.max_event_hold_bytes / comment.len() {
+        bd(&mut ex, &mut w, &mut host, comment.as_bytes(), false);
+    }
+    assert!(ex.holds_response_headers());
+    host.take();
+    bd(&mut ex, &mut w, &mut host, b"id: e4\ndata: {}\n\n", false);
+    let out = body_str(&host);
+    assert!(!out.contains("xxx"), "{}", out.len());
+    assert_eq!(ids_in(out.as_bytes()).len(), 1, "{out}");
+}
+
+#[test]
+fn nothing_expected_passes_the_headers_at_once_without_a_deadline() {
+    for kind in [StreamKind::Request, StreamKind::Get] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = continue_at_head(&mut w, &mut host, kind);
+        assert_eq!(rs(&mut ex, &mut w, &mut host, &sse_ok()), Action::Continue);
+        assert!(!ex.holds_response_headers());
+        assert_eq!(ex.deadline_ms(), None);
+        host.take();
+        assert_eq!(
+            bd(&mut ex, &mut w, &mut host, b": ping\n\n", false),
+            Action::Continue
+        );
+        assert_eq!(body_str(&host), ": ping\n\n");
+    }
+}
+
+#[test]
+fn a_host_that_cannot_hold_headers_resets_a_stalled_replay_and_records_it_lost() {
+    // proxy-wasm: a headers pause would stop the body too, so the headers go at once; the
+    // deadline still waits for the first replayed event.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    host.holds_headers = false;
+    let start = host.now_ms;
+    let (mut ex, action) = continue_expecting(&mut w, &mut host);
+    assert_eq!(action, Action::Continue);
+    assert!(!ex.holds_response_headers());
+    assert_eq!(ex.deadline_ms(), Some(start + 5000));
+    assert_eq!(
+        bd(&mut ex, &mut w, &mut host, b": ping\n\n", false),
+        Action::Continue
+    );
+    assert_eq!(body_str(&host), ": ping\n\n");
+    drain_records(&mut w, &mut host);
+    host.take();
+    host.now_ms = start + 5000;
+    assert!(ex.on_deadline(&mut w, &mut host));
+    // No local answer is possible: reset, and the stream recorded lost so the next resume is
+    // refused (and settled) at once.
+    assert!(local(&host.effects).is_none());
+    assert!(host.effects.contains(&Effect::ResetResponse));
+    assert_eq!(host.stat(Stat::Refused(Reason::OwnerBusy)), 1);
+    let records = drain_records(&mut w, &mut host);
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    assert!(!ex.on_deadline(&mut w, &mut host));
+    // A replay that comes in time ends the deadline.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    host.holds_headers = false;
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    bd(&mut ex, &mut w, &mut host, b"id: e4\ndata: {}\n\n", false);
+    assert_eq!(ex.deadline_ms(), None);
+    host.now_ms += 10_000;
+    assert!(!ex.on_deadline(&mut w, &mut host));
+}
