@@ -1,4 +1,5 @@
-"""Every client decodes a guarded SSE body as the guard parses it: UTF-8 (red team 2, finding 1).
+"""Every client decodes a guarded SSE body as the guard parses it: UTF-8 (red team 2, finding 1);
+a request body's leading BOM is read past, as servers' JSON parsers do (finding 9).
 
 Python's SDK decodes a body by the `charset` its HTTP library (httpx2) reads from the
 `Content-Type` through `email.message`, which understands RFC 2231 (`charset*`, `charset*0`,
@@ -19,7 +20,8 @@ import pytest
 
 import harness as h
 from stack.upstream import ACCEPTED, Upstream, initialize_answer
-from test_hostile import HOSTILE_PORT, event, hostile_envoy  # noqa: F401 (a fixture)
+from test_hostile import HOSTILE_PORT, HostileUpstream, event, hostile_envoy  # noqa: F401 (a fixture)
+from test_request_ids import post_raw
 from test_seed_scenarios import GUARD_HEADER
 
 REFUSED = "rejected; reason=encoded_stream"
@@ -159,3 +161,24 @@ def test_any_content_type_python_reads_as_foreign_is_refused(fresh, hostile_envo
         evs = s.read_all()
         s.close()
         assert s.status == 200 and len(evs) == 3 and all_content_types(s) == ["text/event-stream"]
+
+
+def test_a_call_whose_body_starts_with_a_bom_is_settled_with_its_own_id(fresh, hostile_envoy):
+    """Python's json.loads(bytes) and TextDecoder + JSON.parse read past a leading UTF-8 BOM, so a
+    server runs such a call: its refused resume must settle it by its id, not `null`."""
+    call = {"jsonrpc": "2.0", "id": 45, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
+    body = "\ufeff" + json.dumps(call)
+    assert json.loads(body.encode())["id"] == 45  # Python's own reading of the bytes
+    with HostileUpstream(PLAIN_EVENTS, post_sse=True):
+        c = h.Client()
+        c.initialize()
+        s = post_raw(c, body)
+        first = s.next_event()
+        s.close()
+        assert s.status == 200 and first is not None and first.id, (s.status, first)
+        time.sleep(0.2)  # the records land
+        fresh.ownership.stop()
+        r = c.get_stream(last_event_id=first.id)
+        answer = r.resp.read()
+        r.close()
+        h.assert_settled(r, answer, "ownership_unavailable", request_id=45)
