@@ -28,6 +28,9 @@ use base64::Engine as _;
 pub const MCP_RESUME_HEADER: &str = "mcp-resume";
 /// Recorded as the version of a session whose `MCP-Protocol-Version` a record cannot carry.
 pub const INVALID_VERSION: &str = "invalid";
+/// The `Content-Type` of every response the guard relays as SSE: no parameters, so every client
+/// decodes it as UTF-8 (the TypeScript SDK always does; Python's decodes by a `charset`).
+const SSE_CONTENT_TYPE: &str = "text/event-stream";
 /// The worker's scratch buffer is dropped after a chunk that grew it beyond this.
 const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 /// The JSON-RPC error code of a refused resume (in the 409 body and the settling answer).
@@ -784,6 +787,11 @@ impl Exchange {
             host.set_response_header(MCP_RESUME_HEADER, &refusal.header());
         }
         if sse_ok {
+            // Every client then decodes the body as UTF-8, as the guard parses it, whatever the
+            // replica's parameters said (a charset form the guard did not recognise included).
+            // Removed first: a host's set may replace only the first of repeated instances.
+            host.remove_response_header("content-type");
+            host.set_response_header("content-type", SSE_CONTENT_TYPE);
             self.control_pending = self.refusal.map(|r| r.reason);
             // The rewritten body's length differs; most SSE answers have none to remove.
             if h.content_length {
@@ -1580,22 +1588,46 @@ impl Exchange {
     }
 }
 
-/// Does a `Content-Encoding` value name anything but identity?
-/// Does a `Content-Type` value (joined instances too) name a `charset` other than UTF-8?
+/// Does a `Content-Type` value (joined instances too) declare a charset other than UTF-8 in a
+/// form some client might read? Python's client takes it through `email.message`, which reads
+/// RFC 2231 names (`charset*`, `charset*0`), strips Unicode whitespace and decodes
+/// `charset'lang'value` with percent-escapes; the guard does not model that: any parameter whose
+/// name, without its non-token bytes, contains `charset` must name UTF-8 plainly.
 fn foreign_charset(ct: &[u8]) -> bool {
     ct.split(|b| *b == b',' || *b == b';').any(|param| {
-        let mut kv = param.splitn(2, |b| *b == b'=');
-        let key = kv.next().unwrap_or_default().trim_ascii();
-        let value = kv.next().unwrap_or_default().trim_ascii();
-        let value = value
-            .strip_prefix(b"\"")
-            .and_then(|v| v.strip_suffix(b"\""))
-            .unwrap_or(value);
-        key.eq_ignore_ascii_case(b"charset")
-            && !(value.eq_ignore_ascii_case(b"utf-8") || value.eq_ignore_ascii_case(b"utf8"))
+        let (name, value) = match param.iter().position(|b| *b == b'=') {
+            Some(i) => (&param[..i], &param[i + 1..]),
+            None => (param, &[][..]),
+        };
+        names_charset(name) && !plain_utf8(value)
     })
 }
 
+/// Does a parameter name, its non-token bytes dropped, contain `charset` (ASCII case aside)?
+fn names_charset(name: &[u8]) -> bool {
+    const CHARSET: &[u8] = b"charset";
+    let token: Vec<u8> = name.iter().copied().filter(|b| is_tchar(*b)).collect();
+    token
+        .windows(CHARSET.len())
+        .any(|w| w.eq_ignore_ascii_case(CHARSET))
+}
+
+/// RFC 9110 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Is a parameter value `utf-8` or `utf8`, ASCII case aside, optionally quoted?
+fn plain_utf8(value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    let value = value
+        .strip_prefix(b"\"")
+        .and_then(|v| v.strip_suffix(b"\""))
+        .unwrap_or(value);
+    value.eq_ignore_ascii_case(b"utf-8") || value.eq_ignore_ascii_case(b"utf8")
+}
+
+/// Does a `Content-Encoding` value name anything but identity?
 fn encoded(value: Option<&[u8]>) -> bool {
     value.is_some_and(|v| {
         !v.split(|b| *b == b',')

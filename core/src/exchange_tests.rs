@@ -1107,6 +1107,194 @@ fn every_answer_a_client_reads_as_sse_has_its_ids_rewritten() {
     }
 }
 
+/// The `Content-Type` values a client gets: the replica's, edited by the effects as a host does
+/// at worst (a set replaces only the first instance; a remove takes every one).
+fn client_content_types(response: &[(String, Vec<u8>)], effects: &[Effect]) -> Vec<String> {
+    let mut cts: Vec<String> = response
+        .iter()
+        .filter(|(k, _)| k == "content-type")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    for e in effects {
+        match e {
+            Effect::RemoveResponseHeader(k) if k == "content-type" => cts.clear(),
+            Effect::SetResponseHeader(k, v) if k == "content-type" => match cts.first_mut() {
+                Some(first) => v.clone_into(first),
+                None => cts.push(v.clone()),
+            },
+            _ => {}
+        }
+    }
+    cts
+}
+
+#[test]
+fn every_stream_relayed_reaches_clients_as_plain_text_event_stream() {
+    // Whatever parameters the replica sent, no client decodes the body by anything but UTF-8,
+    // as the guard parses it: fresh streams (GET, POST) and continuations alike.
+    let sse_shapes: [&[(&str, &str)]; 6] = [
+        &[("content-type", "text/event-stream; charset=utf-8")],
+        &[("content-type", "TEXT/Event-Stream;charset=\"UTF8\"; x=1")],
+        &[("content-type", "text/event-stream; charset*0=utf-8")],
+        &[
+            ("content-type", "text/event-stream;charset=utf-8"),
+            ("content-type", "text/plain"),
+        ],
+        &[("content-type", "text/plain")],
+        &[],
+    ];
+    for shape in sse_shapes {
+        let response = hdrs(&[&[(":status", "200")], shape].concat());
+        for method in ["GET", "POST"] {
+            let post_reads_sse = shape.iter().any(|(_, v)| v.contains("vent-"));
+            if method == "POST" && !post_reads_sse {
+                continue;
+            }
+            let mut w = worker();
+            let mut host = MockHost::new();
+            let mut ex = Exchange::new();
+            let req = hdrs(&[
+                (":method", method),
+                (":path", "/mcp"),
+                ("mcp-session-id", SID),
+            ]);
+            rq(&mut ex, &mut w, &mut host, &req);
+            if ex.wants_request_body() {
+                ex.on_request_body(Some(br#"{"id":1,"method":"tools/call"}"#), true);
+            }
+            host.take();
+            rs(&mut ex, &mut w, &mut host, &response);
+            assert!(ex.wants_body(), "{method} {shape:?}");
+            let cts = client_content_types(&response, &host.effects);
+            assert_eq!(cts, ["text/event-stream"], "{method} {shape:?}");
+        }
+        // A continuation of a GET stream, answered with this replay.
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let c = cursor(&w, 42, 3, "e3");
+        let verdict =
+            format!(r#"{{"verdict":"continue","owner":"{OWNER}","expected":[],"head":3}}"#);
+        let (mut ex, _) = resume(&mut w, &mut host, &c, &verdict);
+        rs(&mut ex, &mut w, &mut host, &response);
+        assert!(ex.wants_body(), "continuation {shape:?}");
+        let cts = client_content_types(&response, &host.effects);
+        assert_eq!(cts, ["text/event-stream"], "continuation {shape:?}");
+    }
+    // A JSON answer is not an event stream: its type is the replica's.
+    let json = hdrs(&[
+        (":status", "200"),
+        ("content-type", "application/json; charset=utf-8"),
+    ]);
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &post);
+    ex.on_request_body(Some(br#"{"id":1,"method":"tools/call"}"#), true);
+    host.take();
+    rs(&mut ex, &mut w, &mut host, &json);
+    let cts = client_content_types(&json, &host.effects);
+    assert_eq!(cts, ["application/json; charset=utf-8"]);
+}
+
+/// Parameter names a client library may read as `charset`: RFC 2231 forms, any case, Unicode or
+/// odd whitespace and bytes around them (Python's `email.message` strips Unicode whitespace).
+const CHARSET_NAMES: &[&[u8]] = &[
+    b"charset",
+    b"CHARSET",
+    b"ChArSeT",
+    b"charset*",
+    b"charset*0",
+    b"charset*0*",
+    b"charset*1",
+    b" charset ",
+    b"\tcharset",
+    b"\xa0charset",
+    b"charset\xa0",
+    b"\xc2\xa0charset",
+    b"\xe2\x80\x83charset",
+    b"\xef\xbb\xbfcharset",
+    b"\x0bcharset\x0c",
+    b"\x1ccharset\x85",
+    b"\x00charset",
+];
+
+/// Values naming a charset other than UTF-8 (or nothing): plain, quoted, RFC 2231
+/// `charset'lang'value` with percent-escapes, or UTF-8 with something more.
+const FOREIGN_VALUES: &[&[u8]] = &[
+    b"utf-16le",
+    b"UTF-16",
+    b"utf-7",
+    b"latin1",
+    b"\"utf-16le\"",
+    b"''utf-16le",
+    b"utf-8''utf-16le",
+    b"us-ascii'en'utf-16le",
+    b"''%75tf-16le",
+    b"%75tf-16le",
+    b"'utf-16le'",
+    b"\"utf-16\"le",
+    b"utf-8-sig",
+    b"utf-8 x",
+    b"\xa0utf-16le",
+    b"",
+];
+
+#[test]
+fn a_declared_charset_but_utf8_is_refused_in_any_form() {
+    let around: [(&[u8], &[u8]); 5] = [
+        (b"text/event-stream;", b""),
+        (b"text/event-stream; x=1;", b"; y=2"),
+        (b"TEXT/EVENT-STREAM ;", b""),
+        (b"text/plain, text/event-stream;", b""),
+        (b"text/event-stream, text/plain;", b", text/x"),
+    ];
+    for (head, tail) in around {
+        for name in CHARSET_NAMES {
+            for value in FOREIGN_VALUES {
+                let ct = [head, name, b"=", value, tail].concat();
+                assert!(foreign_charset(&ct), "{:?}", String::from_utf8_lossy(&ct));
+            }
+            // Without a value at all.
+            let ct = [head, name, tail].concat();
+            assert!(foreign_charset(&ct), "{:?}", String::from_utf8_lossy(&ct));
+            // UTF-8, named plainly, is read as usual.
+            for value in [&b"utf-8"[..], b"UTF8", b"\"Utf-8\"", b" utf-8 "] {
+                let ct = [head, name, b"=", value, tail].concat();
+                assert!(!foreign_charset(&ct), "{:?}", String::from_utf8_lossy(&ct));
+            }
+        }
+        // No charset: nothing to refuse.
+        assert!(!foreign_charset(&[head, b" q=\"charse t\"", tail].concat()));
+    }
+    // The red team's three shapes, through the exchange: refused by name, never relayed.
+    for ct in [
+        &b"text/event-stream; charset*=''utf-16le"[..],
+        b"text/event-stream; charset*0=utf-16le",
+        b"text/event-stream;\xa0charset=utf-16le",
+    ] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        rq(&mut ex, &mut w, &mut host, &get(&[]));
+        let response = vec![
+            (":status".to_string(), b"200".to_vec()),
+            ("content-type".to_string(), ct.to_vec()),
+        ];
+        rs(&mut ex, &mut w, &mut host, &response);
+        let ct = String::from_utf8_lossy(ct);
+        assert!(
+            matches!(local_reply(&host.effects), Some((409, b)) if b.contains("encoded_stream")),
+            "{ct}"
+        );
+        assert!(!ex.wants_body(), "{ct}");
+    }
+}
+
 #[path = "exchange_refusal_tests.rs"]
 mod refusals;
 

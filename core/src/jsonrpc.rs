@@ -26,6 +26,9 @@ pub const MAX_REQUEST_IDS_BYTES: usize = 4096;
 /// (its ids are not carried). Scanning is linear, constant-memory and skips string contents with
 /// `memchr`; SDKs write the id after `params`, so a large argument must not hide it.
 pub const MAX_SCAN_BYTES: usize = 64 << 20;
+/// A UTF-8 byte order mark. Servers' parsers accept one leading the body (Python's
+/// `json.loads(bytes)`, `TextDecoder` before `JSON.parse`) and nowhere else.
+const BOM: [u8; 3] = [0xef, 0xbb, 0xbf];
 /// Longest raw key that can still decode to `method` (each letter as a `\uXXXX` escape).
 const MAX_KEY_BYTES: usize = 6 * 6;
 
@@ -101,6 +104,8 @@ enum Top {
 #[derive(Debug, Clone)]
 pub struct RequestIdScanner {
     result: Scan,
+    /// Bytes of a leading [`BOM`] read so far; `None` once the body's first bytes are not one.
+    bom: Option<usize>,
     seen: usize,
     top: Top,
     depth: u32,
@@ -134,6 +139,7 @@ impl RequestIdScanner {
     pub fn new() -> Self {
         RequestIdScanner {
             result: Scan::Pending,
+            bom: Some(0),
             seen: 0,
             top: Top::Unknown,
             depth: 0,
@@ -206,6 +212,18 @@ impl RequestIdScanner {
     }
 
     fn byte(&mut self, b: u8) {
+        if let Some(n) = self.bom {
+            if BOM.get(n) == Some(&b) {
+                self.bom = Some(n + 1).filter(|n| *n < BOM.len());
+                return;
+            }
+            self.bom = None;
+            if n > 0 {
+                // Part of a BOM: not UTF-8, no parser reads a value here.
+                self.result = Scan::None;
+                return;
+            }
+        }
         match self.lex {
             Lex::Str { keep, esc } => {
                 let closing = !esc && b == b'"';

@@ -95,6 +95,43 @@ fn any_split_into_chunks_gives_the_same_ids() {
 }
 
 #[test]
+fn one_leading_bom_is_read_past_as_servers_parsers_do() {
+    let body = br#"{"jsonrpc":"2.0","id":45,"method":"tools/call"}"#;
+    let with = |head: &[u8], tail: &[u8]| [head, body.as_slice(), tail].concat();
+    let bom = b"\xef\xbb\xbf";
+    // Python's json.loads(bytes) and TextDecoder + JSON.parse take these: any split.
+    for ok in [with(bom, b""), with(b"\xef\xbb\xbf \r\n", b" ")] {
+        for cut in 0..ok.len() {
+            let (a, b) = ok.split_at(cut);
+            let mut s = RequestIdScanner::new();
+            s.push(a);
+            s.push(b);
+            assert_eq!(
+                s.finish(),
+                &Scan::Found("45".into()),
+                "cut at {cut}: {ok:?}"
+            );
+        }
+    }
+    // Anywhere else, or twice, or a part of one, it is not JSON: no id.
+    for bad in [
+        with(b" \xef\xbb\xbf", b""),
+        with(b"\xef\xbb\xbf\xef\xbb\xbf", b""),
+        with(b"\xef\xbb", b""),
+        with(b"\xef", b""),
+        with(b"\xbb\xbf", b""),
+    ] {
+        assert_eq!(request_id(&bad), None, "{bad:?}");
+    }
+    // Inside the value it is string content like any other.
+    let inside = "{\"method\":\"x\",\"id\":\"\u{feff}a\"}";
+    assert_eq!(
+        request_id(inside.as_bytes()).as_deref(),
+        Some("\"\u{feff}a\"")
+    );
+}
+
+#[test]
 fn long_ids_and_long_bodies_are_bounded() {
     let quoted = |n: usize| format!(r#""{}""#, "x".repeat(n - 2));
     let fits = quoted(MAX_REQUEST_IDS_BYTES);
