@@ -911,6 +911,170 @@ mod tests {
         assert_eq!(finish(&mut s), (String::new(), Flow::Open));
     }
 
+    /// Feeds `input` to a new `make()` whole and split at every offset, then finishes; the
+    /// output must not depend on the split. Returns it and the flow.
+    fn relayed_split(make: &dyn Fn() -> StreamState, input: &[u8]) -> (String, Flow) {
+        let k = keys();
+        let mut whole: Option<(String, Flow)> = None;
+        for cut in 0..=input.len() {
+            let mut s = make();
+            let mut out = Vec::new();
+            let (a, b) = input.split_at(cut);
+            s.push(&k, a, &mut out);
+            s.push(&k, b, &mut out);
+            let flow = s.finish(&mut out);
+            let got = (String::from_utf8_lossy(&out).into_owned(), flow);
+            match &whole {
+                None => whole = Some(got),
+                Some(w) => assert_eq!(w, &got, "split at {cut}"),
+            }
+        }
+        whole.unwrap()
+    }
+
+    /// The data of each event the client model dispatches from `out`.
+    fn dispatched(out: &str) -> Vec<String> {
+        crate::eventsource::parse(&[out.as_bytes()])
+            .0
+            .into_iter()
+            .map(|d| d.data)
+            .collect()
+    }
+
+    #[test]
+    fn no_event_is_dispatched_twice_on_a_continuation() {
+        let ev = |id: &str, data: &str| format!("id: {id}\ndata: {data}\n\n");
+        let (g1, g2, g3, g4) = (ev("g1", "1"), ev("g2", "2"), ev("g3", "3"), ev("g4", "4"));
+        // The replay, then its first event again (red team 2, dupreplay).
+        let make = || {
+            let expected = vec![recorded("g2", "2"), recorded("g3", "3")];
+            StreamState::continuation(&cursor_at(1, "g1"), expected, true, 4096)
+        };
+        let (out, flow) = relayed_split(&make, format!("{g2}{g3}{g2}{g4}").as_bytes());
+        assert_eq!(
+            (flow, dispatched(&out)),
+            (Flow::Open, vec!["2".into(), "3".into(), "4".into()])
+        );
+        // At the head: the cursor's own event twice (red team 2, echo2), and once more later.
+        let make = || StreamState::continuation(&cursor_at(3, "g3"), vec![], true, 4096);
+        let (out, flow) = relayed_split(&make, format!("{g3}{g3}{g4}{g3}{g4}").as_bytes());
+        assert_eq!(
+            (flow, dispatched(&out)),
+            (Flow::Open, vec!["4".to_string()])
+        );
+        // The same id with other data, after the echo or after it was relayed: cut.
+        let again = |id: &str| format!("id: {id}\ndata: other\n\n");
+        for input in [
+            format!("{g3}{}", again("g3")),
+            format!("{g4}{}", again("g4")),
+        ] {
+            let (out, flow) = relayed_split(&make, input.as_bytes());
+            assert_eq!(flow, Flow::CutReplayMismatch, "{input:?}");
+            assert!(
+                !out.contains("other") && out.ends_with(&control_event(Reason::ReplayMismatch))
+            );
+        }
+        // Without echo suppression the cursor's own event is cut, never relayed anew.
+        let make = || StreamState::continuation(&cursor_at(3, "g3"), vec![], false, 4096);
+        let (out, flow) = relayed_split(&make, format!("{g4}{g3}").as_bytes());
+        assert_eq!(flow, Flow::CutReplayMismatch);
+        assert_eq!(
+            out,
+            format!(
+                "data: 4\nid: {}\n\n{}",
+                ids_of(&out)[0],
+                control_event(Reason::ReplayMismatch)
+            )
+        );
+        // A fresh stream checks nothing: ids are the replica's business there.
+        let make = || StreamState::fresh([1; 8], 1, StreamKind::Get, 4096);
+        let (out, _) = relayed_split(&make, format!("{g1}{g1}").as_bytes());
+        assert_eq!(dispatched(&out).len(), 2);
+    }
+
+    #[test]
+    fn a_continuation_remembers_the_last_relayed_ids_up_to_the_cap() {
+        let k = keys();
+        let mut s = StreamState::continuation(&cursor_at(0, "c"), vec![], true, 4096);
+        let mut out = Vec::new();
+        for i in 0..=SEEN_CAP {
+            s.push(&k, format!("id: e{i}\ndata: {i}\n\n").as_bytes(), &mut out);
+        }
+        let (more, flow) = run(&mut s, &k, "id: e1\ndata: 1\n\nid: e0\ndata: 0\n\n");
+        // e1 is still remembered and dropped; e0, the oldest, was let go (docs/sse-model.md).
+        assert_eq!(
+            (flow, dispatched(&more)),
+            (Flow::Open, vec!["0".to_string()])
+        );
+        assert!(s.ids.seen.len() <= SEEN_CAP);
+    }
+
+    #[test]
+    fn an_unterminated_last_block_is_never_released() {
+        // Red team 2, partialcr: Python would dispatch a final block ending in CR.
+        let make = || {
+            let expected = vec![recorded("g2", "2"), recorded("g3", "3")];
+            StreamState::continuation(&cursor_at(1, "g1"), expected, true, 4096)
+        };
+        let (out, flow) = relayed_split(&make, b"id: g2\ndata: 2\n\ndata: FOREIGN g3\r");
+        assert_eq!(flow, Flow::Open);
+        assert!(!out.contains("FOREIGN") && out.ends_with("\n\n"), "{out:?}");
+        // Red team 2, partialline: what the exchange appends then starts on a line of its own.
+        let make = || StreamState::continuation(&cursor_at(1, "g1"), vec![], true, 4096);
+        for tail in [
+            "event: message\ndata: partial",
+            "data: partial\r",
+            "\u{feff}",
+        ] {
+            let (out, flow) = relayed_split(&make, tail.as_bytes());
+            assert_eq!((flow, out.as_str()), (Flow::Open, ""), "{tail:?}");
+        }
+        let mut s = make();
+        let mut out = Vec::new();
+        s.push(&keys(), b"event: message\ndata: partial", &mut out);
+        s.finish(&mut out);
+        assert!(!s.output_mid_block());
+    }
+
+    #[test]
+    fn leading_bom_like_marks_are_removed_so_every_reader_sees_the_first_field() {
+        // Red team 2, ts-bom2 / ts-mojibom: TypeScript strips two marks, Python none, WHATWG one.
+        let make = || {
+            let expected = vec![recorded("g2", "2")];
+            StreamState::continuation(&cursor_at(1, "g1"), expected, true, 4096)
+        };
+        for lead in [
+            "\u{feff}\u{feff}",
+            "\u{ef}\u{bb}\u{bf}",
+            "\u{feff}\u{ef}\u{bb}\u{bf}",
+        ] {
+            let input = format!("{lead}data: FOREIGN g2\n\n");
+            let (out, flow) = relayed_split(&make, input.as_bytes());
+            assert_eq!(flow, Flow::CutReplayMismatch, "{lead:?}");
+            assert_eq!(out, control_event(Reason::ReplayMismatch), "{lead:?}");
+            // The honest replay behind the same marks continues.
+            let input = format!("{lead}id: g2\ndata: 2\n\n");
+            let (out, flow) = relayed_split(&make, input.as_bytes());
+            assert_eq!(
+                (flow, dispatched(&out)),
+                (Flow::Open, vec!["2".to_string()])
+            );
+        }
+        // Red team 2, tscall-mojiprog: a fresh stream's first id is a cursor too.
+        let k = keys();
+        let make = || StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
+        let (out, _) = relayed_split(
+            &make,
+            "\u{ef}\u{bb}\u{bf}id: r1\ndata: progress\n\n".as_bytes(),
+        );
+        let ids = ids_of(&out);
+        assert_eq!(ids.len(), 1, "{out:?}");
+        assert!(
+            k.decode(&ids[0]).is_ok() && out.starts_with("data: progress"),
+            "{out:?}"
+        );
+    }
+
     #[test]
     fn echo_is_kept_when_it_is_the_expected_next_event() {
         let k = keys();
