@@ -27,10 +27,12 @@
 //! - Every leading byte-order mark look-alike some client strips ([`LeadStrip`]: any run of UTF-8
 //!   BOMs and of their Latin-1 mojibake `ï»¿`) is consumed and not re-emitted, so every reader
 //!   (WHATWG, the TypeScript and Python SDKs, the guard) reads the same first field, and a
-//!   control event can be put in front of the output.
+//!   control event can be put in front of the output. Should the output still start with a
+//!   mark's first byte (an `id` line before it was removed), a blank line goes first.
 //! - An unterminated block at the end is never released: WHATWG and the TypeScript SDK discard
-//!   it, Python dispatches one ending in CR, unchecked. An output ending in CR gets an LF, so no
-//!   reader holds or doubles its last line end.
+//!   it, Python dispatches one ending in CR, unchecked. The output ends with an LF (after a last
+//!   CR, or ending the last line of a block partly out), so no reader holds or doubles its last
+//!   line end.
 //! - Where removing lines would join a lone CR with a following LF into one line end, the
 //!   blank line is written as CR LF instead, keeping the event boundaries the client sees.
 //!
@@ -323,8 +325,8 @@ pub struct Rewriter {
     data_name: Option<u8>,
     /// [`content_digest`] of the current block so far.
     content: ContentDigest,
-    /// Last byte this rewriter wrote was CR.
-    emitted_cr: bool,
+    /// The last byte this rewriter wrote (None before any).
+    last_out: Option<u8>,
     cut: bool,
     cut_mid_block: bool,
     /// The stream ended inside a block some bytes of which were already out.
@@ -354,7 +356,7 @@ impl Rewriter {
             has_data: false,
             data_name: None,
             content: ContentDigest::new(),
-            emitted_cr: false,
+            last_out: None,
             cut: false,
             cut_mid_block: false,
             ended_mid_block: false,
@@ -408,8 +410,11 @@ impl Rewriter {
         }
         self.lead.finish();
         self.ended_mid_block = self.output_mid_block();
-        if self.emitted_cr {
-            emit(&mut self.emitted_cr, out, b"\n");
+        // An LF ends a last line without one (of a block partly out: it stays undispatched) or
+        // pairs with a last CR; after an LF it would be a blank line.
+        let last = self.last_out;
+        if last == Some(b'\r') || (self.ended_mid_block && last.is_some_and(|b| b != b'\n')) {
+            emit(&mut self.last_out, out, b"\n");
         }
         self.reset_block();
         self.line = Line::Start;
@@ -455,7 +460,7 @@ impl Rewriter {
                 match lf {
                     Lf::Content => self.add_run(0, 1),
                     Lf::IdLine => {}
-                    Lf::Out => emit(&mut self.emitted_cr, out, b"\n"),
+                    Lf::Out => emit(&mut self.last_out, out, b"\n"),
                     Lf::Drop => {}
                 }
                 // As if the whole line end had come at once.
@@ -687,7 +692,7 @@ impl Rewriter {
     fn add_carry(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
         self.block_bytes += bytes.len();
         if self.streaming {
-            emit(&mut self.emitted_cr, out, bytes);
+            emit(&mut self.last_out, out, bytes);
         } else {
             self.hold.extend_from_slice(bytes);
         }
@@ -727,14 +732,10 @@ impl Rewriter {
         if self.hold.is_empty() && self.runs.is_empty() {
             return;
         }
-        emit(&mut self.emitted_cr, out, &self.hold);
+        emit(&mut self.last_out, out, &self.hold);
         self.hold.clear();
         for &(a, b) in &self.runs {
-            emit(
-                &mut self.emitted_cr,
-                out,
-                chunk.get(a..b).unwrap_or_default(),
-            );
+            emit(&mut self.last_out, out, chunk.get(a..b).unwrap_or_default());
         }
         self.runs.clear();
     }
@@ -798,13 +799,13 @@ impl Rewriter {
             Some(IdAction::Keep) => {
                 self.flush_content(chunk, out);
                 let id = std::iter::once(block_id.as_slice());
-                write_id_line(&mut self.emitted_cr, out, id, term);
+                write_id_line(&mut self.last_out, out, id, term);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
             Some(IdAction::Write) => {
                 self.flush_content(chunk, out);
-                emit(&mut self.emitted_cr, out, b"id: ");
+                emit(&mut self.last_out, out, b"id: ");
                 let at = out.len();
                 on_id.write_id(&id, out);
                 drop_line_ends(out, at);
@@ -812,14 +813,14 @@ impl Rewriter {
                     // Nothing written: an empty value would reset the client's id.
                     out.extend_from_slice(&block_id);
                 }
-                emit(&mut self.emitted_cr, out, id_line_end(term));
+                emit(&mut self.last_out, out, id_line_end(term));
                 self.emit_terminator(term, out);
                 Lf::Out
             }
             Some(IdAction::Replace(s)) => {
                 self.flush_content(chunk, out);
                 let id = s.as_bytes().split(|&b| b == b'\r' || b == b'\n');
-                write_id_line(&mut self.emitted_cr, out, id, term);
+                write_id_line(&mut self.last_out, out, id, term);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -848,10 +849,10 @@ impl Rewriter {
 
     fn emit_terminator(&mut self, term: &[u8], out: &mut Vec<u8>) {
         // After a removed line, a lone CR could precede this LF and form one CRLF line end.
-        if self.emitted_cr && term.first() == Some(&b'\n') {
-            emit(&mut self.emitted_cr, out, b"\r");
+        if self.last_out == Some(b'\r') && term.first() == Some(&b'\n') {
+            emit(&mut self.last_out, out, b"\r");
         }
-        emit(&mut self.emitted_cr, out, term);
+        emit(&mut self.last_out, out, term);
     }
 
     fn reset_block(&mut self) {
@@ -872,16 +873,16 @@ impl Rewriter {
 /// Writes `id: <parts>` with a line end that can never pair with the blank line `term` into one
 /// CRLF, and that does not depend on whether `term`'s LF has arrived yet.
 fn write_id_line<'p>(
-    emitted_cr: &mut bool,
+    last_out: &mut Option<u8>,
     out: &mut Vec<u8>,
     parts: impl Iterator<Item = &'p [u8]>,
     term: &[u8],
 ) {
-    emit(emitted_cr, out, b"id: ");
+    emit(last_out, out, b"id: ");
     for p in parts {
-        emit(emitted_cr, out, p);
+        emit(last_out, out, p);
     }
-    emit(emitted_cr, out, id_line_end(term));
+    emit(last_out, out, id_line_end(term));
 }
 
 /// The line end of a written `id` line before the blank line `term`. Not a lone CR: the blank
@@ -914,9 +915,15 @@ fn utf8_lossy(b: &[u8]) -> Cow<'_, str> {
     }
 }
 
-fn emit(emitted_cr: &mut bool, out: &mut Vec<u8>, bytes: &[u8]) {
+fn emit(last_out: &mut Option<u8>, out: &mut Vec<u8>, bytes: &[u8]) {
     if let Some(&last) = bytes.last() {
-        *emitted_cr = last == b'\r';
+        // A removed `id` line can bring a mark (a BOM-like line start) to the head of the
+        // output, where some readers strip it: a blank line first (it dispatches nothing) keeps
+        // it where every reader reads it as the guard does.
+        if last_out.is_none() && LEAD_MARKS.iter().any(|m| m.first() == bytes.first()) {
+            out.push(b'\n');
+        }
+        *last_out = Some(last);
         out.extend_from_slice(bytes);
     }
 }
@@ -1221,10 +1228,10 @@ pub(crate) mod tests {
             &["a"],
         );
         // Not a BOM: bytes pass through.
-        check(b"\xEF\xBBx: 1\n\n", b"\xEF\xBBx: 1\n\n", &[]);
+        check(b"\xEF\xBBx: 1\n\n", b"\n\xEF\xBBx: 1\n\n", &[]);
         // A BOM later in the stream is content.
         check(b"\n\xEF\xBB\xBFid: a\n\n", b"\n\xEF\xBB\xBFid: a\n\n", &[]);
-        assert_eq!(run(&[b"\xEF", b"\xBBx: 1\n\n"]).0, b"\xEF\xBBx: 1\n\n");
+        assert_eq!(run(&[b"\xEF", b"\xBBx: 1\n\n"]).0, b"\n\xEF\xBBx: 1\n\n");
         // Every leading BOM and its Latin-1 mojibake `ï»¿`, in any order: each one some reader
         // strips and another does not.
         for lead in [
@@ -1235,17 +1242,25 @@ pub(crate) mod tests {
             let input = format!("{lead}id: a\ndata: x\n\n");
             check(input.as_bytes(), b"data: x\nid: RA\n\n", &["a"]);
         }
-        // A partial mark is content, and ends the head: a mark after it is kept.
+        // A partial mark is content, and ends the head: a mark after it is kept. Output that
+        // starts with a mark's first byte gets a blank line first, whatever follows.
         check(
             "\u{ef}\u{bb}x\u{feff}: 1\n\n".as_bytes(),
-            "\u{ef}\u{bb}x\u{feff}: 1\n\n".as_bytes(),
+            "\n\u{ef}\u{bb}x\u{feff}: 1\n\n".as_bytes(),
             &[],
         );
         check(
             b"\xC3\xAF\xEF\xBB\xBF: 1\n\n",
-            b"\xC3\xAF\xEF\xBB\xBF: 1\n\n",
+            b"\n\xC3\xAF\xEF\xBB\xBF: 1\n\n",
             &[],
         );
+        // A mark behind an `id` line the guard moves: WHATWG reads no data there, nor may a
+        // reader that would strip it once it leads the output.
+        for lead in ["\u{feff}", "\u{ef}\u{bb}\u{bf}"] {
+            let input = format!("id: a\n{lead}data: x\n\n");
+            let want = format!("\n{lead}data: x\nid: RA\n\n");
+            check(input.as_bytes(), want.as_bytes(), &["a"]);
+        }
     }
 
     #[test]
@@ -1489,6 +1504,12 @@ pub(crate) mod tests {
         rw.finish(&mut out);
         assert_eq!(out, b"data: 1\n\ndata: 2\r\n");
         assert!(rw.output_mid_block());
+        // Its last line gets a line end too: TypeScript would still hold a CR blank line before it.
+        let mut rw = Rewriter::streaming(1024);
+        let mut out = Vec::new();
+        rw.push(b"data: 1\r\rdata: 2", &mut out, &mut |_, _| IdAction::Keep);
+        rw.finish(&mut out);
+        assert_eq!(out, b"data: 1\r\rdata: 2\n");
     }
 
     #[test]
