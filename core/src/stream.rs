@@ -54,8 +54,9 @@ pub struct RelayedIds {
     ends: Vec<(usize, u64)>,
 }
 
-/// The most ids a continuation remembers as dispatched (16 bytes each).
-const SEEN_CAP: usize = 1024;
+/// The most ids a continuation remembers as dispatched (16 bytes each, 4 KiB in all, taken
+/// at once with the first).
+const SEEN_CAP: usize = 256;
 
 /// A buffer grown past this by long ids is let go once they are recorded.
 const RELAYED_KEEP_BYTES: usize = 4096;
@@ -657,6 +658,10 @@ impl IdMap {
 
     /// Past [`SEEN_CAP`] the oldest is forgotten: see docs/sse-model.md.
     fn remember(&mut self, hash: u64, digest: u64) {
+        if self.seen.capacity() == 0 {
+            // One allocation per continuation, not one per doubling.
+            self.seen.reserve_exact(SEEN_CAP);
+        }
         if self.seen.len() >= SEEN_CAP {
             self.seen.pop_front();
         }
