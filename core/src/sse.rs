@@ -24,9 +24,15 @@
 //!   Whether and when a block overflows depends only on its bytes, never on how the stream was
 //!   chunked (inside an `id` line the check waits for the line's end).
 //! - An id value longer than `max_hold` is dropped without a callback (counted as oversized).
-//! - A leading UTF-8 BOM is consumed and not re-emitted (clients strip one anyway), so a control
-//!   event can be put in front of the output. (Only a stream starting with two BOMs reads
-//!   differently afterwards: its first line, which clients ignored, now parses.)
+//! - Every leading byte-order mark look-alike some client strips ([`LeadStrip`]: any run of UTF-8
+//!   BOMs and of their Latin-1 mojibake `ï»¿`) is consumed and not re-emitted, so every reader
+//!   (WHATWG, the TypeScript and Python SDKs, the guard) reads the same first field, and a
+//!   control event can be put in front of the output. Should the output still start with a
+//!   mark's first byte (an `id` line before it was removed), a blank line goes first.
+//! - An unterminated block at the end is never released: WHATWG and the TypeScript SDK discard
+//!   it, Python dispatches one ending in CR, unchecked. The output ends with an LF (after a last
+//!   CR, or ending the last line of a block partly out), so no reader holds or doubles its last
+//!   line end.
 //! - Where removing lines would join a lone CR with a following LF into one line end, the
 //!   blank line is written as CR LF instead, keeping the event boundaries the client sees.
 //!
@@ -197,6 +203,67 @@ pub struct RewriterStats {
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
+/// What readers strip at a stream's head: the UTF-8 BOM (WHATWG, `TextDecoderStream`) and the
+/// BOM as Latin-1 re-encoded as UTF-8, `ï»¿` (eventsource-parser, in the TypeScript SDK's first
+/// text chunk). Python strips neither. Their first bytes differ.
+const LEAD_MARKS: [&[u8]; 2] = [&BOM, b"\xC3\xAF\xC2\xBB\xC2\xBF"];
+
+/// Removes a stream's leading run of [`LEAD_MARKS`], in chunks split anywhere. What follows the
+/// run starts with no mark, so no reader strips anything and all read the same first line.
+#[derive(Debug, Clone, Default)]
+pub struct LeadStrip {
+    /// The mark being matched and how many of its bytes matched (in earlier chunks).
+    partial: Option<(usize, usize)>,
+    done: bool,
+}
+
+impl LeadStrip {
+    /// Returns the bytes to pass on for `chunk`: first a partly matched mark that turned out to
+    /// be content (from earlier chunks), then the rest of `chunk`.
+    pub fn strip<'a>(&mut self, chunk: &'a [u8]) -> (&'static [u8], &'a [u8]) {
+        let mut i = 0;
+        while !self.done {
+            let Some(&b) = chunk.get(i) else {
+                return (&[], &[]);
+            };
+            match self.partial {
+                None => match LEAD_MARKS.iter().position(|m| m.first() == Some(&b)) {
+                    Some(k) => self.partial = Some((k, 1)),
+                    None => self.done = true,
+                },
+                Some((k, n)) => {
+                    let mark = LEAD_MARKS.get(k).copied().unwrap_or_default();
+                    if mark.get(n) != Some(&b) {
+                        self.done = true;
+                        self.partial = None;
+                        return (
+                            mark.get(..n).unwrap_or_default(),
+                            chunk.get(i..).unwrap_or_default(),
+                        );
+                    }
+                    self.partial = (n + 1 < mark.len()).then_some((k, n + 1));
+                }
+            }
+            if !self.done {
+                i += 1;
+            }
+        }
+        (&[], chunk.get(i..).unwrap_or_default())
+    }
+
+    /// End of stream: a partly matched mark is content.
+    pub fn finish(&mut self) -> &'static [u8] {
+        self.done = true;
+        match self.partial.take() {
+            Some((k, n)) => LEAD_MARKS
+                .get(k)
+                .and_then(|m| m.get(..n))
+                .unwrap_or_default(),
+            None => &[],
+        }
+    }
+}
+
 /// Where we are within the current line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Line {
@@ -233,8 +300,8 @@ pub struct Rewriter {
     /// Hold each block until its blank line (needed for `DropEvent` and `Cut`); when false,
     /// every block streams through as an overflowed one would, without being counted as such.
     hold_blocks: bool,
-    /// `Some(n)`: still at stream start, `n` BOM bytes matched so far.
-    bom: Option<u8>,
+    /// The stream's leading BOM-like marks.
+    lead: LeadStrip,
     line: Line,
     skip_lf: Option<Lf>,
     in_block: bool,
@@ -258,10 +325,12 @@ pub struct Rewriter {
     data_name: Option<u8>,
     /// [`content_digest`] of the current block so far.
     content: ContentDigest,
-    /// Last byte this rewriter wrote was CR.
-    emitted_cr: bool,
+    /// The last byte this rewriter wrote (None before any).
+    last_out: Option<u8>,
     cut: bool,
     cut_mid_block: bool,
+    /// The stream ended inside a block some bytes of which were already out.
+    ended_mid_block: bool,
     stats: RewriterStats,
 }
 
@@ -271,7 +340,7 @@ impl Rewriter {
         Rewriter {
             max_hold,
             hold_blocks: true,
-            bom: Some(0),
+            lead: LeadStrip::default(),
             line: Line::Start,
             skip_lf: None,
             in_block: false,
@@ -287,9 +356,10 @@ impl Rewriter {
             has_data: false,
             data_name: None,
             content: ContentDigest::new(),
-            emitted_cr: false,
+            last_out: None,
             cut: false,
             cut_mid_block: false,
+            ended_mid_block: false,
             stats: RewriterStats::default(),
         }
     }
@@ -324,44 +394,28 @@ impl Rewriter {
         if self.cut {
             return;
         }
-        let chunk = match self.bom {
-            None => chunk,
-            Some(n) => {
-                let want = BOM.get(usize::from(n)..).unwrap_or_default();
-                let k = want.iter().zip(chunk).take_while(|(a, b)| a == b).count();
-                if k == want.len() {
-                    self.bom = None;
-                    chunk.get(k..).unwrap_or_default()
-                } else if k == chunk.len() {
-                    // Still a BOM prefix (k < 3, so this fits in u8).
-                    self.bom = Some(n + k as u8);
-                    return;
-                } else {
-                    // Not a BOM: the bytes matched in earlier chunks are ordinary content.
-                    self.bom = None;
-                    let earlier = BOM.get(..usize::from(n)).unwrap_or_default();
-                    self.feed(earlier, out, on_id);
-                    chunk
-                }
-            }
-        };
+        let (earlier, chunk) = self.lead.strip(chunk);
+        self.feed(earlier, out, on_id);
         self.feed(chunk, out, on_id);
     }
 
-    /// End of stream: flushes what is held. An unterminated block is emitted without its `id`
-    /// lines and without a blank line; clients discard it anyway. No callback can happen here.
+    /// End of stream. An unterminated block is not released: clients that follow WHATWG
+    /// discard it, and Python's final-CR flush would dispatch it unchecked; so whatever the
+    /// caller appends starts on a line of its own. If part of it is already out (streamed),
+    /// [`Rewriter::output_mid_block`] stays true. A CR last gets an LF: TypeScript holds a final
+    /// CR waiting for one, Python adds a blank line after it. No callback can happen here.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
         if self.cut {
             return;
         }
-        if let Some(n) = self.bom.take() {
-            let earlier = BOM.get(..usize::from(n)).unwrap_or_default();
-            self.feed(earlier, out, &mut |_: &str, _: u64| IdAction::Keep);
+        self.lead.finish();
+        self.ended_mid_block = self.output_mid_block();
+        // An LF ends a last line without one (of a block partly out: it stays undispatched) or
+        // pairs with a last CR; after an LF it would be a blank line.
+        let last = self.last_out;
+        if last == Some(b'\r') || (self.ended_mid_block && last.is_some_and(|b| b != b'\n')) {
+            emit(&mut self.last_out, out, b"\n");
         }
-        if let Line::Prefix(n) = self.line {
-            self.add_carry(b"id".get(..usize::from(n)).unwrap_or_default(), out);
-        }
-        emit(&mut self.emitted_cr, out, &self.hold);
         self.reset_block();
         self.line = Line::Start;
         self.skip_lf = None;
@@ -381,7 +435,7 @@ impl Rewriter {
     /// True when the output so far ends inside a block (one being streamed, not held): anything
     /// appended now would join it.
     pub fn output_mid_block(&self) -> bool {
-        self.in_block && self.streaming
+        (self.in_block && self.streaming) || self.ended_mid_block
     }
 
     /// Bytes currently buffered (held block content and id values); at most about 3 × `max_hold`:
@@ -406,7 +460,7 @@ impl Rewriter {
                 match lf {
                     Lf::Content => self.add_run(0, 1),
                     Lf::IdLine => {}
-                    Lf::Out => emit(&mut self.emitted_cr, out, b"\n"),
+                    Lf::Out => emit(&mut self.last_out, out, b"\n"),
                     Lf::Drop => {}
                 }
                 // As if the whole line end had come at once.
@@ -638,7 +692,7 @@ impl Rewriter {
     fn add_carry(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
         self.block_bytes += bytes.len();
         if self.streaming {
-            emit(&mut self.emitted_cr, out, bytes);
+            emit(&mut self.last_out, out, bytes);
         } else {
             self.hold.extend_from_slice(bytes);
         }
@@ -678,14 +732,10 @@ impl Rewriter {
         if self.hold.is_empty() && self.runs.is_empty() {
             return;
         }
-        emit(&mut self.emitted_cr, out, &self.hold);
+        emit(&mut self.last_out, out, &self.hold);
         self.hold.clear();
         for &(a, b) in &self.runs {
-            emit(
-                &mut self.emitted_cr,
-                out,
-                chunk.get(a..b).unwrap_or_default(),
-            );
+            emit(&mut self.last_out, out, chunk.get(a..b).unwrap_or_default());
         }
         self.runs.clear();
     }
@@ -749,13 +799,13 @@ impl Rewriter {
             Some(IdAction::Keep) => {
                 self.flush_content(chunk, out);
                 let id = std::iter::once(block_id.as_slice());
-                write_id_line(&mut self.emitted_cr, out, id, term);
+                write_id_line(&mut self.last_out, out, id, term);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
             Some(IdAction::Write) => {
                 self.flush_content(chunk, out);
-                emit(&mut self.emitted_cr, out, b"id: ");
+                emit(&mut self.last_out, out, b"id: ");
                 let at = out.len();
                 on_id.write_id(&id, out);
                 drop_line_ends(out, at);
@@ -763,14 +813,14 @@ impl Rewriter {
                     // Nothing written: an empty value would reset the client's id.
                     out.extend_from_slice(&block_id);
                 }
-                emit(&mut self.emitted_cr, out, id_line_end(term));
+                emit(&mut self.last_out, out, id_line_end(term));
                 self.emit_terminator(term, out);
                 Lf::Out
             }
             Some(IdAction::Replace(s)) => {
                 self.flush_content(chunk, out);
                 let id = s.as_bytes().split(|&b| b == b'\r' || b == b'\n');
-                write_id_line(&mut self.emitted_cr, out, id, term);
+                write_id_line(&mut self.last_out, out, id, term);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -799,10 +849,10 @@ impl Rewriter {
 
     fn emit_terminator(&mut self, term: &[u8], out: &mut Vec<u8>) {
         // After a removed line, a lone CR could precede this LF and form one CRLF line end.
-        if self.emitted_cr && term.first() == Some(&b'\n') {
-            emit(&mut self.emitted_cr, out, b"\r");
+        if self.last_out == Some(b'\r') && term.first() == Some(&b'\n') {
+            emit(&mut self.last_out, out, b"\r");
         }
-        emit(&mut self.emitted_cr, out, term);
+        emit(&mut self.last_out, out, term);
     }
 
     fn reset_block(&mut self) {
@@ -823,16 +873,16 @@ impl Rewriter {
 /// Writes `id: <parts>` with a line end that can never pair with the blank line `term` into one
 /// CRLF, and that does not depend on whether `term`'s LF has arrived yet.
 fn write_id_line<'p>(
-    emitted_cr: &mut bool,
+    last_out: &mut Option<u8>,
     out: &mut Vec<u8>,
     parts: impl Iterator<Item = &'p [u8]>,
     term: &[u8],
 ) {
-    emit(emitted_cr, out, b"id: ");
+    emit(last_out, out, b"id: ");
     for p in parts {
-        emit(emitted_cr, out, p);
+        emit(last_out, out, p);
     }
-    emit(emitted_cr, out, id_line_end(term));
+    emit(last_out, out, id_line_end(term));
 }
 
 /// The line end of a written `id` line before the blank line `term`. Not a lone CR: the blank
@@ -865,9 +915,15 @@ fn utf8_lossy(b: &[u8]) -> Cow<'_, str> {
     }
 }
 
-fn emit(emitted_cr: &mut bool, out: &mut Vec<u8>, bytes: &[u8]) {
+fn emit(last_out: &mut Option<u8>, out: &mut Vec<u8>, bytes: &[u8]) {
     if let Some(&last) = bytes.last() {
-        *emitted_cr = last == b'\r';
+        // A removed `id` line can bring a mark (a BOM-like line start) to the head of the
+        // output, where some readers strip it: a blank line first (it dispatches nothing) keeps
+        // it where every reader reads it as the guard does.
+        if last_out.is_none() && LEAD_MARKS.iter().any(|m| m.first() == bytes.first()) {
+            out.push(b'\n');
+        }
+        *last_out = Some(last);
         out.extend_from_slice(bytes);
     }
 }
@@ -919,10 +975,26 @@ pub(crate) mod tests {
         last_id: Option<String>,
     }
 
+    /// What a client of the output sees is what it would of the input, except a `retry` in an
+    /// unterminated last block, which is not released.
+    fn relayed_as(got: &Seen, want: &Seen) -> bool {
+        got.events == want.events
+            && got.last_id == want.last_id
+            && want.retries.starts_with(&got.retries)
+    }
+
+    /// The stream as the guard has every reader read it: without its leading run of marks.
+    fn unmarked(mut bytes: &[u8]) -> &[u8] {
+        while let Some(rest) = LEAD_MARKS.iter().find_map(|m| bytes.strip_prefix(*m)) {
+            bytes = rest;
+        }
+        bytes
+    }
+
     /// A small reference WHATWG parser over a whole stream; `None` = last event id never set.
     fn reference(bytes: &[u8]) -> Seen {
-        let text = String::from_utf8_lossy(bytes);
-        let mut rest: &str = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
+        let text = String::from_utf8_lossy(unmarked(bytes));
+        let mut rest: &str = &text;
         let (mut data, mut kind) = (String::new(), String::new());
         let mut id_buf: Option<String> = None;
         let mut seen = Seen {
@@ -1027,7 +1099,7 @@ pub(crate) mod tests {
     /// line) of the whole stream. Property tests only (native).
     #[cfg(not(target_arch = "wasm32"))]
     fn reference_blocks(bytes: &[u8]) -> Vec<RefBlock> {
-        let mut rest = bytes.strip_prefix(&BOM[..]).unwrap_or(bytes);
+        let mut rest = unmarked(bytes);
         let (mut lines, mut id, mut got): (Vec<&[u8]>, Option<&[u8]>, Vec<_>) =
             (vec![], None, vec![]);
         let (mut in_block, mut data) = (false, false);
@@ -1156,10 +1228,39 @@ pub(crate) mod tests {
             &["a"],
         );
         // Not a BOM: bytes pass through.
-        check(b"\xEF\xBBx: 1\n\n", b"\xEF\xBBx: 1\n\n", &[]);
+        check(b"\xEF\xBBx: 1\n\n", b"\n\xEF\xBBx: 1\n\n", &[]);
         // A BOM later in the stream is content.
         check(b"\n\xEF\xBB\xBFid: a\n\n", b"\n\xEF\xBB\xBFid: a\n\n", &[]);
-        assert_eq!(run(&[b"\xEF", b"\xBB"]).0, b"\xEF\xBB");
+        assert_eq!(run(&[b"\xEF", b"\xBBx: 1\n\n"]).0, b"\n\xEF\xBBx: 1\n\n");
+        // Every leading BOM and its Latin-1 mojibake `ï»¿`, in any order: each one some reader
+        // strips and another does not.
+        for lead in [
+            "\u{feff}\u{feff}",
+            "\u{ef}\u{bb}\u{bf}",
+            "\u{feff}\u{ef}\u{bb}\u{bf}\u{feff}",
+        ] {
+            let input = format!("{lead}id: a\ndata: x\n\n");
+            check(input.as_bytes(), b"data: x\nid: RA\n\n", &["a"]);
+        }
+        // A partial mark is content, and ends the head: a mark after it is kept. Output that
+        // starts with a mark's first byte gets a blank line first, whatever follows.
+        check(
+            "\u{ef}\u{bb}x\u{feff}: 1\n\n".as_bytes(),
+            "\n\u{ef}\u{bb}x\u{feff}: 1\n\n".as_bytes(),
+            &[],
+        );
+        check(
+            b"\xC3\xAF\xEF\xBB\xBF: 1\n\n",
+            b"\n\xC3\xAF\xEF\xBB\xBF: 1\n\n",
+            &[],
+        );
+        // A mark behind an `id` line the guard moves: WHATWG reads no data there, nor may a
+        // reader that would strip it once it leads the output.
+        for lead in ["\u{feff}", "\u{ef}\u{bb}\u{bf}"] {
+            let input = format!("id: a\n{lead}data: x\n\n");
+            let want = format!("\n{lead}data: x\nid: RA\n\n");
+            check(input.as_bytes(), want.as_bytes(), &["a"]);
+        }
     }
 
     #[test]
@@ -1169,7 +1270,8 @@ pub(crate) mod tests {
             b"data: x\r\nid: R1\r\n\r\n",
             &["1"],
         );
-        check(b"id: 1\rdata: x\r\r", b"data: x\rid: R1\r\n\r", &["1"]);
+        // A CR last gets an LF (TypeScript would wait for one).
+        check(b"id: 1\rdata: x\r\r", b"data: x\rid: R1\r\n\r\n", &["1"]);
         check(
             b"data: x\r\nid: 1\n\r\n",
             b"data: x\r\nid: R1\r\n\r\n",
@@ -1385,11 +1487,29 @@ pub(crate) mod tests {
 
     #[test]
     fn unterminated_block_at_end() {
+        // Never released: Python dispatches one ending in CR; whatever follows must start a line.
         let (out, ids) = run(&[b"data: x\nid: 1\ndata: y"]);
-        assert_eq!(out, b"data: x\ndata: y");
+        assert_eq!(out, b"");
         assert!(ids.is_empty());
-        assert_eq!(run(&[b"data: 1\n\ni"]).0, b"data: 1\n\ni");
+        assert_eq!(run(&[b"data: 1\n\ni"]).0, b"data: 1\n\n");
         assert_eq!(run(&[b"data: 1\n\nid: par"]).0, b"data: 1\n\n");
+        assert_eq!(run(&[b"data: 1\n\ndata: 2\r"]).0, b"data: 1\n\n");
+        // Part of it already out (streamed): the output stays inside a block, and a last CR
+        // gets its LF, so Python does not dispatch it either.
+        let mut rw = Rewriter::streaming(1024);
+        let mut out = Vec::new();
+        rw.push(b"data: 1\n\ndata: 2\r", &mut out, &mut |_, _| {
+            IdAction::Keep
+        });
+        rw.finish(&mut out);
+        assert_eq!(out, b"data: 1\n\ndata: 2\r\n");
+        assert!(rw.output_mid_block());
+        // Its last line gets a line end too: TypeScript would still hold a CR blank line before it.
+        let mut rw = Rewriter::streaming(1024);
+        let mut out = Vec::new();
+        rw.push(b"data: 1\r\rdata: 2", &mut out, &mut |_, _| IdAction::Keep);
+        rw.finish(&mut out);
+        assert_eq!(out, b"data: 1\r\rdata: 2\n");
     }
 
     #[test]
@@ -1402,6 +1522,20 @@ pub(crate) mod tests {
         rw.push(b"lo\n\n", &mut out, &mut |id, _| upper(id));
         assert_eq!(out, b"data: hello\nid: RABC\n\n");
         assert_eq!(rw.held_bytes(), 0);
+    }
+
+    /// A streaming rewriter's output is the holding one's, except that it already released
+    /// the start of an unterminated last block, which the holding one drops (and so may end in
+    /// a CR that got an LF): the same to every client.
+    fn same_but_the_tail(held: &[u8], out: &[u8], streaming: bool) -> bool {
+        if !streaming {
+            return held == out;
+        }
+        let head = match held.ends_with(b"\r\n") {
+            true => &held[..held.len() - 1],
+            false => held,
+        };
+        out.starts_with(head) && relayed_as(&reference(held), &reference(out))
     }
 
     /// Answers every id with `Write` and writes `f(id)`.
@@ -1511,15 +1645,15 @@ pub(crate) mod tests {
         fn stream() -> impl Strategy<Value = Vec<u8>> {
             let block = (prop::collection::vec((line(), eol()), 0..5), eol());
             (
-                any::<bool>(),
+                prop::collection::vec(0..LEAD_MARKS.len(), 0..3),
                 prop::collection::vec(block, 0..6),
                 prop::collection::vec((line(), eol()), 0..2),
                 text(),
             )
-                .prop_map(|(bom, blocks, tail, partial)| {
+                .prop_map(|(lead, blocks, tail, partial)| {
                     let mut s = Vec::new();
-                    if bom {
-                        s.extend_from_slice(&BOM);
+                    for m in lead {
+                        s.extend_from_slice(LEAD_MARKS[m]);
                     }
                     for (lines, end) in blocks {
                         for (l, e) in lines {
@@ -1569,7 +1703,7 @@ pub(crate) mod tests {
             fn replace_maps_ids_and_nothing_else(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
                 let mut act = |id: &str| IdAction::Replace(f(id));
                 let (whole, ids, _) = run_with(&[&s], 1 << 16, &mut act);
-                prop_assert_eq!(reference(&whole), mapped(reference(&s)));
+                prop_assert!(relayed_as(&reference(&whole), &mapped(reference(&s))));
                 let (out, ids2, _) = run_with(&split(&s, &cuts), 1 << 16, &mut act);
                 prop_assert_eq!(&out, &whole);
                 prop_assert_eq!(&ids2, &ids);
@@ -1577,11 +1711,11 @@ pub(crate) mod tests {
                 prop_assert_eq!(&run_with(&bytes, 1 << 16, &mut act).0, &whole);
                 // Keep changes nothing a client can see.
                 let (kept, _, _) = run_with(&split(&s, &cuts), 1 << 16, &mut |_| IdAction::Keep);
-                prop_assert_eq!(reference(&kept), reference(&s));
+                prop_assert!(relayed_as(&reference(&kept), &reference(&s)));
                 // An id written into the output is the same as a replacement, in both modes.
                 for streaming in [false, true] {
                     let (written, ids3) = run_written(&split(&s, &cuts), streaming, &f);
-                    prop_assert_eq!(&written, &whole);
+                    prop_assert!(same_but_the_tail(&whole, &written, streaming));
                     prop_assert_eq!(&ids3, &ids);
                 }
             }
@@ -1629,7 +1763,7 @@ pub(crate) mod tests {
                         prop_assert!(rw.hold.is_empty());
                     }
                     rw.finish(&mut out);
-                    prop_assert_eq!(&out, &held);
+                    prop_assert!(same_but_the_tail(&held, &out, true));
                     prop_assert_eq!(&ids2, &ids);
                     prop_assert_eq!(rw.stats().overflowed_blocks, 0);
                 }
@@ -1641,7 +1775,7 @@ pub(crate) mod tests {
                     rw.push(c, &mut out, &mut |id, _| act(id));
                 }
                 rw.finish(&mut out);
-                prop_assert_eq!(reference(&out), reference(&held_small));
+                prop_assert!(relayed_as(&reference(&held_small), &reference(&out)));
             }
 
             #[test]

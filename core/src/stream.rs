@@ -2,7 +2,7 @@
 use crate::config::Contiguity;
 use crate::cursor::{Cursor, DecodedCursor, Keyring};
 use crate::ownership::{digest_matches, recorded_id, split_recorded, Reason, StreamKind};
-use crate::sse::{IdAction, OnId, Rewriter};
+use crate::sse::{IdAction, LeadStrip, OnId, Rewriter};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use xxhash_rust::xxh3::xxh3_64;
@@ -42,6 +42,8 @@ pub struct StreamState {
     head: Option<Head>,
     /// A dropped assertion ended in a CR at a chunk's end: an LF next belongs to it.
     skip_lf: bool,
+    /// The leading BOM-like marks, removed before the head is read.
+    lead: LeadStrip,
 }
 
 /// Replica ids relayed, in order, in one buffer: relaying an event allocates nothing.
@@ -51,6 +53,10 @@ pub struct RelayedIds {
     /// End of each id in `text`, and the event's content digest.
     ends: Vec<(usize, u64)>,
 }
+
+/// The most ids a continuation remembers as dispatched (16 bytes each, 4 KiB in all, taken
+/// at once with the first).
+const SEEN_CAP: usize = 256;
 
 /// A buffer grown past this by long ids is let go once they are recorded.
 const RELAYED_KEEP_BYTES: usize = 4096;
@@ -97,8 +103,10 @@ struct IdMap {
     next_seq: u64,
     /// Recorded events (id and content digest) the owner must replay next, in order.
     expected: VecDeque<String>,
-    /// The cursor's own event, which some servers (rmcp) send again first.
+    /// The cursor's own replica id (a continuation's): that event was dispatched already.
     echo: Option<String>,
+    /// Drop the cursor's own event when it comes again (rmcp sends it first); else cut.
+    suppress_echo: bool,
     /// The opening request's JSON-RPC id, carried in every cursor of a request stream.
     request_id: Option<String>,
     /// Replica ids relayed since the last `clear_relayed`; their seqs end just before
@@ -110,9 +118,10 @@ struct IdMap {
     plain: u64,
     /// The seq of the cursor to write for the id just answered with [`IdAction::Write`].
     minted: u64,
-    /// A continuation's last relayed event (XXH3 of its replica id, content digest): a replica
-    /// that sends it again at once would have the client dispatch it twice.
-    last: Option<(u64, u64)>,
+    /// A continuation's events the client dispatched (XXH3 of the replica id, content digest):
+    /// the cursor's own once seen, and the last [`SEEN_CAP`] relayed. One sent again is dropped
+    /// whole (same content) or cut (other content), never dispatched twice.
+    seen: VecDeque<(u64, u64)>,
     /// Blocks are held (a continuation), so a repeat can be dropped whole.
     held: bool,
 }
@@ -163,13 +172,15 @@ impl StreamState {
                 rewritten: 0,
                 plain: 0,
                 minted: 0,
-                last: None,
+                seen: VecDeque::new(),
                 held: false,
+                suppress_echo: false,
             },
             cut: false,
             cut_reason: None,
             head: None,
             skip_lf: false,
+            lead: LeadStrip::default(),
         }
     }
 
@@ -191,9 +202,8 @@ impl StreamState {
         s.ids.expected = expected.into();
         s.ids.request_id = cursor.request_id.clone();
         s.ids.held = true;
-        if suppress_echo {
-            s.ids.echo = cursor.replica_event_id.clone();
-        }
+        s.ids.echo = cursor.replica_event_id.clone();
+        s.ids.suppress_echo = suppress_echo;
         // An assertion is read in both modes; `with_contiguity` decides what its absence means.
         s.head = Some(Head::new(
             cursor.replica_event_id.clone().unwrap_or_default(),
@@ -243,7 +253,17 @@ impl StreamState {
         if self.cut {
             return self.after(out);
         }
-        let mut chunk = chunk;
+        let (earlier, chunk) = self.lead.strip(chunk);
+        self.take(keys, earlier, out);
+        self.take(keys, chunk, out);
+        self.after(out)
+    }
+
+    /// Input with the leading marks removed: to the head while it is undecided, else relayed.
+    fn take(&mut self, keys: &Keyring, mut chunk: &[u8], out: &mut Vec<u8>) {
+        if chunk.is_empty() {
+            return;
+        }
         if std::mem::take(&mut self.skip_lf) && chunk.first() == Some(&b'\n') {
             chunk = chunk.get(1..).unwrap_or_default();
         }
@@ -254,7 +274,6 @@ impl StreamState {
             }
             None => self.feed(keys, chunk, out),
         }
-        self.after(out)
     }
 
     fn feed(&mut self, keys: &Keyring, bytes: &[u8], out: &mut Vec<u8>) {
@@ -315,7 +334,9 @@ impl StreamState {
         }
     }
 
-    /// End of stream: flush a held, unterminated block (clients discard it; no id to map).
+    /// End of stream: a held, unterminated block is not released (WHATWG and TypeScript discard
+    /// it, Python dispatches one ending in CR unchecked), so a control event after it starts on
+    /// a line of its own.
     ///
     /// A continuation that ends before relaying a single event while the records hold events
     /// after the cursor did not replay the recorded next event either: it is cut like any other
@@ -323,6 +344,8 @@ impl StreamState {
     /// holds, e.g. a finished call's, with an empty 200.) A replay that stops after some of the
     /// recorded events is an ordinary early close and stays open for the next resume.
     pub fn finish(&mut self, out: &mut Vec<u8>) -> Flow {
+        // A partly matched mark at the very end starts an unterminated block: not released.
+        self.lead.finish();
         if let Some(head) = self.head.take() {
             // The head holds at most one unterminated block, which has no id to map.
             if !self.cut {
@@ -426,15 +449,14 @@ struct Head {
     cursor: String,
     mode: Contiguity,
     max_hold: usize,
-    /// Everything received so far (a leading BOM included): the first block, and what
-    /// followed it in the last chunk.
+    /// Everything received so far: the first block, and what followed it in the last chunk.
     buf: Vec<u8>,
 }
 
 enum HeadStep {
     /// The first block is not complete yet.
     Wait,
-    /// The first block is `buf[start..end]` (only a BOM and blank lines before it).
+    /// The first block is `buf[start..end]` (only blank lines before it).
     First {
         start: usize,
         end: usize,
@@ -467,8 +489,6 @@ struct Block {
     data_lines: usize,
 }
 
-const BOM: &[u8] = b"\xEF\xBB\xBF";
-
 impl Head {
     fn new(cursor: String, mode: Contiguity, max_hold: usize) -> Head {
         Head {
@@ -484,13 +504,8 @@ impl Head {
     /// after it is then a blank line.
     fn scan(&self) -> HeadStep {
         let buf = self.buf.as_slice();
+        // Leading marks were removed before ([`LeadStrip`]).
         let mut at = 0;
-        let n = BOM.iter().zip(buf).take_while(|(a, b)| a == b).count();
-        if n == BOM.len() {
-            at = n;
-        } else if n == buf.len() {
-            return HeadStep::Wait;
-        }
         let mut start = at;
         let mut block = Block::default();
         let mut lines = 0;
@@ -616,21 +631,25 @@ impl IdMap {
         }
         // The records hold ids in recorded form (a digest for long ones).
         let recorded = || recorded_id(id);
-        if let Some(echo) = self.echo.take() {
-            let next = self.expected.front().map(|w| split_recorded(w).0);
-            if echo == id && next != Some(&*recorded()) {
-                return IdAction::DropEvent;
-            }
-        }
         let hash = self.held.then(|| xxh3_64(id.as_bytes()));
-        if let (Some(h), Some((last, last_digest))) = (hash, self.last) {
-            if h == last {
-                // The event just relayed, sent again (ids are unique in a session): dropped
-                // whole; the same id with other data is a reused id, not the next event.
-                return match digest == last_digest {
+        if let Some(h) = hash {
+            if let Some(&(_, seen_digest)) = self.seen.iter().find(|(s, _)| *s == h) {
+                // Dispatched already on this continuation (ids are unique in a session): the
+                // same event again is dropped whole; the same id with other data is a reused
+                // id, not the next event.
+                return match digest == seen_digest {
                     true => IdAction::DropEvent,
                     false => IdAction::Cut,
                 };
+            }
+            let next = self.expected.front().map(|w| split_recorded(w).0);
+            if self.echo.as_deref() == Some(id) && next != Some(&*recorded()) {
+                // The cursor's own event, dispatched before the resume.
+                if !self.suppress_echo {
+                    return IdAction::Cut;
+                }
+                self.remember(h, digest);
+                return IdAction::DropEvent;
             }
         }
         if let Some(want) = self.expected.pop_front() {
@@ -644,8 +663,28 @@ impl IdMap {
         self.next_seq = self.minted.saturating_add(1);
         self.relayed.push(id, digest);
         self.rewritten += 1;
-        self.last = hash.map(|h| (h, digest));
+        if let Some(h) = hash {
+            self.remember(h, digest);
+        }
         IdAction::Write
+    }
+
+    /// Past [`SEEN_CAP`] the oldest is forgotten: see docs/sse-model.md.
+    fn remember(&mut self, hash: u64, digest: u64) {
+        if self.seen.capacity() == 0 {
+            // One allocation per continuation, not one per doubling.
+            self.seen.reserve_exact(SEEN_CAP);
+        }
+        if self.seen.len() >= SEEN_CAP {
+            self.seen.pop_front();
+        }
+        self.seen.push_back((hash, digest));
+    }
+
+    /// True when `id` was dispatched already on this continuation (the cursor's own included).
+    fn repeats(&self, id: &str) -> bool {
+        let h = xxh3_64(id.as_bytes());
+        self.echo.as_deref() == Some(id) || self.seen.iter().any(|(s, _)| *s == h)
     }
 
     /// An event without an id cannot be matched with the recorded next event: it is cut while
@@ -663,15 +702,16 @@ impl IdMap {
     /// A block too long to hold is checked at its end, but by then its bytes are out: only a
     /// cut can still keep it from being dispatched, and that cut carries no control event. So
     /// it may stream only when nothing but its end can decide against it: no recorded event is
-    /// expected (its content could not be compared before it leaves), and it is not the
-    /// cursor's echo as far as its id so far says (an id line later in it still leads to the
-    /// cut). Otherwise the stream is cut with the control event before the block's first byte.
+    /// expected (its content could not be compared before it leaves), and it repeats neither
+    /// the cursor's event nor one relayed, as far as its id so far says (an id line later in it
+    /// still leads to the cut). Otherwise the stream is cut with the control event before the block's first byte.
     fn may_overflow(&self, id: Option<&str>) -> bool {
+        // Without an id yet, a block after a suppressed echo's cursor may still be that echo.
         self.expected.is_empty()
-            && self
-                .echo
-                .as_deref()
-                .is_none_or(|e| id.is_some_and(|i| i != e))
+            && match id {
+                Some(i) => !self.repeats(i),
+                None => !(self.suppress_echo && self.echo.is_some()),
+            }
     }
 
     /// The cursor of the event `on_id` just numbered, base64 written straight into `out`.
@@ -890,6 +930,170 @@ mod tests {
         // A fresh stream may be empty.
         let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
         assert_eq!(finish(&mut s), (String::new(), Flow::Open));
+    }
+
+    /// Feeds `input` to a new `make()` whole and split at every offset, then finishes; the
+    /// output must not depend on the split. Returns it and the flow.
+    fn relayed_split(make: &dyn Fn() -> StreamState, input: &[u8]) -> (String, Flow) {
+        let k = keys();
+        let mut whole: Option<(String, Flow)> = None;
+        for cut in 0..=input.len() {
+            let mut s = make();
+            let mut out = Vec::new();
+            let (a, b) = input.split_at(cut);
+            s.push(&k, a, &mut out);
+            s.push(&k, b, &mut out);
+            let flow = s.finish(&mut out);
+            let got = (String::from_utf8_lossy(&out).into_owned(), flow);
+            match &whole {
+                None => whole = Some(got),
+                Some(w) => assert_eq!(w, &got, "split at {cut}"),
+            }
+        }
+        whole.unwrap()
+    }
+
+    /// The data of each event the client model dispatches from `out`.
+    fn dispatched(out: &str) -> Vec<String> {
+        crate::eventsource::parse(&[out.as_bytes()])
+            .0
+            .into_iter()
+            .map(|d| d.data)
+            .collect()
+    }
+
+    #[test]
+    fn no_event_is_dispatched_twice_on_a_continuation() {
+        let ev = |id: &str, data: &str| format!("id: {id}\ndata: {data}\n\n");
+        let (g1, g2, g3, g4) = (ev("g1", "1"), ev("g2", "2"), ev("g3", "3"), ev("g4", "4"));
+        // The replay, then its first event again (red team 2, dupreplay).
+        let make = || {
+            let expected = vec![recorded("g2", "2"), recorded("g3", "3")];
+            StreamState::continuation(&cursor_at(1, "g1"), expected, true, 4096)
+        };
+        let (out, flow) = relayed_split(&make, format!("{g2}{g3}{g2}{g4}").as_bytes());
+        assert_eq!(
+            (flow, dispatched(&out)),
+            (Flow::Open, vec!["2".into(), "3".into(), "4".into()])
+        );
+        // At the head: the cursor's own event twice (red team 2, echo2), and once more later.
+        let make = || StreamState::continuation(&cursor_at(3, "g3"), vec![], true, 4096);
+        let (out, flow) = relayed_split(&make, format!("{g3}{g3}{g4}{g3}{g4}").as_bytes());
+        assert_eq!(
+            (flow, dispatched(&out)),
+            (Flow::Open, vec!["4".to_string()])
+        );
+        // The same id with other data, after the echo or after it was relayed: cut.
+        let again = |id: &str| format!("id: {id}\ndata: other\n\n");
+        for input in [
+            format!("{g3}{}", again("g3")),
+            format!("{g4}{}", again("g4")),
+        ] {
+            let (out, flow) = relayed_split(&make, input.as_bytes());
+            assert_eq!(flow, Flow::CutReplayMismatch, "{input:?}");
+            assert!(
+                !out.contains("other") && out.ends_with(&control_event(Reason::ReplayMismatch))
+            );
+        }
+        // Without echo suppression the cursor's own event is cut, never relayed anew.
+        let make = || StreamState::continuation(&cursor_at(3, "g3"), vec![], false, 4096);
+        let (out, flow) = relayed_split(&make, format!("{g4}{g3}").as_bytes());
+        assert_eq!(flow, Flow::CutReplayMismatch);
+        assert_eq!(
+            out,
+            format!(
+                "data: 4\nid: {}\n\n{}",
+                ids_of(&out)[0],
+                control_event(Reason::ReplayMismatch)
+            )
+        );
+        // A fresh stream checks nothing: ids are the replica's business there.
+        let make = || StreamState::fresh([1; 8], 1, StreamKind::Get, 4096);
+        let (out, _) = relayed_split(&make, format!("{g1}{g1}").as_bytes());
+        assert_eq!(dispatched(&out).len(), 2);
+    }
+
+    #[test]
+    fn a_continuation_remembers_the_last_relayed_ids_up_to_the_cap() {
+        let k = keys();
+        let mut s = StreamState::continuation(&cursor_at(0, "c"), vec![], true, 4096);
+        let mut out = Vec::new();
+        for i in 0..=SEEN_CAP {
+            s.push(&k, format!("id: e{i}\ndata: {i}\n\n").as_bytes(), &mut out);
+        }
+        let (more, flow) = run(&mut s, &k, "id: e1\ndata: 1\n\nid: e0\ndata: 0\n\n");
+        // e1 is still remembered and dropped; e0, the oldest, was let go (docs/sse-model.md).
+        assert_eq!(
+            (flow, dispatched(&more)),
+            (Flow::Open, vec!["0".to_string()])
+        );
+        assert!(s.ids.seen.len() <= SEEN_CAP);
+    }
+
+    #[test]
+    fn an_unterminated_last_block_is_never_released() {
+        // Red team 2, partialcr: Python would dispatch a final block ending in CR.
+        let make = || {
+            let expected = vec![recorded("g2", "2"), recorded("g3", "3")];
+            StreamState::continuation(&cursor_at(1, "g1"), expected, true, 4096)
+        };
+        let (out, flow) = relayed_split(&make, b"id: g2\ndata: 2\n\ndata: FOREIGN g3\r");
+        assert_eq!(flow, Flow::Open);
+        assert!(!out.contains("FOREIGN") && out.ends_with("\n\n"), "{out:?}");
+        // Red team 2, partialline: what the exchange appends then starts on a line of its own.
+        let make = || StreamState::continuation(&cursor_at(1, "g1"), vec![], true, 4096);
+        for tail in [
+            "event: message\ndata: partial",
+            "data: partial\r",
+            "\u{feff}",
+        ] {
+            let (out, flow) = relayed_split(&make, tail.as_bytes());
+            assert_eq!((flow, out.as_str()), (Flow::Open, ""), "{tail:?}");
+        }
+        let mut s = make();
+        let mut out = Vec::new();
+        s.push(&keys(), b"event: message\ndata: partial", &mut out);
+        s.finish(&mut out);
+        assert!(!s.output_mid_block());
+    }
+
+    #[test]
+    fn leading_bom_like_marks_are_removed_so_every_reader_sees_the_first_field() {
+        // Red team 2, ts-bom2 / ts-mojibom: TypeScript strips two marks, Python none, WHATWG one.
+        let make = || {
+            let expected = vec![recorded("g2", "2")];
+            StreamState::continuation(&cursor_at(1, "g1"), expected, true, 4096)
+        };
+        for lead in [
+            "\u{feff}\u{feff}",
+            "\u{ef}\u{bb}\u{bf}",
+            "\u{feff}\u{ef}\u{bb}\u{bf}",
+        ] {
+            let input = format!("{lead}data: FOREIGN g2\n\n");
+            let (out, flow) = relayed_split(&make, input.as_bytes());
+            assert_eq!(flow, Flow::CutReplayMismatch, "{lead:?}");
+            assert_eq!(out, control_event(Reason::ReplayMismatch), "{lead:?}");
+            // The honest replay behind the same marks continues.
+            let input = format!("{lead}id: g2\ndata: 2\n\n");
+            let (out, flow) = relayed_split(&make, input.as_bytes());
+            assert_eq!(
+                (flow, dispatched(&out)),
+                (Flow::Open, vec!["2".to_string()])
+            );
+        }
+        // Red team 2, tscall-mojiprog: a fresh stream's first id is a cursor too.
+        let k = keys();
+        let make = || StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
+        let (out, _) = relayed_split(
+            &make,
+            "\u{ef}\u{bb}\u{bf}id: r1\ndata: progress\n\n".as_bytes(),
+        );
+        let ids = ids_of(&out);
+        assert_eq!(ids.len(), 1, "{out:?}");
+        assert!(
+            k.decode(&ids[0]).is_ok() && out.starts_with("data: progress"),
+            "{out:?}"
+        );
     }
 
     #[test]

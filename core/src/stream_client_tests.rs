@@ -2,7 +2,9 @@
 //! dispatches from the guard's output on a continuation. Invariant: before a control event,
 //! every dispatched event is exactly the next recorded event, with that event's cursor as the
 //! client's last event id; once the recorded events are through, each later event carries a
-//! cursor of this guard as the client's last event id.
+//! cursor of this guard as the client's last event id; no event is dispatched twice (the
+//! cursor's own included). And the output has nothing the SDK parsers read otherwise than the
+//! model (docs/sse-model.md): no leading BOM-like mark, no CR last.
 use super::tests::keys;
 use super::*;
 use crate::cursor::Cursor;
@@ -41,6 +43,7 @@ fn cursor_of(i: u64) -> DecodedCursor {
 
 /// What a client whose cursor was event `k` ends with.
 struct Run {
+    out: Vec<u8>,
     events: Vec<Dispatch>,
     last_event_id: String,
     flow: Flow,
@@ -77,6 +80,7 @@ fn resume(k: u64, n: u64, echo: bool, max_hold: usize, chunks: &[&[u8]]) -> Run 
     client.feed(&start, &mut events);
     client.feed(&out, &mut events);
     Run {
+        out,
         events,
         last_event_id: client.last_event_id().to_owned(),
         flow,
@@ -93,12 +97,29 @@ fn judge(k: u64, n: u64, run: &Run) -> Result<u64, String> {
             "last event id {id:?} is no cursor of this stream: {other:?}"
         )),
     };
+    // Where TypeScript or Python would read the output otherwise than the model.
+    if run.out.first().is_some_and(|b| [0xEF, 0xC3].contains(b)) || run.out.ends_with(b"\r") {
+        return Err(format!(
+            "output a client reads ambiguously: {:?}",
+            String::from_utf8_lossy(&run.out)
+        ));
+    }
     let mut next = k + 1;
+    let mut dispatched = std::collections::HashSet::new();
+    // The client's last event id before each event (k's cursor at first): an event that leaves
+    // it as it was had no id of its own.
+    let mut before: Option<&str> = None;
     for e in &run.events {
         if e.event == "mcp-resume" {
             break;
         }
         let c = ours(&e.last_event_id)?;
+        let own_id = before != Some(e.last_event_id.as_str()) && (before.is_some() || c.seq != k);
+        before = Some(&e.last_event_id);
+        let replica_id = c.replica_event_id.clone().unwrap_or_default();
+        if own_id && (replica_id == rid(k) || !dispatched.insert(replica_id)) {
+            return Err(format!("dispatched again: {e:?} at {c:?}"));
+        }
         if next <= n {
             let want = (rdata(next), next, Some(rid(next)));
             if (&e.data, c.seq, &c.replica_event_id) != (&want.0, want.1, &want.2) {
@@ -312,6 +333,10 @@ mod props {
         Reset,
         Comment,
         Retry,
+        /// A BOM-like mark ([`crate::sse`]): a client strips it at the head.
+        Mark(bool),
+        /// A block without its blank line (at the end: Python dispatches it if it ends in CR).
+        Unterminated(bool),
     }
 
     fn shape() -> impl Strategy<Value = Shape> {
@@ -347,6 +372,8 @@ mod props {
             1 => Just(Piece::Reset),
             1 => Just(Piece::Comment),
             1 => Just(Piece::Retry),
+            1 => any::<bool>().prop_map(Piece::Mark),
+            1 => any::<bool>().prop_map(Piece::Unterminated),
         ]
     }
 
@@ -391,6 +418,12 @@ mod props {
                 Piece::Reset => s.push_str("id:\n\n"),
                 Piece::Comment => s.push_str(": ping\n\n"),
                 Piece::Retry => s.push_str("retry: 100\n\n"),
+                Piece::Mark(utf8) => s.push_str(if *utf8 { "\u{feff}" } else { "ï»¿" }),
+                Piece::Unterminated(cr) => s.push_str(if *cr {
+                    "data: partial\r"
+                } else {
+                    "event: message\ndata: partial"
+                }),
             }
         }
         s
