@@ -1125,10 +1125,17 @@ impl Exchange {
             }
             _ => return,
         };
-        if stream.cut_reason().is_some() || stream.output_mid_block() {
+        if stream.cut_reason().is_some() {
             return;
         }
         host.count(Stat::Refused(reason), 1);
+        if stream.output_mid_block() {
+            // Part of an unfinished block is out: no signal can follow it, and a clean end
+            // would pass for the replica's own.
+            host.reset_response();
+            self.phase = Phase::Replied;
+            return;
+        }
         out.extend_from_slice(control_event(reason).as_bytes());
         self.settle_tail(w, out, reason);
         self.phase = Phase::Replied;
