@@ -1112,3 +1112,6 @@ mod refusals;
 
 #[path = "exchange_session_tests.rs"]
 mod session_ids;
+
+#[path = "exchange_abandon_tests.rs"]
+mod abandoned;
