@@ -166,6 +166,19 @@ async fn bad_json_and_fields_are_named() {
     )
     .await;
     assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "sideways");
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get", "seq": 1, "registration": "XYZ"}),
+    )
+    .await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "registration",
+    );
     let (st, text) = call(
         &app,
         Method::POST,
