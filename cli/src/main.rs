@@ -342,6 +342,7 @@ fn verdict(a: VerdictArgs) -> Res {
         incarnation: incarnation_hex(d.incarnation),
         kind: d.kind,
         seq: d.seq,
+        registration: None,
     };
     let body = serde_json::to_value(&query).map_err(|e| e.to_string())?;
     let token =

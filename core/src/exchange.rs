@@ -355,6 +355,9 @@ enum Phase {
         token: u32,
         cursor: DecodedCursor,
         started_ms: u64,
+        /// What to record if the store's answer goes unused: the branch it may register for
+        /// this resume must not count as another reader (`Record::Abandoned`).
+        abandon: Record,
     },
     /// Forwarded to the owner with the replica's own id restored.
     Continuing {
@@ -600,19 +603,25 @@ impl Exchange {
             return;
         }
         let Phase::Asking {
-            cursor, started_ms, ..
+            cursor,
+            started_ms,
+            abandon,
+            ..
         } = std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
         };
         let now = host.now_ms();
         host.observe_callout_ms(now.saturating_sub(started_ms));
+        // Only a `new_stream` verdict says for sure that the store registered no branch.
+        let mut refused = false;
         let action = match status {
             // A reset after the callout's headers, or a failure before any response, arrives
             // without headers; Envoy reports timeouts and refused connections as its own 503/504.
             None => self.callout_failed(w, host, &cursor, CalloutFailure::NoResponse),
             Some(200) => {
                 let verdict = body.and_then(|b| serde_json::from_slice(b).ok());
+                refused = matches!(verdict, Some(ResumeVerdict::NewStream { .. }));
                 self.on_verdict(w, host, cursor, verdict)
             }
             Some(_) => self.callout_failed(w, host, &cursor, CalloutFailure::Status),
@@ -621,6 +630,10 @@ impl Exchange {
             // Forwarded to the owner: its response headers are due within the bound.
             let wait = w.config.continuation_headers_timeout_ms;
             self.headers_due = Some(now.saturating_add(wait));
+        } else if !refused {
+            // Not forwarded (a lost or unusable answer, a continue without the replica's id):
+            // a branch the store registered for it would never relay.
+            Self::push_record(w, host, abandon);
         }
         if action == Action::Continue {
             host.resume_request();
@@ -920,6 +933,13 @@ impl Exchange {
     /// the stream. Adapters call this once, when the proxy is done with the request.
     pub fn on_stream_end<H: Host>(&mut self, w: &mut Worker, host: &mut H) {
         self.headers_due = None;
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            // Dropped while its verdict was pending: whatever the store registers for it never
+            // relays. The next tick sends the record (a callout from an ending stream could
+            // be answered to nobody, and the record queue waits for its answer).
+            Phase::Asking { abandon, .. } => Self::push_record(w, host, abandon),
+            other => self.phase = other,
+        }
         if let Some((_, inc)) = &self.record_keys {
             // A word the stream can no longer use must not linger.
             if !w.overtaken.is_empty() {
@@ -1316,11 +1336,13 @@ impl Exchange {
         cursor: DecodedCursor,
         session_id: &[u8],
     ) -> Action {
+        let registration = format!("{:016x}", host.random_u64());
         let query = ResumeQuery {
             session: session_key(session_id),
             incarnation: incarnation_hex(cursor.incarnation),
             kind: cursor.kind,
             seq: cursor.seq,
+            registration: Some(registration),
         };
         let body = match serde_json::to_vec(&query) {
             Ok(b) => b,
@@ -1331,10 +1353,16 @@ impl Exchange {
         match host.dispatch(&o.cluster, &headers, &body, o.timeout_ms) {
             Some(token) => {
                 host.count(Stat::Callouts, 1);
+                let abandon = Record::Abandoned {
+                    session: query.session,
+                    incarnation: query.incarnation,
+                    registration: query.registration.unwrap_or_default(),
+                };
                 self.phase = Phase::Asking {
                     token,
                     cursor,
                     started_ms: host.now_ms(),
+                    abandon,
                 };
                 Action::Pause
             }

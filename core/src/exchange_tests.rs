@@ -1300,3 +1300,6 @@ mod refusals;
 
 #[path = "exchange_session_tests.rs"]
 mod session_ids;
+
+#[path = "exchange_abandon_tests.rs"]
+mod abandoned;

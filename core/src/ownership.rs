@@ -29,6 +29,8 @@ pub const MAX_SEQ: u64 = (1 << 53) - 1;
 pub const SESSION_KEY_CHARS: usize = 32;
 /// Length of an incarnation id: lowercase hex of 8 bytes.
 pub const INCARNATION_CHARS: usize = 16;
+/// Length of a resume's registration token: lowercase hex of 8 bytes.
+pub const REGISTRATION_CHARS: usize = 16;
 /// The first character of a recorded digest; an id that starts with it is recorded by digest.
 pub const DIGEST_MARK: char = '~';
 /// Lowercase hex digits of an event's content digest in its recorded form.
@@ -189,6 +191,12 @@ pub struct ResumeQuery {
     pub kind: StreamKind,
     /// The cursor's per-incarnation sequence number.
     pub seq: u64,
+    /// A token the guard drew for this resume ([`REGISTRATION_CHARS`] lowercase hex): the
+    /// store keeps it with the branch it registers, so a [`Record::Abandoned`] naming it ends
+    /// that branch when the guard never uses the verdict. Absent (older guards): the branch
+    /// can only age out of its registration grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registration: Option<String>,
 }
 
 /// The service's answer to a [`ResumeQuery`].
@@ -300,6 +308,16 @@ pub enum Record {
         session: String,
         incarnation: String,
         branch: u64,
+    },
+    /// A resume whose exchange ended while its verdict was pending (its client dropped it),
+    /// or whose verdict went unused: the branch the store registered for `registration`
+    /// ([`ResumeQuery::registration`]) never relays, so it is ended at once and never counts
+    /// as another reader. It may land before the registration (records and verdict queries
+    /// race): the store then remembers it for a while, and the registration is born ended.
+    Abandoned {
+        session: String,
+        incarnation: String,
+        registration: String,
     },
     /// A continuation to this incarnation's owner failed (owner down or not in the cluster):
     /// its log is lost, so later cursors for it are `owner_unavailable` at once.
@@ -538,6 +556,20 @@ pub fn check_incarnation(field: &str, s: &str) -> Result<(), FieldError> {
     ))
 }
 
+/// A registration token: [`REGISTRATION_CHARS`] lowercase hex digits.
+pub fn check_registration(field: &str, s: &str) -> Result<(), FieldError> {
+    if is_lower_hex(s, REGISTRATION_CHARS) {
+        return Ok(());
+    }
+    Err(field_error(
+        field,
+        format!(
+            "expected {REGISTRATION_CHARS} lowercase hex digits, got {}",
+            shown(s)
+        ),
+    ))
+}
+
 /// `ip:port` in canonical form, since the owner string is an identity (OwnerGone matches it
 /// byte for byte) and Envoy's `upstream.address` is canonical.
 pub fn check_owner(field: &str, s: &str) -> Result<(), FieldError> {
@@ -608,7 +640,11 @@ impl ResumeQuery {
     pub fn validate(&self) -> Result<(), FieldError> {
         check_session("session", &self.session)?;
         check_incarnation("incarnation", &self.incarnation)?;
-        check_seq("seq", self.seq)
+        check_seq("seq", self.seq)?;
+        match &self.registration {
+            Some(r) => check_registration("registration", r),
+            None => Ok(()),
+        }
     }
 }
 
@@ -710,6 +746,15 @@ impl Record {
             } => {
                 check_session("session", session)?;
                 check_incarnation("incarnation", incarnation)
+            }
+            Record::Abandoned {
+                session,
+                incarnation,
+                registration,
+            } => {
+                check_session("session", session)?;
+                check_incarnation("incarnation", incarnation)?;
+                check_registration("registration", registration)
             }
             Record::OwnerGone { owner } => check_owner("owner", owner),
         }

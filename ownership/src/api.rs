@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mcp_resume_core::ownership::{
     BranchAnswer, BranchQuery, FieldError, Record, RecordAck, RejectedRecord, ResumeQuery,
-    ResumeVerdict, BRANCH_PATH, MAX_BATCH_RECORDS, MAX_RECORDS_BODY_BYTES, MAX_SEQ,
+    ResumeVerdict, BRANCH_PATH, MAX_BATCH_RECORDS, MAX_RECORDS_BODY_BYTES,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -149,19 +149,7 @@ fn bad_field(e: FieldError) -> ApiError {
 /// `POST /v1/resume` body -> a valid query.
 pub fn parse_resume_query(bytes: &[u8]) -> Result<ResumeQuery, ApiError> {
     let q: ResumeQuery = parse_json(bytes)?;
-    // The record rules for session and incarnation are the query's rules too.
-    Record::StreamLost {
-        session: q.session.clone(),
-        incarnation: q.incarnation.clone(),
-    }
-    .validate()
-    .map_err(bad_field)?;
-    if q.seq > MAX_SEQ {
-        return Err(ApiError::bad_field(format!(
-            "seq: {} exceeds {MAX_SEQ}",
-            q.seq
-        )));
-    }
+    q.validate().map_err(bad_field)?;
     Ok(q)
 }
 

@@ -11,7 +11,7 @@
 //! - past `max_bytes` (an estimate: string lengths plus a fixed overhead per entry), pending
 //!   entries go first, then the least recently active sessions; their cursors read as
 //!   `session_inactive`, never as a wrong continuation.
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use mcp_resume_core::decision::{IncarnationFacts, SessionState};
@@ -23,7 +23,8 @@ use tokio::sync::watch;
 
 use crate::store::{
     Applied, BranchOpen, CursorId, Facts, IncarnationView, Limits, Refusal, SnapshotQuery, Store,
-    StoreError, StoreStats, BRANCHES_KEPT, HIGH_WATER_PERCENT, REGISTRATION_GRACE_MS, STORE_FULL,
+    StoreError, StoreStats, ABANDONED_KEPT, BRANCHES_KEPT, HIGH_WATER_PERCENT,
+    REGISTRATION_GRACE_MS, STORE_FULL,
 };
 
 /// A record the store did not apply: the named problem and its detail.
@@ -89,6 +90,9 @@ struct Incarnation {
     branches: Option<Branches>,
     /// The highest `first_seq` of `events` that said the seqs before it were trimmed.
     trimmed_below: u64,
+    /// (registration, store ms) of `abandoned` records that came before their registration,
+    /// oldest first: at most [`ABANDONED_KEPT`], none older than [`REGISTRATION_GRACE_MS`].
+    abandoned: VecDeque<(String, u64)>,
 }
 
 /// The branches of one incarnation (docs/forks.md): branch 0 (the first response) and at most
@@ -111,6 +115,8 @@ struct Branch {
     latest: Option<u64>,
     /// When it was registered (store time; 0: branch 0, or back in the table by relaying).
     registered_ms: u64,
+    /// The guard's token for the resume that registered it (`ResumeQuery.registration`).
+    registration: Option<String>,
 }
 
 impl Branches {
@@ -122,6 +128,7 @@ impl Branches {
             first: Some(0),
             latest: None,
             registered_ms: 0,
+            registration: None,
         };
         Branches {
             top: 0,
@@ -130,15 +137,17 @@ impl Branches {
         }
     }
 
-    /// Register the next branch as open, within the table's bound (see [`Branches::prune`]).
-    fn open_next(&mut self, now_ms: u64) -> u64 {
+    /// Register the next branch, within the table's bound (see [`Branches::prune`]): open,
+    /// or ended at once when its resume was already abandoned (`born_ended`).
+    fn open_next(&mut self, now_ms: u64, registration: Option<&str>, born_ended: bool) -> u64 {
         self.top += 1;
         let b = Branch {
-            open: true,
+            open: !born_ended,
             cut: false,
             first: None,
             latest: None,
             registered_ms: now_ms,
+            registration: registration.map(str::to_owned),
         };
         self.kept.insert(self.top, b);
         self.prune(self.top);
@@ -199,6 +208,7 @@ impl Branches {
                 first: None,
                 latest: None,
                 registered_ms: 0,
+                registration: None,
             };
             self.kept.insert(g, b);
             self.prune(g);
@@ -229,6 +239,26 @@ impl Branches {
             b.cut |= told && forked;
         }
         forked
+    }
+
+    /// Ends the open branch that `registration` registered and that never relayed; `false`
+    /// when the table holds none (not registered yet, or pruned).
+    fn abandon(&mut self, registration: &str) -> bool {
+        let found = self
+            .kept
+            .values_mut()
+            .find(|b| b.registration.as_deref() == Some(registration));
+        match found {
+            Some(b) => {
+                // A branch that relayed was used after all (never by this guard's token, but
+                // the rule is the store's, not the guard's word).
+                if b.first.is_none() {
+                    b.open = false;
+                }
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -269,9 +299,36 @@ impl Incarnation {
                 .branches
                 .as_ref()
                 .map_or(0, |b| b.kept.len() * BRANCH_OVERHEAD)
+            + self.abandoned.len() * BRANCH_OVERHEAD
             + self.opened.as_ref().map_or(0, |o| {
                 o.owner.len() + o.request_id.as_ref().map_or(0, String::len)
             })
+    }
+
+    /// An `abandoned` record came before its registration: remembered for the grace period
+    /// (the registration, when it comes, is born ended), within [`ABANDONED_KEPT`].
+    fn remember_abandoned(&mut self, registration: &str, now_ms: u64) {
+        self.forget_abandoned(now_ms);
+        if self.abandoned.iter().any(|(r, _)| r == registration) {
+            return;
+        }
+        if self.abandoned.len() >= ABANDONED_KEPT {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back((registration.to_owned(), now_ms));
+    }
+
+    /// Was `registration` abandoned before it registered? Forgets it either way.
+    fn take_abandoned(&mut self, registration: &str, now_ms: u64) -> bool {
+        self.forget_abandoned(now_ms);
+        let before = self.abandoned.len();
+        self.abandoned.retain(|(r, _)| r != registration);
+        self.abandoned.len() != before
+    }
+
+    fn forget_abandoned(&mut self, now_ms: u64) {
+        self.abandoned
+            .retain(|(_, at)| now_ms.saturating_sub(*at) <= REGISTRATION_GRACE_MS);
     }
 
     /// Insert or replace one map entry, keeping `entry_bytes` exact.
@@ -337,7 +394,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::Events { session, .. }
         | Record::StreamLost { session, .. }
         | Record::OwnerFailed { session, .. }
-        | Record::BranchEnd { session, .. } => Some(session),
+        | Record::BranchEnd { session, .. }
+        | Record::Abandoned { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }
@@ -775,6 +833,25 @@ impl Inner {
             } => {
                 self.end_branch(session, incarnation, *branch, false, now_ms);
             }
+            Record::Abandoned {
+                session,
+                incarnation,
+                registration,
+            } => {
+                // Only an opened incarnation registers branches: nothing to end elsewhere.
+                if let Some(inc) = self
+                    .incarnation_mut(session, incarnation)
+                    .filter(|i| i.opened.is_some())
+                {
+                    let ended = inc
+                        .branches
+                        .as_mut()
+                        .is_some_and(|b| b.abandon(registration));
+                    if !ended {
+                        inc.remember_abandoned(registration, now_ms);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -814,6 +891,7 @@ impl Inner {
         &mut self,
         session: &str,
         incarnation: &str,
+        registration: Option<&str>,
         now_ms: u64,
         limits: &Limits,
     ) -> Option<u64> {
@@ -826,10 +904,12 @@ impl Inner {
             .incarnations
             .get_mut(incarnation)
             .filter(|i| i.opened.is_some())?;
-        let n = inc
-            .branches
-            .get_or_insert_with(Branches::new)
-            .open_next(now_ms);
+        let born_ended = registration.is_some_and(|r| inc.take_abandoned(r, now_ms));
+        let n = inc.branches.get_or_insert_with(Branches::new).open_next(
+            now_ms,
+            registration,
+            born_ended,
+        );
         let after = self.cost_of(session);
         self.bytes = (self.bytes + after).saturating_sub(before);
         self.enforce_caps(session, now_ms, limits);
@@ -1089,12 +1169,13 @@ impl Store for MemoryStore {
         &self,
         session: &str,
         incarnation: &str,
+        registration: Option<&str>,
         now_ms: u64,
     ) -> Result<BranchOpen, StoreError> {
         // One lock holds an incarnation and its table: they cannot be lost apart.
         Ok(self
             .lock()
-            .open_branch(session, incarnation, now_ms, &self.limits)
+            .open_branch(session, incarnation, registration, now_ms, &self.limits)
             .map_or(BranchOpen::Unregistered, BranchOpen::Numbered))
     }
 

@@ -96,6 +96,7 @@ pub fn record_type(r: &Record) -> &'static str {
         Record::OwnerFailed { .. } => "owner_failed",
         Record::OwnerGone { .. } => "owner_gone",
         Record::BranchEnd { .. } => "branch_end",
+        Record::Abandoned { .. } => "abandoned",
     }
 }
 

@@ -102,7 +102,12 @@ async fn with_branch<S: Store>(
     metrics: &Metrics,
 ) -> ResumeVerdict {
     if let ResumeVerdict::Continue { branch, .. } = &mut verdict {
-        let opened = store.open_branch(&q.session, &q.incarnation, now_ms);
+        let opened = store.open_branch(
+            &q.session,
+            &q.incarnation,
+            q.registration.as_deref(),
+            now_ms,
+        );
         let (number, outcome) = match timed(metrics, "open_branch", opened).await {
             Ok(BranchOpen::Numbered(n)) => (Some(n), "registered"),
             Ok(BranchOpen::Unregistered) => (None, "unregistered"),

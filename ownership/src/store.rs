@@ -56,6 +56,11 @@ pub const BRANCHES_KEPT: u64 = 16;
 /// takes the stream from nobody.
 pub const REGISTRATION_GRACE_MS: u64 = 3_000;
 
+/// `abandoned` records an incarnation remembers before their registration came (the oldest
+/// goes first); each for [`REGISTRATION_GRACE_MS`] at most. Made-up tokens cost a session
+/// no more than this.
+pub const ABANDONED_KEPT: usize = BRANCHES_KEPT as usize;
+
 /// Percent of a byte budget above which new sessions are refused.
 pub const HIGH_WATER_PERCENT: usize = 90;
 
@@ -256,7 +261,8 @@ pub trait Store: Send + Sync + 'static {
     /// seqs at or below the recorded head are recorded with other events (id, or digest when
     /// both have one) are refused ([`REJECTED_MISMATCH`](mcp_resume_core::ownership::REJECTED_MISMATCH)) and the incarnation is marked lost;
     /// `events` of an overtaken branch are refused ([`REJECTED_FORKED`](mcp_resume_core::ownership::REJECTED_FORKED), see
-    /// [`Store::open_branch`]). A `branch_end` marks a known branch ended, and does nothing else.
+    /// [`Store::open_branch`]). A `branch_end` marks a known branch ended, and does nothing else;
+    /// an `abandoned` ends the branch its registration registered, or is remembered for it.
     fn apply(
         &self,
         records: &[Record],
@@ -279,10 +285,16 @@ pub trait Store: Send + Sync + 'static {
     /// events are always accepted (a branch the table no longer lists comes back, relaying
     /// from then); an ended branch's events are applied but never move its order. Without a
     /// table (no continuation registered) events are applied as they come.
+    ///
+    /// `registration` (the resume's `ResumeQuery.registration`) is kept with the branch: an
+    /// `abandoned` record naming it ends the branch at once (it never relays, so it is never
+    /// another reader), and one that came first, within [`REGISTRATION_GRACE_MS`], makes the
+    /// branch ended from its registration.
     fn open_branch(
         &self,
         session: &str,
         incarnation: &str,
+        registration: Option<&str>,
         now_ms: u64,
     ) -> impl Future<Output = Result<BranchOpen, StoreError>> + Send;
 

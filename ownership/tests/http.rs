@@ -166,6 +166,19 @@ async fn bad_json_and_fields_are_named() {
     )
     .await;
     assert_error(st, &body, StatusCode::BAD_REQUEST, "bad_field", "sideways");
+    let (st, body) = post(
+        &app,
+        "/v1/resume",
+        json!({"session": S1, "incarnation": A, "kind": "get", "seq": 1, "registration": "XYZ"}),
+    )
+    .await;
+    assert_error(
+        st,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "bad_field",
+        "registration",
+    );
     let (st, text) = call(
         &app,
         Method::POST,
@@ -580,7 +593,13 @@ impl Store for DownStore {
     async fn snapshot(&self, _: SnapshotQuery<'_>, _: u64) -> Result<Facts, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
-    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<BranchOpen, StoreError> {
+    async fn open_branch(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+        _: u64,
+    ) -> Result<BranchOpen, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn end_branch(&self, _: &str, _: &str, _: u64, _: u64) -> Result<bool, StoreError> {
@@ -832,8 +851,14 @@ impl Store for Deaf {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
-    async fn open_branch(&self, s: &str, i: &str, now: u64) -> Result<BranchOpen, StoreError> {
-        self.0.open_branch(s, i, now).await
+    async fn open_branch(
+        &self,
+        s: &str,
+        i: &str,
+        r: Option<&str>,
+        now: u64,
+    ) -> Result<BranchOpen, StoreError> {
+        self.0.open_branch(s, i, r, now).await
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
         self.0.end_branch(s, i, b, now).await
@@ -1054,7 +1079,13 @@ impl Store for NoBranches {
     async fn snapshot(&self, q: SnapshotQuery<'_>, now: u64) -> Result<Facts, StoreError> {
         self.0.snapshot(q, now).await
     }
-    async fn open_branch(&self, _: &str, _: &str, _: u64) -> Result<BranchOpen, StoreError> {
+    async fn open_branch(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+        _: u64,
+    ) -> Result<BranchOpen, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {

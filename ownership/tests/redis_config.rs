@@ -253,7 +253,7 @@ async fn a_full_redis_refuses_new_sessions_first_and_still_answers() {
     assert!(s.stats(T0 + 5).await.unwrap().touch_refused >= 1);
     // A refused branch write is an answer (no number), never a store error.
     assert_eq!(
-        s.open_branch(S1, A, T0 + 5).await,
+        s.open_branch(S1, A, None, T0 + 5).await,
         Ok(mcp_ownership::store::BranchOpen::Unregistered)
     );
     // The stream whose record Redis refused: records_lost, not unknown_stream.

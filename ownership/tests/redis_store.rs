@@ -514,7 +514,7 @@ async fn branch_scripts_wait_for_replicas_like_records() {
     };
     let url = format!("redis://127.0.0.1:{}", server());
     let durable = RedisStore::new(&url, Limits::default(), opts).unwrap();
-    match durable.open_branch(S1, A, T0).await {
+    match durable.open_branch(S1, A, None, T0).await {
         Err(StoreError::Unavailable(m)) => assert!(m.contains("replicas acknowledged"), "{m}"),
         other => panic!("{other:?}"),
     }

@@ -118,6 +118,11 @@ fn valid_record(r: &Record) {
             session,
             incarnation,
             ..
+        }
+        | Record::Abandoned {
+            session,
+            incarnation,
+            ..
         } => assert!(is_session(session) && is_hex(incarnation, 16)),
         Record::OwnerGone { owner } => assert!(is_owner(owner)),
     }

@@ -20,6 +20,7 @@ impl RedisStore {
         incarnation: &str,
         mode: &str,
         branch: u64,
+        registration: Option<&str>,
         now_ms: u64,
     ) -> Result<i64, StoreError> {
         let base = self.session_base(session);
@@ -33,7 +34,8 @@ impl RedisStore {
             .arg(incarnation)
             .arg(branch)
             .arg(self.keep_ms())
-            .arg(BRANCHES_KEPT);
+            .arg(BRANCHES_KEPT)
+            .arg(registration.unwrap_or(""));
         // Waited on by replicas like records: the table shares its incarnation's durability.
         let reply = self
             .exec("branch", &[Placed { key: base, cmd: c }], true)
@@ -48,10 +50,11 @@ impl RedisStore {
         &self,
         session: &str,
         incarnation: &str,
+        registration: Option<&str>,
         now_ms: u64,
     ) -> Result<BranchOpen, StoreError> {
         match self
-            .branch_run(session, incarnation, "open", 0, now_ms)
+            .branch_run(session, incarnation, "open", 0, registration, now_ms)
             .await?
         {
             NOT_OPENED | REFUSED => Ok(BranchOpen::Unregistered),
@@ -70,7 +73,7 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<bool, StoreError> {
         match self
-            .branch_run(session, incarnation, "end", branch, now_ms)
+            .branch_run(session, incarnation, "end", branch, None, now_ms)
             .await?
         {
             0 => Ok(false),

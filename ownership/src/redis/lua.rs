@@ -11,7 +11,7 @@
 //! | `P{S}:i:<inc>` | hash | `o` opened (1), `k` kind (`g`/`r`), `ow` owner, `ep` owner epoch at open, `r` retention, `sq` order (the session's `tk` when its first StreamOpen was applied), `l` lost (1), `ff` and `fl` first and latest `owner_failed` ms since the owner last answered (events, a clean end), `rq` the StreamOpen's JSON-RPC id (raw JSON), `h` head, `tf` the highest `first_seq` of `events` that said seqs before it were trimmed by the guard (a hole below it never fills), `b` 1 once the incarnation has a branch table, `bn` the table's `n` as last written (a table gone, or with another `n`, was lost apart from the incarnation: it is then lost, never renumbered) |
 //! | `P{S}:w:<inc>` | hash | seq → replica event id (recorded form), only `head - max_window < seq <= head` |
 //! | `P{S}:l:<inc>` | hash | seq → full replica id, for the newest `LONG_IDS_KEPT` seqs whose id was long |
-//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest> <registered ms>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0) and when it was registered (0: unknown), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
+//! | `P{S}:b:<inc>` | hash | the incarnation's branches (docs/forks.md), made by the first continuation registered: `n` the highest branch number handed out, `t` the table's relay order (a counter of accepted `events`), `w` the branch whose `events` were recorded last, `a` the `abandoned` records that came before their registration (`"<registration>:<ms>"` entries, oldest first, at most `ABANDONED_KEPT`, each for `REGISTRATION_GRACE_MS`), and branch number → `"<state: 1 open, 0 ended, 2 cut (overtaken)> <first> <latest> <registered ms> <registration>"`, the relay order of its first and latest accepted `events` (-1: none yet; branch 0 starts at 0), when it was registered (0: unknown) and the resume's registration token (optional), for branch 0 and at most `BRANCHES_KEPT` numbers from 1 (ended ones go first, then open ones that never relayed, then the oldest); expires and is deleted with the incarnation |
 //! | `Psessions` | zset | opened session → last write ms (the sweep's index and the session count; not in the session's slot) |
 //! | `Ppending` | zset | pending session → when it appeared (its own cap and TTL; not in the session's slot) |
 //! | `Prefused` | string | set, expiring after the idle TTL, when a write was refused: unknown sessions read `records_lost` |
@@ -20,7 +20,7 @@
 //! Numbers are written with `%d`: Lua's default number-to-string conversion keeps only 14
 //! significant digits, which would round sequence numbers near 2^53.
 
-use crate::store::{BRANCHES_KEPT, REGISTRATION_GRACE_MS};
+use crate::store::{ABANDONED_KEPT, BRANCHES_KEPT, REGISTRATION_GRACE_MS};
 
 /// Helpers shared by every script. `ARGV[1]` is always the key base `P{S}`.
 const PRELUDE: &str = r#"
@@ -58,9 +58,9 @@ local function branches(inc)
       t.top = tonumber(v)
     elseif k == 'w' then
       t.writer = tonumber(v)
-    elseif k ~= 't' then
-      local o, f, l, r = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*)$')
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0} end
+    elseif k ~= 't' and k ~= 'a' then
+      local o, f, l, r, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*) ?(%x*)$')
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reg = g} end
     end
   end
   if not t.top then return nil end
@@ -78,7 +78,29 @@ end
 local function put_branch(inc, g, b)
   local o = '0'
   if b.open then o = '1' elseif b.cut then o = '2' end
-  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0))
+  local reg = ''
+  if b.reg and b.reg ~= '' then reg = ' ' .. b.reg end
+  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0) .. reg)
+end
+-- `abandoned` records that came before their registration (field `a`: "<registration>:<ms>"
+-- entries, oldest first), those within registration_grace; and whether the field exists.
+local function abandoned_list(inc)
+  local raw = redis.call('HGET', bkey(inc), 'a')
+  local out = {}
+  if not raw then return out, false end
+  for r, at in string.gmatch(raw, '(%x+):(%d+)') do
+    if now - tonumber(at) <= registration_grace then out[#out + 1] = {r, at} end
+  end
+  return out, true
+end
+local function put_abandoned(inc, list)
+  if #list == 0 then
+    redis.call('HDEL', bkey(inc), 'a')
+    return
+  end
+  local parts = {}
+  for i, e in ipairs(list) do parts[i] = e[1] .. ':' .. e[2] end
+  redis.call('HSET', bkey(inc), 'a', table.concat(parts, ' '))
 end
 -- Keep at most kept_branches continuations (branch 0 always stays, and `keep`): the first to
 -- go are ended ones, then open ones that never relayed, then the oldest (as the memory store).
@@ -140,7 +162,7 @@ end
 
 /// One record. ARGV: base, now, ttl, max_window, max_incarnations, keep_ms, pending_ttl,
 /// type, fields… Returns what it wrote to: `a` an opened session, `p` a pending one (no
-/// `session_open` yet), `n` nothing (`branch_end`); for a `session_open`: `o` opened now, `k`
+/// `session_open` yet), `n` nothing (`branch_end`, `abandoned`); for a `session_open`: `o` opened now, `k`
 /// already open, `f` refused (no room: ARGV admit was not 1). `events` refused by the arbiter
 /// answer `a` or `p`, a space and the rejection's name (`forked`, `replay_mismatch`).
 const APPLY: &str = r#"
@@ -456,6 +478,33 @@ elseif typ == 'be' then
     if t then end_branch(inc, t, tonumber(ARGV[10]), false) end
   end
   return 'n'
+elseif typ == 'ab' then
+  -- ARGV: ..., inc, registration. Ends the open branch it registered that never relayed, or
+  -- remembers it (within abandoned_kept) so its registration is born ended.
+  local inc, reg = ARGV[9], ARGV[10]
+  if redis.call('HGET', ikey(inc), 'o') ~= '1' or table_lost(inc) then return 'n' end
+  local t = nil
+  if redis.call('HGET', ikey(inc), 'b') == '1' then t = branches(inc) end
+  if t then
+    for g, b in pairs(t.kept) do
+      if b.reg == reg then
+        if b.open and b.first < 0 then
+          b.open = false
+          put_branch(inc, g, b)
+        end
+        return 'n'
+      end
+    end
+  end
+  local list = abandoned_list(inc)
+  for _, e in ipairs(list) do
+    if e[1] == reg then return 'n' end
+  end
+  if #list >= abandoned_kept then table.remove(list, 1) end
+  list[#list + 1] = {reg, fmt(now)}
+  put_abandoned(inc, list)
+  redis.call('PEXPIRE', bkey(inc), keep_ms)
+  return 'n'
 elseif typ == 'of' then
   session_for_write('a')
   touch_inc(ARGV[9])
@@ -588,8 +637,10 @@ for i = 1, #expected do out[#out + 1] = expected[i] end
 return out
 "#;
 
-/// A continuation's branch. ARGV: base, now, ttl, mode, inc, branch, keep_ms, kept.
-/// `open`: registers the next branch of an opened incarnation and returns its number (the
+/// A continuation's branch. ARGV: base, now, ttl, mode, inc, branch, keep_ms, kept,
+/// registration ('' none). `open`: registers the next branch of an opened incarnation (ended
+/// from the start when an `abandoned` record for its registration came first) and returns
+/// its number (the
 /// table, with branch 0, is made by the first), -1 when the incarnation is not opened, -2 when
 /// Redis refused the write (maxmemory), -3 when the table was lost apart from the incarnation
 /// (now marked lost). `end`: marks `branch` ended; returns 1 when another branch numbered 1 or
@@ -614,7 +665,19 @@ if mode == 'open' then
     redis.call('HSET', ik, 'b', '1')
   end
   redis.call('HSET', ik, 'bn', fmt(top))
-  redis.call('HSET', bk, fmt(top), '1 -1 -1 ' .. fmt(now))
+  local state, reg = '1', ARGV[9]
+  if reg ~= '' then
+    local list, had = abandoned_list(inc)
+    if had then
+      local rest = {}
+      for _, e in ipairs(list) do
+        if e[1] == reg then state = '0' else rest[#rest + 1] = e end
+      end
+      put_abandoned(inc, rest)
+    end
+    reg = ' ' .. reg
+  end
+  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. reg)
   if top > kept then
     local t = branches(inc)
     if t then prune(inc, t, top) end
@@ -668,7 +731,7 @@ return 1
 fn branches() -> String {
     format!(
         "local kept_branches = {BRANCHES_KEPT}\nlocal registration_grace = \
-         {REGISTRATION_GRACE_MS}\n{BRANCHES}"
+         {REGISTRATION_GRACE_MS}\nlocal abandoned_kept = {ABANDONED_KEPT}\n{BRANCHES}"
     )
 }
 

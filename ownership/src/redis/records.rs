@@ -51,6 +51,11 @@ impl RedisStore {
                 session,
                 incarnation,
                 ..
+            }
+            | Record::Abandoned {
+                session,
+                incarnation,
+                ..
             } => (session, Some(incarnation.as_str())),
             Record::OwnerGone { .. } => return None,
         };
@@ -132,6 +137,13 @@ impl RedisStore {
                 ..
             } => {
                 c.arg("be").arg(incarnation).arg(branch);
+            }
+            Record::Abandoned {
+                incarnation,
+                registration,
+                ..
+            } => {
+                c.arg("ab").arg(incarnation).arg(registration);
             }
             Record::OwnerGone { .. } => return None,
         }
@@ -479,7 +491,8 @@ fn session_of(r: &Record) -> Option<&str> {
         | Record::Events { session, .. }
         | Record::StreamLost { session, .. }
         | Record::OwnerFailed { session, .. }
-        | Record::BranchEnd { session, .. } => Some(session),
+        | Record::BranchEnd { session, .. }
+        | Record::Abandoned { session, .. } => Some(session),
         Record::OwnerGone { .. } => None,
     }
 }

@@ -177,12 +177,13 @@ impl Store for RedisStore {
         &self,
         session: &str,
         incarnation: &str,
+        registration: Option<&str>,
         now_ms: u64,
     ) -> Result<BranchOpen, StoreError> {
         self.bounded(
             "open_branch",
             self.opts.op_timeout,
-            self.open_branch_inner(session, incarnation, now_ms),
+            self.open_branch_inner(session, incarnation, registration, now_ms),
         )
         .await
     }

@@ -18,7 +18,7 @@ pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
 
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
-use mcp_ownership::store::{Limits, Store, REGISTRATION_GRACE_MS, STORE_FULL};
+use mcp_ownership::store::{Limits, Store, ABANDONED_KEPT, REGISTRATION_GRACE_MS, STORE_FULL};
 use mcp_resume_core::ownership::{
     Reason, Record, ResumeQuery, ResumeVerdict, SessionEnd, StreamKind, REJECTED_FORKED,
     REJECTED_MISMATCH,
@@ -161,6 +161,7 @@ pub fn query(session: &str, inc: &str, kind: StreamKind, seq: u64) -> ResumeQuer
         incarnation: inc.into(),
         kind,
         seq,
+        registration: None,
     }
 }
 
@@ -1588,7 +1589,7 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
     use mcp_ownership::store::BranchOpen::Unregistered;
     let s = make(Limits::default());
     assert_eq!(
-        s.open_branch(S1, A, T0).await.unwrap(),
+        s.open_branch(S1, A, None, T0).await.unwrap(),
         Unregistered,
         "no session"
     );
@@ -1606,12 +1607,12 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
     )
     .await;
     assert_eq!(
-        s.open_branch(S1, C, T0).await.unwrap(),
+        s.open_branch(S1, C, None, T0).await.unwrap(),
         Unregistered,
         "unknown"
     );
     assert_eq!(
-        s.open_branch(S1, D, T0).await.unwrap(),
+        s.open_branch(S1, D, None, T0).await.unwrap(),
         Unregistered,
         "not opened"
     );
@@ -1629,7 +1630,7 @@ pub async fn branch_numbers_per_incarnation<S: Store>(make: impl Fn(Limits) -> S
     assert_eq!(continue_branch(&s, A, 3).await, Some(5));
     // Concurrent continuations: each its own number, none skipped.
     let opened =
-        futures_util::future::join_all((0..12).map(|_| s.open_branch(S1, B, T0 + 1))).await;
+        futures_util::future::join_all((0..12).map(|_| s.open_branch(S1, B, None, T0 + 1))).await;
     let mut got: Vec<u64> = opened
         .into_iter()
         .map(|r| match r.unwrap() {
@@ -1950,6 +1951,107 @@ pub async fn unused_registrations_never_fork_the_reader<S: Store>(make: impl Fn(
         "a registration within the grace: the replica may have handed it the stream"
     );
     assert!(!s.end_branch(S1, A, newer, aged + 20).await.unwrap());
+}
+
+pub fn abandoned(inc: &str, registration: &str) -> Record {
+    let r = Record::Abandoned {
+        session: S1.into(),
+        incarnation: inc.into(),
+        registration: registration.into(),
+    };
+    r.validate().expect("a guard-built record is valid");
+    r
+}
+
+/// S1's request stream `inc` continued at `seq` by a resume the guard tagged `registration`,
+/// resolved at `now`: its branch number (it must continue, registered).
+pub async fn continue_registered<S: Store>(
+    s: &S,
+    inc: &str,
+    seq: u64,
+    registration: &str,
+    now: u64,
+) -> u64 {
+    let mut q = query(S1, inc, StreamKind::Request, seq);
+    q.registration = Some(registration.into());
+    match resolve_branched(s, &q, no_wait(), now).await.verdict {
+        ResumeVerdict::Continue {
+            branch: Some(b), ..
+        } => b,
+        other => panic!("{inc} at {seq} must continue, registered: {other:?}"),
+    }
+}
+
+/// Resumes the guard dropped while their verdict was pending (`abandoned`) are no reader, even
+/// within the registration grace: the real reader's clean end is its replica's own, and its
+/// last cursor continues. An abandon may land before its registration (records and verdict
+/// queries race): the registration is then born ended. Such early abandons are remembered for
+/// the grace only, and at most `ABANDONED_KEPT` per incarnation (the oldest go first).
+pub async fn abandoned_registrations_never_fork_the_reader<S: Store>(make: impl Fn(Limits) -> S) {
+    let s = make(Limits::default());
+    apply(
+        &s,
+        &[
+            open(S1),
+            req_stream(A),
+            req_stream(C),
+            req_stream(D),
+            events(S1, A, 1, 3),
+            events(S1, C, 1, 3),
+            events(S1, D, 1, 3),
+        ],
+    )
+    .await;
+    let reader = continue_registered(&s, A, 3, "00000000000000a1", T0).await;
+    assert_eq!(refusals(&s, &[relayed(A, reader, 4, 5)]).await, [None]);
+    // Dropped retries: one abandoned after its registration, one before.
+    continue_registered(&s, A, 5, "00000000000000b1", T0 + 10).await;
+    apply_at(&s, &[abandoned(A, "00000000000000b1")], T0 + 20).await;
+    apply_at(&s, &[abandoned(A, "00000000000000b2")], T0 + 30).await;
+    continue_registered(&s, A, 5, "00000000000000b2", T0 + 40).await;
+    assert_eq!(refusals(&s, &[relayed(A, reader, 6, 6)]).await, [None]);
+    assert!(
+        !s.end_branch(S1, A, reader, T0 + 100).await.unwrap(),
+        "abandoned registrations are no readers, within the grace too"
+    );
+    let q = query(S1, A, StreamKind::Request, 6);
+    assert_eq!(
+        resolve_with(&s, &q, no_wait(), T0 + 200).await.verdict,
+        cont(OWNER_X, vec![], 6),
+        "its last cursor continues"
+    );
+    // A registration nobody abandoned still counts within its grace.
+    let next = continue_registered(&s, A, 6, "00000000000000a2", T0 + 300).await;
+    continue_registered(&s, A, 6, "00000000000000b3", T0 + 310).await;
+    assert!(s.end_branch(S1, A, next, T0 + 400).await.unwrap());
+
+    // C: an early abandon past the grace is forgotten.
+    let reader = continue_registered(&s, C, 3, "00000000000000a3", T0).await;
+    apply_at(&s, &[abandoned(C, "00000000000000c0")], T0).await;
+    let late = T0 + REGISTRATION_GRACE_MS + 1;
+    continue_registered(&s, C, 3, "00000000000000c0", late).await;
+    assert!(
+        s.end_branch(S1, C, reader, late + 1).await.unwrap(),
+        "an abandon older than the grace no longer ends its registration"
+    );
+    // D: more early abandons than an incarnation keeps: the newest stay, the oldest go.
+    let flood: Vec<Record> = (0..=ABANDONED_KEPT)
+        .map(|i| abandoned(D, &format!("{:016x}", 0xd00 + i)))
+        .collect();
+    apply_at(&s, &flood, T0).await;
+    let reader = continue_registered(&s, D, 3, "00000000000000a4", T0 + 1).await;
+    let newest = format!("{:016x}", 0xd00 + ABANDONED_KEPT);
+    continue_registered(&s, D, 3, &newest, T0 + 2).await;
+    assert!(
+        !s.end_branch(S1, D, reader, T0 + 3).await.unwrap(),
+        "the newest early abandon is kept"
+    );
+    let reader = continue_registered(&s, D, 3, "00000000000000a5", T0 + 4).await;
+    continue_registered(&s, D, 3, &format!("{:016x}", 0xd00), T0 + 5).await;
+    assert!(
+        s.end_branch(S1, D, reader, T0 + 6).await.unwrap(),
+        "the oldest early abandon went for the newer ones"
+    );
 }
 
 /// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
@@ -2309,6 +2411,7 @@ macro_rules! store_suite {
             branch_end_record,
             oldest_branches_dropped,
             unused_registrations_never_fork_the_reader,
+            abandoned_registrations_never_fork_the_reader,
             session_events_budget,
             an_answered_continuation_counts_as_relaying,
             divergent_events_refused,
