@@ -285,6 +285,9 @@ struct ResponseView {
     /// and events from a UTF-8 reading).
     encoded: bool,
     content_length: bool,
+    /// `Content-Type` instances, and whether all of them were exactly [`SSE_CONTENT_TYPE`].
+    content_types: u32,
+    plain_sse_type: bool,
 }
 
 impl ResponseView {
@@ -303,6 +306,8 @@ impl ResponseView {
                 // Every instance: clients join repeated headers (", ") and read the joined value.
                 r.is_sse |= is_event_stream(v);
                 r.encoded |= foreign_charset(v);
+                r.content_types += 1;
+                r.plain_sse_type = r.content_types == 1 && v == SSE_CONTENT_TYPE.as_bytes();
             } else if k.eq_ignore_ascii_case(b"location") {
                 r.location = true;
             } else if k.eq_ignore_ascii_case(b"content-encoding") {
@@ -803,8 +808,11 @@ impl Exchange {
             // Every client then decodes the body as UTF-8, as the guard parses it, whatever the
             // replica's parameters said (a charset form the guard did not recognise included).
             // Removed first: a host's set may replace only the first of repeated instances.
-            host.remove_response_header("content-type");
-            host.set_response_header("content-type", SSE_CONTENT_TYPE);
+            // Already so (the usual answer): no host calls.
+            if !h.plain_sse_type {
+                host.remove_response_header("content-type");
+                host.set_response_header("content-type", SSE_CONTENT_TYPE);
+            }
             self.control_pending = self.refusal.map(|r| r.reason);
             // The rewritten body's length differs; most SSE answers have none to remove.
             if h.content_length {
