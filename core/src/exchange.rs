@@ -1648,11 +1648,16 @@ fn foreign_charset(ct: &[u8]) -> bool {
 
 /// Does a parameter name, its non-token bytes dropped, contain `charset` (ASCII case aside)?
 fn names_charset(name: &[u8]) -> bool {
-    const CHARSET: &[u8] = b"charset";
-    let token: Vec<u8> = name.iter().copied().filter(|b| is_tchar(*b)).collect();
-    token
-        .windows(CHARSET.len())
-        .any(|w| w.eq_ignore_ascii_case(CHARSET))
+    const CHARSET: &[u8; 7] = b"charset";
+    // The last seven token bytes, oldest first: no allocation per header.
+    let mut window = [0u8; 7];
+    let mut seen = 0usize;
+    name.iter().copied().filter(|b| is_tchar(*b)).any(|b| {
+        window.rotate_left(1);
+        window[6] = b.to_ascii_lowercase();
+        seen += 1;
+        seen >= CHARSET.len() && &window == CHARSET
+    })
 }
 
 /// RFC 9110 `tchar`.
