@@ -25,8 +25,9 @@
 //!   chunked (inside an `id` line the check waits for the line's end).
 //! - An id value longer than `max_hold` is dropped without a callback (counted as oversized).
 //! - A leading UTF-8 BOM is consumed and not re-emitted (clients strip one anyway), so a control
-//!   event can be put in front of the output. (Only a stream starting with two BOMs reads
-//!   differently afterwards: its first line, which clients ignored, now parses.)
+//!   event or the `retry:` hint can be put in front of the output. (Only a stream starting with
+//!   two BOMs and nothing in front reads differently afterwards: its first line, which clients
+//!   ignored, now parses.)
 //! - Where removing lines would join a lone CR with a following LF into one line end, the
 //!   blank line is written as CR LF instead, keeping the event boundaries the client sees.
 //!
@@ -1508,7 +1509,7 @@ pub(crate) mod tests {
         }
 
         /// Random SSE streams: optional BOM, blocks of lines with mixed line ends, maybe a tail.
-        fn stream() -> impl Strategy<Value = Vec<u8>> {
+        pub(crate) fn stream() -> impl Strategy<Value = Vec<u8>> {
             let block = (prop::collection::vec((line(), eol()), 0..5), eol());
             (
                 any::<bool>(),
