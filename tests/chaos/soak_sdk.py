@@ -283,7 +283,7 @@ def attribute(recs: list[dict], deaths: list[dict]) -> None:
 def q(values: list[float]) -> str:
     if not values:
         return "-"
-    return f"{pct(values, 0.5) / 1000:.2f} / {pct(values, 0.9) / 1000:.2f} / {max(values) / 1000:.2f}"
+    return " / ".join(f"{v / 1000:.2f}" for v in (pct(values, 0.5), pct(values, 0.9), pct(values, 0.99), max(values)))
 
 
 def ours(r: dict) -> list[str]:
@@ -298,8 +298,8 @@ def sdks(r: dict) -> list[str]:
 
 def summary_rows(groups: dict[str, list[dict]]) -> list[str]:
     rows = ["| client | calls | completed (after a break) | settled | other error | hung | violations | "
-            "SDK's own (stale cursor) | settle from break, s (p50 / p90 / max) | "
-            "settle from death, s (p50 / p90 / max) |",
+            "SDK's own (stale cursor) | settle from break, s (p50 / p90 / p99 / max) | "
+            "settle from death, s (p50 / p90 / p99 / max) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, rs in groups.items():
         c = collections.Counter(r["outcome"] for r in rs)
