@@ -170,6 +170,11 @@ pub struct RawConfig {
     /// answers it itself (`owner_busy`): a hung or stalled owner must not hang the client.
     #[serde(default = "default_continuation_headers_timeout_ms")]
     pub continuation_headers_timeout_ms: u64,
+    /// SSE `retry:` (ms) the guard puts at the head of every request stream it relays, so a
+    /// client whose call's stream breaks reconnects after this delay instead of its SDK's
+    /// default; 0 (default) = none.
+    #[serde(default)]
+    pub client_retry_ms: u64,
 }
 
 fn default_paths() -> Vec<String> {
@@ -207,6 +212,8 @@ pub struct Config {
     pub suppress_cursor_echo: bool,
     pub contiguity: Contiguity,
     pub continuation_headers_timeout_ms: u64,
+    /// The `retry:` hint for request streams (ms); `None`: off.
+    pub client_retry_ms: Option<u64>,
     /// The values taken from the environment (`secret_env`, `token_env`), in field order.
     pub from_env: Vec<EnvRef>,
 }
@@ -367,6 +374,9 @@ impl Config {
                 "must be between 100 and 300000",
             ));
         }
+        if raw.client_retry_ms > 60_000 {
+            return Err(err("client_retry_ms", "must be between 0 (off) and 60000"));
+        }
         let keyring =
             keyring(&raw.keys, env, &mut from_env)?.with_legacy_macs(raw.legacy_cursor_macs);
         Ok(Config {
@@ -381,6 +391,7 @@ impl Config {
             suppress_cursor_echo: raw.suppress_cursor_echo,
             contiguity: raw.contiguity,
             continuation_headers_timeout_ms: raw.continuation_headers_timeout_ms,
+            client_retry_ms: (raw.client_retry_ms > 0).then_some(raw.client_retry_ms),
             from_env,
         })
     }
@@ -691,6 +702,20 @@ mod tests {
             field_of(&json(r#","continuation_headers_timeout_ms":300001"#)),
             field
         );
+    }
+
+    #[test]
+    fn client_retry_hint_is_off_by_default_and_bounded() {
+        let hint =
+            |extra: &str| Config::from_json(json(extra).as_bytes()).map(|c| c.client_retry_ms);
+        assert_eq!(hint(""), Ok(None));
+        assert_eq!(hint(r#","client_retry_ms":0"#), Ok(None));
+        assert_eq!(hint(r#","client_retry_ms":250"#), Ok(Some(250)));
+        assert_eq!(hint(r#","client_retry_ms":60000"#), Ok(Some(60000)));
+        let field = "client_retry_ms";
+        assert_eq!(field_of(&json(r#","client_retry_ms":60001"#)), field);
+        assert_eq!(field_of(&json(r#","client_retry_ms":-1"#)), field);
+        assert_eq!(field_of(&json(r#","client_retry_ms":"250""#)), field);
     }
 
     #[test]

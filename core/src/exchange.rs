@@ -23,6 +23,7 @@ use crate::ownership::{
 use crate::records::{Overtaken, RecordQueue, StreamKey};
 use crate::stream::{control_event, Flow, StreamState};
 use base64::Engine as _;
+use std::io::Write as _;
 
 /// The response header that says a cursor was not honoured.
 pub const MCP_RESUME_HEADER: &str = "mcp-resume";
@@ -396,6 +397,8 @@ pub struct Exchange {
     stream: Option<StreamState>,
     /// Control event still to be sent at the head of the body.
     control_pending: Option<Reason>,
+    /// The `retry:` hint (ms) still to be sent at the head of a request stream's body.
+    retry_pending: Option<u64>,
     /// A cut sent its control event; the next chunk ends the stream.
     cut_sent: bool,
     /// Store keys of this stream's session and incarnation, computed once per stream.
@@ -441,6 +444,7 @@ impl Exchange {
             refusal: None,
             stream: None,
             control_pending: None,
+            retry_pending: None,
             cut_sent: false,
             record_keys: None,
             branch: 0,
@@ -488,7 +492,10 @@ impl Exchange {
     /// Whether the adapter must read the next body chunk and pass it in (otherwise it passes
     /// through untouched and need not be read at all).
     pub fn wants_body(&self) -> bool {
-        self.stream.is_some() || self.control_pending.is_some() || self.cut_sent
+        self.stream.is_some()
+            || self.control_pending.is_some()
+            || self.retry_pending.is_some()
+            || self.cut_sent
     }
 
     /// The request headers, or `None` when the host could not read them.
@@ -819,6 +826,9 @@ impl Exchange {
                 host.remove_response_header("content-length");
             }
             self.open_stream(w, host);
+            // A request stream's client reconnects after the hint, not its SDK's default delay.
+            let request = self.stream.as_ref().map(StreamState::kind) == Some(StreamKind::Request);
+            self.retry_pending = w.config.client_retry_ms.filter(|_| request);
             if matches!(&self.phase, Phase::Continuing { expected, .. } if !expected.is_empty()) {
                 // Events after the cursor are recorded: the headers wait for the first of
                 // them (or the body's end), within the same deadline, so an owner that answers
@@ -860,6 +870,11 @@ impl Exchange {
         // Output held with the headers goes first, now or with a later chunk.
         out.append(&mut self.held);
         let mut ask_end = None;
+        if let Some(ms) = self.retry_pending.take() {
+            // A block that dispatches nothing. The rewriter consumes a leading BOM, which would
+            // otherwise follow the hint into a field name.
+            let _ = write!(out, "retry: {ms}\n\n");
+        }
         if let Some(reason) = self.control_pending.take() {
             out.extend_from_slice(control_event(reason).as_bytes());
         }

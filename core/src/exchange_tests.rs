@@ -1303,3 +1303,6 @@ mod session_ids;
 
 #[path = "exchange_abandon_tests.rs"]
 mod abandoned;
+
+#[path = "exchange_retry_tests.rs"]
+mod retry_hint;

@@ -27,8 +27,9 @@
 //! - Every leading byte-order mark look-alike some client strips ([`LeadStrip`]: any run of UTF-8
 //!   BOMs and of their Latin-1 mojibake `ï»¿`) is consumed and not re-emitted, so every reader
 //!   (WHATWG, the TypeScript and Python SDKs, the guard) reads the same first field, and a
-//!   control event can be put in front of the output. Should the output still start with a
-//!   mark's first byte (an `id` line before it was removed), a blank line goes first.
+//!   control event or the `retry:` hint can be put in front of the output. Should the output
+//!   still start with a mark's first byte (an `id` line before it was removed), a blank line
+//!   goes first.
 //! - An unterminated block at the end is never released: WHATWG and the TypeScript SDK discard
 //!   it, Python dispatches one ending in CR, unchecked. The output ends with an LF (after a last
 //!   CR, or ending the last line of a block partly out), so no reader holds or doubles its last
@@ -1644,7 +1645,7 @@ pub(crate) mod tests {
         }
 
         /// Random SSE streams: optional BOM, blocks of lines with mixed line ends, maybe a tail.
-        fn stream() -> impl Strategy<Value = Vec<u8>> {
+        pub(crate) fn stream() -> impl Strategy<Value = Vec<u8>> {
             let block = (prop::collection::vec((line(), eol()), 0..5), eol());
             (
                 prop::collection::vec(0..LEAD_MARKS.len(), 0..3),

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from chaos import ADMIN_PORTS, ENVOY_PORTS, OWNERSHIP_PORTS, Tally, access_logged, check_access_logs, mark_gone, \
     pct
-from stack.envoy import hcm, set_endpoints
+from stack.envoy import base_envoy_config, hcm, plugin_config, set_endpoints
 from stack.procs import BIN, HOST, REPLICA_PORTS, ROOT, RUNS, Proc, binary
 from stack.services import INTEROP, NODE, PYTHON, py_server
 from stack.topology import Stack
@@ -283,7 +283,7 @@ def attribute(recs: list[dict], deaths: list[dict]) -> None:
 def q(values: list[float]) -> str:
     if not values:
         return "-"
-    return f"{pct(values, 0.5) / 1000:.2f} / {pct(values, 0.9) / 1000:.2f} / {max(values) / 1000:.2f}"
+    return " / ".join(f"{v / 1000:.2f}" for v in (pct(values, 0.5), pct(values, 0.9), pct(values, 0.99), max(values)))
 
 
 def ours(r: dict) -> list[str]:
@@ -298,8 +298,8 @@ def sdks(r: dict) -> list[str]:
 
 def summary_rows(groups: dict[str, list[dict]]) -> list[str]:
     rows = ["| client | calls | completed (after a break) | settled | other error | hung | violations | "
-            "SDK's own (stale cursor) | settle from break, s (p50 / p90 / max) | "
-            "settle from death, s (p50 / p90 / max) |",
+            "SDK's own (stale cursor) | settle from break, s (p50 / p90 / p99 / max) | "
+            "settle from death, s (p50 / p90 / p99 / max) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, rs in groups.items():
         c = collections.Counter(r["outcome"] for r in rs)
@@ -356,6 +356,13 @@ def plot(recs: list[dict], path: Path, title: str) -> bool:
     return True
 
 
+def retry_hint(args) -> int:
+    """The guard's `retry:` hint in this run (ms; 0: none)."""
+    if args.client_retry_ms is not None:
+        return args.client_retry_ms
+    return plugin_config(base_envoy_config(BASE)).get("client_retry_ms", 0)
+
+
 def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally: Tally, notes: list[str],
            started: float, elapsed: float, plotted: Path | None) -> str:
     by_sdk = {s: [r for r in recs if r["sdk"] == s] for s in SDKS if any(r["sdk"] == s for r in recs)}
@@ -384,7 +391,8 @@ def report(args, recs: list[dict], deaths: list[dict], blips: list[dict], tally:
         f"{args.seconds:.0f} s; the last ones end within their {TIMEOUT_MS // 1000} s timeout); seed {args.seed}; "
         f"machine: {os.cpu_count()} cores, {platform.machine()}, shared with other jobs (timings are noisy). "
         f"Binaries: `{os.path.relpath(BIN, ROOT)}`, guard `.wasm` (release).",
-        f"Topology: 2 Envoys (envoy/envoy-ts-affinity.yaml, one cluster per pool) with the guard, 2 ownership "
+        f"Topology: 2 Envoys (envoy/envoy-ts-affinity.yaml, one cluster per pool) with the guard "
+        f"(`client_retry_ms` {retry_hint(args)}), 2 ownership "
         f"instances on one Redis; replicas: {', '.join(f'{len(v)} {k}' for k, v in POOLS.items())}; clients: "
         f"{args.ts_clients} TypeScript SDK 1.32.2, {args.py_clients} Python mcp 2.3.0, {args.rmcp_clients} rmcp "
         f"3.11.0 (rmcp-client), each through a TCP proxy in front of either Envoy.",
@@ -493,6 +501,8 @@ def main() -> int:
     ap.add_argument("--py-store", choices=["session", "process"], default="session",
                     help="the Python servers' event store: one per session, or one per process as the SDK gives "
                          "it (its request stream ids repeat across sessions)")
+    ap.add_argument("--client-retry-ms", type=int, default=None,
+                    help="the guard's client_retry_ms instead of the shipped config's (0: no retry: hint)")
     ap.add_argument("--hung-allowed", action="store_true", help="hung calls are reported but do not fail the run")
     ap.add_argument("--report", type=Path, required=True)
     ap.add_argument("--plot", type=Path, default=None)
@@ -537,7 +547,8 @@ def main() -> int:
         stack.start()
         for _, proc in replicas.values():
             proc.start()
-        stack.use(guard=not args.no_guard)
+        hint = {} if args.client_retry_ms is None else {"client_retry_ms": args.client_retry_ms}
+        stack.use(guard=not args.no_guard, **hint)
         for p in proxies:
             p.start()
         phase("system up")

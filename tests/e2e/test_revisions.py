@@ -150,7 +150,9 @@ def test_2025_11_25_priming_retry_and_polling_every_poll_reaches_the_owner(sdks)
     s = c.call_tool("progress_steps", {"steps": 1, "step_ms": 1})
     raw = s.resp.read().decode()
     s.close()
-    first = raw.replace("\r\n", "\n").split("\n\n")[0].split("\n")
+    # The first block with an id (a guard's `client_retry_ms` hint may come before it).
+    blocks = [b.split("\n") for b in raw.replace("\r\n", "\n").split("\n\n")]
+    first = next(b for b in blocks if any(line.startswith("id:") for line in b))
     fields = dict(line.split(": ", 1) if ": " in line else (line.rstrip(":"), "") for line in first)
     assert fields.get("retry") == "200" and fields.get("data", "") == "", first
     assert i.is_guard_cursor(fields["id"])
