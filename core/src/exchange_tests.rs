@@ -1100,3 +1100,6 @@ fn every_answer_a_client_reads_as_sse_has_its_ids_rewritten() {
 
 #[path = "exchange_refusal_tests.rs"]
 mod refusals;
+
+#[path = "exchange_branch_end_tests.rs"]
+mod branch_end;
