@@ -966,8 +966,10 @@ impl Exchange {
             None => Err(CalloutFailure::NoResponse),
         };
         if answer.is_ok() {
-            // The store marked the branch ended.
-            self.branch_open = false;
+            // The store marked the branch ended. The end goes as a record too, behind the
+            // branch's own records in the queue: one of them landing after the answer would
+            // bring the branch back, open, into a table that let it go (docs/forks.md).
+            self.report_branch_end(w, host);
         }
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
