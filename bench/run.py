@@ -53,21 +53,28 @@ EXTRA_WASM: dict[str, Path] = {}
 NATIVE_DIR: Path | None = None
 # The native floors (bench/floor-native, by filter_name): an empty dynamic module and a body copy.
 NATIVE_FLOORS = {"native-empty": "empty", "native-copy": "copy"}
+# --prev-dir: an earlier build's guards (mcp_resume_guard.wasm, libmcp_resume_guard_native.so) with that build's
+# own ownership service (mcp-ownership, on OWN_PREV: the wire may differ), measured in B3 beside this tree's,
+# alternating round by round. Each configuration here names the one of this tree it stands beside.
+PREV_DIR: Path | None = None
+OWN_PREV = 14202 + P
+PREV_CONFIGS = {"guard-prev": "guard", "native-prev": "native"}
 
 
 def envoy_cfg(kind, guard_wasm, floor_wasm, ports=None, flush_ms=None):
     # envoy.yaml reads its key from MCP_GUARD_KEY_1; the bench signs with the stack's literal test key.
     port, admin = ports or PORTS[kind]
-    ports = {"listener_port": port, "admin_port": admin, "replica_ports": [JSON_UP], "ownership_ports": [OWN]}
-    cfg = envoy_config(guard=kind != "bare", base="envoy.yaml",
-                       wasm=EXTRA_WASM.get(kind, guard_wasm), **ports)
+    ports = {"listener_port": port, "admin_port": admin, "replica_ports": [JSON_UP],
+             "ownership_ports": [OWN_PREV if kind in PREV_CONFIGS else OWN]}
+    wasm = PREV_DIR / "mcp_resume_guard.wasm" if kind == "guard-prev" and PREV_DIR else EXTRA_WASM.get(kind, guard_wasm)
+    cfg = envoy_config(guard=kind != "bare", base="envoy.yaml", wasm=wasm, **ports)
     hcm_ = hcm(cfg)
     g = guard_filter(cfg)
     if flush_ms is not None and g is not None:
         pc = json.loads(config_holder(g)["value"])
         pc["ownership"]["flush_ms"] = flush_ms
         config_holder(g)["value"] = json.dumps(pc)
-    if kind == "native":
+    if kind in ("native", "native-prev"):
         # The dynamic-module filter of envoy/envoy-native.yaml with this config's plugin JSON.
         n = guard_filter(envoy_config(base="envoy-native.yaml", **ports))
         config_holder(n)["value"] = config_holder(g)["value"]
@@ -114,7 +121,7 @@ def Envoy(kind, run_dir, envoy_bin, guard_wasm, floor_wasm, ports=None, name=Non
     not started."""
     e = stack_envoy.Envoy(name or f"envoy-{kind}", envoy_cfg(kind, guard_wasm, floor_wasm, ports, flush_ms),
                           run_dir=run_dir,
-                          envoy_bin=envoy_bin, native_dir=NATIVE_DIR)
+                          envoy_bin=envoy_bin, native_dir=PREV_DIR if kind == "native-prev" else NATIVE_DIR)
     e.kind = kind
     return e
 
@@ -375,8 +382,8 @@ def callgrind(run_dir, envoy_bin, guard_wasm, floor_wasm, quick):
     return res
 
 
-def b3(envoys, bin_dir, rounds, secs, config="guard"):
-    e = envoys[config]
+def b3_setup(e):
+    """Two fresh sessions through Envoy `e` and a cursor of the first that its guard continues."""
     hv = {"mcp-protocol-version": "2025-06-18", "content-type": "application/json",
           "accept": "application/json, text/event-stream"}
     init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}'
@@ -397,36 +404,79 @@ def b3(envoys, bin_dir, rounds, secs, config="guard"):
         st, hs, body = http_req(e.listener_port, "GET", "/mcp?prime=0",
                                 {**hv, "mcp-session-id": sid_a, "last-event-id": cursor})
         if st == 200 and "mcp-resume" not in hs:
-            break
+            return sid_a, sid_b, cursor
         if time.monotonic() > end:
             raise RuntimeError(f"B3: the cursor is not continued: {st} {hs.get('mcp-resume')}")
-    before = e.stats()
-    runs = {"resume": [], "no_cursor": []}
+
+
+def b3(envoys, bin_dir, rounds, secs, config="guard"):
+    return b3_many(envoys, bin_dir, rounds, secs, [config])[config]
+
+
+def b3_many(envoys, bin_dir, rounds, secs, configs):
+    """B3 for each configuration, alternating configurations round by round (and, within a round, the
+    resume with the same GET without a cursor)."""
+    setups = {c: b3_setup(envoys[c]) for c in configs}
+    before = {c: envoys[c].stats() for c in configs}
+    runs = {c: {"resume": [], "no_cursor": []} for c in configs}
     for _ in range(rounds):
-        for kind in ("resume", "no_cursor"):
-            hdr = ["--header", f"mcp-session-id:{sid_a if kind == 'resume' else sid_b}",
-                   "--header", "mcp-protocol-version:2025-06-18"]
-            if kind == "resume":
-                hdr += ["--header", f"last-event-id:{cursor}"]
-            r, cmd = sse_load(bin_dir, ["rate", "--addr", f"{HOST}:{e.listener_port}", "--path", "/mcp?prime=0",
-                                        "--rps", 500, "--secs", secs, "--conns", 1, "--pid", e.pid, *hdr],
-                              secs + 60)
-            r["cpu_us_per_req"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
-            runs[kind].append(r)
-            if kind == "resume" and config == "guard" and not any(c.startswith("B3 resume") for c in COMMANDS):
-                COMMANDS.append("B3 resume: " + rel(cmd).replace(cursor, "<cursor>").replace(str(e.pid), "<envoy pid>"))
-    after = e.stats()
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("mcp_resume_guard.")}
-    out = {k: {"p50_us": med([r["p50_us"] for r in v]), "p99_us": med([r["p99_us"] for r in v]),
-               "cpu_us_per_req": med([r["cpu_us_per_req"] for r in v]),
-               "rate": med([r["count"] / r["secs"] for r in v]),
-               "errors": sum(r["errors"] for r in v)} for k, v in runs.items()}
-    out["added_p99_us"] = med([a["p99_us"] - b["p99_us"] for a, b in zip(runs["resume"], runs["no_cursor"])])
-    out["added_p50_us"] = med([a["p50_us"] - b["p50_us"] for a, b in zip(runs["resume"], runs["no_cursor"])])
-    out["stats"] = {k: v for k, v in d.items() if v}
-    out["runs"] = runs
-    log("B3", out["added_p50_us"], out["added_p99_us"], out["stats"])
-    return out
+        for config in configs:
+            e = envoys[config]
+            sid_a, sid_b, cursor = setups[config]
+            for kind in ("resume", "no_cursor"):
+                hdr = ["--header", f"mcp-session-id:{sid_a if kind == 'resume' else sid_b}",
+                       "--header", "mcp-protocol-version:2025-06-18"]
+                if kind == "resume":
+                    hdr += ["--header", f"last-event-id:{cursor}"]
+                r, cmd = sse_load(bin_dir, ["rate", "--addr", f"{HOST}:{e.listener_port}", "--path", "/mcp?prime=0",
+                                            "--rps", 500, "--secs", secs, "--conns", 1, "--pid", e.pid, *hdr],
+                                  secs + 60)
+                r["cpu_us_per_req"] = r["ticks"] * 1e6 / CLK_TCK / max(r["count"], 1)
+                runs[config][kind].append(r)
+                if kind == "resume" and config == "guard" and not any(c.startswith("B3 resume") for c in COMMANDS):
+                    COMMANDS.append("B3 resume: " + rel(cmd).replace(cursor, "<cursor>")
+                                    .replace(str(e.pid), "<envoy pid>"))
+    res = {}
+    for config in configs:
+        after = envoys[config].stats()
+        d = {k: after.get(k, 0) - before[config].get(k, 0) for k in after if k.startswith("mcp_resume_guard.")}
+        rs = runs[config]
+        out = {k: {"p50_us": med([r["p50_us"] for r in v]), "p99_us": med([r["p99_us"] for r in v]),
+                   "cpu_us_per_req": med([r["cpu_us_per_req"] for r in v]),
+                   "rate": med([r["count"] / r["secs"] for r in v]),
+                   "errors": sum(r["errors"] for r in v)} for k, v in rs.items()}
+        added99 = [a["p99_us"] - b["p99_us"] for a, b in zip(rs["resume"], rs["no_cursor"])]
+        out["added_p99_us"] = med(added99)
+        out["added_p50_us"] = med([a["p50_us"] - b["p50_us"] for a, b in zip(rs["resume"], rs["no_cursor"])])
+        # The spread over rounds: what one median alone can tell.
+        out["added_p99_range_us"] = [min(added99), max(added99)] if added99 else None
+        out["stats"] = {k: v for k, v in d.items() if v}
+        out["runs"] = rs
+        log("B3", config, out["added_p50_us"], out["added_p99_us"], out["stats"])
+        res[config] = out
+    return res
+
+
+def b3_compare_md(res):
+    """Markdown: B3 of this tree's guards beside the --prev-dir guards (one run, alternating)."""
+    rows = []
+    for store, pre in (("embedded", "b3"), ("Redis", "b3_redis")):
+        for build, key in (("Wasm", ""), ("native", "_native")):
+            for which, suffix in (("this tree", ""), ("previous", "_prev")):
+                r = res.get(pre + key + suffix)
+                if not r:
+                    continue
+                rng = r.get("added_p99_range_us") or [None, None]
+                rows.append(f"| {store} | {build} | {which} | {fmt(r['resume']['p50_us'], 0)} | "
+                            f"{fmt(r['resume']['p99_us'], 0)} | {fmt(r['no_cursor']['p99_us'], 0)} | "
+                            f"{fmt(r['added_p50_us'], 0)} | **{fmt(r['added_p99_us'], 0)}** | "
+                            f"{fmt(rng[0], 0)} … {fmt(rng[1], 0)} | {fmt(r['resume']['cpu_us_per_req'])} | "
+                            f"{fmt(r['no_cursor']['cpu_us_per_req'])} | {r['resume']['errors'] + r['no_cursor']['errors']} |")
+    if not rows:
+        return []
+    return ["| store | build | guard | resume p50 µs | resume p99 µs | no-cursor p99 µs | added p50 µs | "
+            "added p99 µs | added p99 range over rounds µs | resume CPU µs/req | no-cursor CPU µs/req | errors |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows]
 
 
 def has_redis(own_bin):
@@ -701,11 +751,12 @@ def write_report(res, path, plots_rel):
         a(f"Guard, mean of the last third over the first third: **{fmt(fl.get('guard_last_third_over_first_third'), 3)}**.")
         a("")
     b3 = res["b3"]
-    heading(a, "## B3 — resumptions (GET with a valid cursor: one callout)")
+    heading(a, "## B3 — resumptions (GET with a valid cursor: one callout, and one at its end)")
     a("500 requests/s over one keep-alive connection (concurrent resumes of one cursor would be forks, and newest "
       "wins), alternating with the same GET without a cursor; latency to the "
       "end of the (short) response, measured by `sse-load rate`. The cursor is continued: the guard decodes it, asks "
-      "the ownership service (embedded store), pins the owner and restores the replica's id.")
+      "the ownership service (embedded store), pins the owner and restores the replica's id; at the response's clean "
+      "end it holds the end and asks the store whether another branch is open (`POST /v1/branch`, docs/forks.md).")
     a("")
     def b3_table(run):
         table_head(a, "request", "p50 µs", "p99 µs", "Envoy CPU µs/req", "req/s", "errors")
@@ -741,6 +792,14 @@ def write_report(res, path, plots_rel):
     else:
         a("Redis store: " + res.get("b3_redis_note", "not measured."))
     a("")
+    md = b3_compare_md(res)
+    if md:
+        a("**Beside the previous guard** (`--prev-dir`: an earlier build's guards with that build's own ownership "
+          "service, measured in the same run, configurations alternating round by round):")
+        a("")
+        for line in md:
+            a(line)
+        a("")
     heading(a, "## B4 — ownership service")
     a(f"![B4]({plots_rel}/b4.png)")
     a("")
@@ -998,6 +1057,9 @@ def main():
     ap.add_argument("--sizes", default="")
     ap.add_argument("--native-dir", type=Path, default=None,
                     help="directory of libmcp_resume_guard_native.so: adds the 'native' configuration")
+    ap.add_argument("--prev-dir", type=Path, default=None,
+                    help="an earlier build (mcp_resume_guard.wasm, libmcp_resume_guard_native.so, mcp-ownership): "
+                         "B3 measured beside it, alternating")
     ap.add_argument("--cg-configs", default="",
                     help="comma list of configurations callgrind measures (default: all), e.g. guard,native")
     a = ap.parse_args()
@@ -1007,6 +1069,11 @@ def main():
         NATIVE_DIR = a.native_dir.resolve()
         PORTS["native"] = (14080 + P, 14081 + P)
         CONFIGS.append("native")
+    if a.prev_dir:
+        global PREV_DIR
+        PREV_DIR = a.prev_dir.resolve()
+        PORTS["guard-prev"] = (14060 + P, 14061 + P)
+        PORTS["native-prev"] = (14070 + P, 14071 + P)
     for i, x in enumerate(a.extra):
         name, _, path = x.partition("=")
         EXTRA_WASM[name] = Path(path).resolve()
@@ -1043,11 +1110,16 @@ def main():
         procs.append(Proc("sse-upstream", [bin_dir / "sse-upstream", "--listen", f"{HOST}:{SSE_UP}"],
                           port=SSE_UP, run_dir=run_dir).start())
         procs.append(Proc("ownership", [a.ownership, "--listen", f"{HOST}:{OWN}"], port=OWN, run_dir=run_dir).start())
+        prev_own = PREV_DIR / "mcp-ownership" if PREV_DIR else None
+        prev_configs = [c for c, mine in PREV_CONFIGS.items() if mine in CONFIGS] if PREV_DIR else []
+        if prev_own:
+            procs.append(Proc("ownership-prev", [prev_own, "--listen", f"{HOST}:{OWN_PREV}"], port=OWN_PREV,
+                              run_dir=run_dir).start())
         envoys = {}
         if a.copy_wasm:
             EXTRA_WASM["copy"] = a.copy_wasm.resolve()
             PORTS["copy"] = (14090 + P, 14091 + P)
-        for c in CONFIGS + (["copy"] if a.copy_wasm else []):
+        for c in CONFIGS + (["copy"] if a.copy_wasm else []) + prev_configs:
             envoys[c] = Envoy(c, run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve()).start()
             procs.append(envoys[c])
         if want("b1"):
@@ -1066,7 +1138,30 @@ def main():
                 res["pad"] = calibrate_pad(envoys, sizes)
             res["instructions"] = callgrind(run_dir, a.envoy, a.guard_wasm.resolve(), a.floor_wasm.resolve(), quick)
         redis_ok = has_redis(a.ownership)
-        if want("b3"):
+        if want("b3") and prev_configs:
+            # This tree's guards and the earlier build's in one run, alternating round by round.
+            b3_secs = secs if quick else 2.0
+            mine = [c for c in ("guard", "native") if c in envoys]
+            order = [x for c in mine for x in (c, next(p for p, m in PREV_CONFIGS.items() if m == c))]
+            names = {"guard": "b3", "native": "b3_native", "guard-prev": "b3_prev", "native-prev": "b3_native_prev"}
+            for c, r in b3_many(envoys, bin_dir, rounds, b3_secs, order).items():
+                res[names[c]] = r
+            if redis_ok:
+                # Both services on one Redis (fresh sessions: no key is shared), on their own ports.
+                for name in ("ownership", "ownership-prev"):
+                    next(p for p in procs if p.name == name).stop()
+                red = start_redis(REDIS, run_dir=run_dir, name="redis")
+                procs.append(red)
+                for name, own_bin, port in (("ownership-redis", a.ownership, OWN),
+                                            ("ownership-prev-redis", prev_own, OWN_PREV)):
+                    procs.append(Proc(name, [own_bin, "--listen", f"{HOST}:{port}", "--store",
+                                             f"redis://{HOST}:{REDIS}"], port=port, run_dir=run_dir).start())
+                for c, r in b3_many(envoys, bin_dir, rounds, b3_secs, order).items():
+                    res[names[c].replace("b3", "b3_redis", 1)] = r
+            md = b3_compare_md(res)
+            (a.out / "b3-compare.md").write_text("\n".join(md) + "\n")
+            log("B3 beside the previous guard:\n" + "\n".join(md))
+        elif want("b3"):
             res["b3"] = b3(envoys, bin_dir, rounds, secs if quick else 2.0)
             if "native" in envoys:
                 res["b3_native"] = b3(envoys, bin_dir, rounds, secs if quick else 2.0, config="native")

@@ -90,6 +90,12 @@ impl Parser {
         &self.last_event_id
     }
 
+    /// Bytes held for the block being read (its line so far, data, type and id): what a
+    /// bounded user checks.
+    pub fn held_bytes(&self) -> usize {
+        self.line.len() + self.data.len() + self.event.len() + self.id_buffer.len()
+    }
+
     /// The last valid `retry:` (all digits), if any.
     pub fn retry(&self) -> Option<u64> {
         self.retry

@@ -14,6 +14,7 @@
 use crate::config::{Config, Policy};
 use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, DecodedCursor};
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
+use crate::eventsource::{Dispatch, Parser};
 use crate::host::{CalloutFailure, Host, LogLevel, Stat};
 use crate::jsonrpc::{split_ids, RequestIdScanner, Scan};
 use crate::ownership::{
@@ -389,6 +390,76 @@ impl Refusal {
     }
 }
 
+/// What the client of a registered request-stream branch dispatched (its own parser over the
+/// guard's output), until the response to every request of the stream went out on the branch.
+/// Only `message` events holding a JSON-RPC response (`jsonrpc` "2.0", `result` or `error`, no
+/// `method`) with a pending id count: anything the client might not take as the answer keeps
+/// the end asking.
+struct CallWatch {
+    parser: Parser,
+    /// Ids (parsed JSON) of the stream's requests still without a response.
+    pending: Vec<serde_json::Value>,
+    /// The dispatched events of the chunk being read (buffer reused).
+    events: Vec<Dispatch>,
+}
+
+impl CallWatch {
+    /// `None` when the stream's request ids are unknown (its end always asks).
+    fn new(carried: Option<&str>) -> Option<Box<CallWatch>> {
+        let pending = split_ids(carried?)?
+            .into_iter()
+            .map(|id| serde_json::from_str(id).ok())
+            .collect::<Option<Vec<serde_json::Value>>>()?;
+        (!pending.is_empty()).then(|| {
+            Box::new(CallWatch {
+                parser: Parser::new(),
+                pending,
+                events: Vec::new(),
+            })
+        })
+    }
+
+    fn answered(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Reads bytes that went out to the client. `false`: the block being read outgrew
+    /// `max_hold` before the call was answered, and the watch ends.
+    fn read(&mut self, out: &[u8], max_hold: usize) -> bool {
+        if self.answered() {
+            return true;
+        }
+        self.parser.feed(out, &mut self.events);
+        let pending = &mut self.pending;
+        for ev in self.events.drain(..) {
+            if !(ev.event.is_empty() || ev.event == "message") {
+                continue;
+            }
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(&ev.data) else {
+                continue;
+            };
+            let batch = match &msg {
+                serde_json::Value::Array(items) => items.as_slice(),
+                one => std::slice::from_ref(one),
+            };
+            for id in batch.iter().filter_map(response_id) {
+                pending.retain(|p| p != id);
+            }
+        }
+        self.answered() || self.parser.held_bytes() <= max_hold
+    }
+}
+
+/// The id of a JSON-RPC response (`None`: not a response).
+fn response_id(m: &serde_json::Value) -> Option<&serde_json::Value> {
+    let o = m.as_object()?;
+    let version = o.get("jsonrpc").and_then(serde_json::Value::as_str) == Some("2.0");
+    let one_outcome = o.contains_key("result") != o.contains_key("error");
+    (version && one_outcome && !o.contains_key("method"))
+        .then(|| o.get("id"))
+        .flatten()
+}
+
 /// One request/response through the guard.
 pub struct Exchange {
     req: RequestInfo,
@@ -411,6 +482,8 @@ pub struct Exchange {
     /// The replica ended this branch; the end is held while the store says (answering this
     /// token) whether another branch of the incarnation is open: then this one was overtaken.
     ending: Option<u32>,
+    /// A registered request-stream branch: whether its call was answered on it.
+    call: Option<Box<CallWatch>>,
     /// When a continuation forwarded to its owner must have its response headers, and, when
     /// a replay is expected, its first replayed event (host clock, ms); `None` once they came
     /// or the exchange ended.
@@ -450,6 +523,7 @@ impl Exchange {
             branch: 0,
             branch_open: false,
             ending: None,
+            call: None,
             headers_due: None,
             awaiting_replay: false,
             holding: false,
@@ -886,19 +960,26 @@ impl Exchange {
             }
             Some(chunk) => match self.overtaken(w) {
                 Some(reason) => self.end_overtaken(w, host, &mut out, reason),
-                // A registered branch's end waits for the store's word before the stream is
-                // finished: an empty replay ended for a newer reader is `forked`, not a mismatch.
-                None if eos && self.branch_open && self.stream.is_some() => {
-                    self.relay(w, host, chunk, false, &mut out);
-                    if !self.cut_sent {
-                        ask_end = self.ask_branch_end(w, host);
-                        if ask_end.is_none() {
-                            let _reset =
-                                self.end_unarbitrated(host, CalloutFailure::Dispatch, &mut out);
+                None => {
+                    // A registered branch's end waits for the store's word before the stream is
+                    // finished: an empty replay ended for a newer reader is `forked`, not a
+                    // mismatch. Not once its call was answered on it: no word can change what
+                    // its client sees (docs/how-it-works.md); `on_stream_end` records the end.
+                    let hold_end = eos && self.branch_open && self.stream.is_some();
+                    self.relay(w, host, chunk, eos && !hold_end, &mut out);
+                    self.watch_call(w, &out);
+                    if hold_end && !self.cut_sent {
+                        if self.call.as_ref().is_some_and(|c| c.answered()) {
+                            self.finish_stream(w, host, &mut out);
+                        } else {
+                            ask_end = self.ask_branch_end(w, host);
+                            if ask_end.is_none() {
+                                let _reset =
+                                    self.end_unarbitrated(host, CalloutFailure::Dispatch, &mut out);
+                            }
                         }
                     }
                 }
-                None => self.relay(w, host, chunk, eos, &mut out),
             },
         }
         if self.awaiting_replay && !self.release_headers(w, eos || ask_end.is_some(), &mut out) {
@@ -1004,6 +1085,16 @@ impl Exchange {
         self.cut(w, out, reason);
     }
 
+    /// Reads what goes out to a registered request-stream branch's client, until its call is
+    /// answered; a block larger than the hold bound ends the watch (the end then asks).
+    fn watch_call(&mut self, w: &Worker, out: &[u8]) {
+        if let Some(call) = self.call.as_mut() {
+            if !call.read(out, w.config.max_event_hold_bytes) {
+                self.call = None;
+            }
+        }
+    }
+
     /// A registered branch whose replica ended it asks the store, once, whether another branch
     /// of the incarnation is open (a replica that hands the stream to a newer reader ends the
     /// older one cleanly: without this its client would see a silent end).
@@ -1033,8 +1124,10 @@ impl Exchange {
             None => Err(CalloutFailure::NoResponse),
         };
         if answer.is_ok() {
-            // The store marked the branch ended.
-            self.branch_open = false;
+            // The store marked the branch ended. The end goes as a record too, behind the
+            // branch's own records in the queue: one of them landing after the answer would
+            // bring the branch back, open, into a table that let it go (docs/forks.md).
+            self.report_branch_end(w, host);
         }
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
@@ -1445,6 +1538,9 @@ impl Exchange {
                 if let (Some(b), Some(sid)) = (branch, self.req.session_id.as_deref()) {
                     self.branch = b;
                     self.branch_open = true;
+                    if cursor.kind == StreamKind::Request {
+                        self.call = CallWatch::new(cursor.request_id.as_deref());
+                    }
                     self.record_keys =
                         Some((session_key(sid), incarnation_hex(cursor.incarnation)));
                 }
