@@ -46,6 +46,29 @@ def connect(source: str) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(h.HOST, h.ENVOY_PORT, timeout=5, source_address=(source, 0))
 
 
+def initialize_others_under(flooder, stop: threading.Event, threads: int = 2) -> list[tuple[str, int, str | None]]:
+    """Runs `flooder(n)` on `threads` threads until `stop`, and meanwhile has every one of OTHERS
+    open a session, spread over FLOOD_S: (source, status, session id) for each."""
+    workers = [threading.Thread(target=flooder, args=(n,), daemon=True) for n in range(threads)]
+    for t in workers:
+        t.start()
+    others = []
+    try:
+        time.sleep(0.5)  # the flood is on
+        for source in OTHERS:
+            conn = connect(source)
+            try:
+                others.append((source, *post(conn, INITIALIZE)))
+            finally:
+                conn.close()
+            time.sleep((FLOOD_S - 0.5) / len(OTHERS))
+    finally:
+        stop.set()
+        for t in workers:
+            t.join(timeout=10)
+    return others
+
+
 def test_one_client_at_any_rate_leaves_other_clients_initialize_alone(fresh):
     cfg = h.envoy_config(base="envoy-production.yaml")
     flood: list[int] = []
@@ -64,23 +87,7 @@ def test_one_client_at_any_rate_leaves_other_clients_initialize_alone(fresh):
             conn.close()
 
     with fresh.own_gateway("envoy-limits", cfg):
-        threads = [threading.Thread(target=flooder, args=(n,), daemon=True) for n in range(2)]
-        for t in threads:
-            t.start()
-        others = []
-        try:
-            time.sleep(0.5)  # the flood is on
-            for source in OTHERS:
-                conn = connect(source)
-                try:
-                    others.append((source, *post(conn, INITIALIZE)))
-                finally:
-                    conn.close()
-                time.sleep((FLOOD_S - 0.5) / len(OTHERS))
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=10)
+        others = initialize_others_under(flooder, stop)
     refused = flood.count(429)
     print(f"\nflood from {FLOODER}: {len(flood)} requests in {FLOOD_S:.0f} s, {refused} refused (429); "
           f"others: {[s for _, s, _ in others]}")

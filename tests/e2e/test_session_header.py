@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
 import harness as h
-from test_deploy_limits import FLOODER, INITIALIZE, OTHERS, connect, post
+from test_deploy_limits import FLOOD_S, FLOODER, INITIALIZE, OTHERS, connect, initialize_others_under
 
-FLOOD_S = 3.0
 RESUME_HEADER = "mcp-resume"
 # (header values, the reason named): each a way around `present_match: false`.
 MALFORMED = [
@@ -61,7 +59,7 @@ def test_a_malformed_session_id_is_refused_and_leaves_other_clients_initialize_a
     flood: list[tuple[int, str | None]] = []
     stop = threading.Event()
 
-    def flooder() -> None:
+    def flooder(_n: int) -> None:
         conn = connect(FLOODER)
         try:
             while not stop.is_set():
@@ -83,23 +81,7 @@ def test_a_malformed_session_id_is_refused_and_leaves_other_clients_initialize_a
                 status, said, body = malformed_post(proto, values)
                 assert (status, said) == (400, f"rejected; reason={reason}"), (proto, values, status, said)
                 assert body.get("id", 0) is None and body["error"]["data"]["reason"] == reason, body
-        threads = [threading.Thread(target=flooder, daemon=True) for _ in range(2)]
-        for t in threads:
-            t.start()
-        others = []
-        try:
-            time.sleep(0.5)  # the flood is on
-            for source in OTHERS:
-                conn = connect(source)
-                try:
-                    others.append((source, *post(conn, INITIALIZE)))
-                finally:
-                    conn.close()
-                time.sleep((FLOOD_S - 0.5) / len(OTHERS))
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=10)
+        others = initialize_others_under(flooder, stop)
         reached = seen()
     answers = {a for a in flood}
     print(f"\nflood of empty Mcp-Session-Id from {FLOODER} ({build}): {len(flood)} requests in {FLOOD_S:.0f} s, "
