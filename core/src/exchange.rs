@@ -390,15 +390,16 @@ impl Refusal {
     }
 }
 
-/// What the client of a registered request-stream branch dispatched (its own parser over the
-/// guard's output), until the response to every request of the stream went out on the branch.
+/// What the client of a request stream (fresh, or a registered branch) dispatched (its own
+/// parser over the guard's output), until the response to every request of the stream went out.
 /// Only `message` events holding a JSON-RPC response (`jsonrpc` "2.0", `result` or `error`, no
 /// `method`) with a pending id count: anything the client might not take as the answer keeps
 /// the end asking.
 struct CallWatch {
     parser: Parser,
-    /// Ids (parsed JSON) of the stream's requests still without a response.
-    pending: Vec<serde_json::Value>,
+    /// Ids of the stream's requests still without a response: parsed JSON to match responses,
+    /// and the raw text the client sent, to settle them with.
+    pending: Vec<(serde_json::Value, String)>,
     /// The dispatched events of the chunk being read (buffer reused).
     events: Vec<Dispatch>,
 }
@@ -408,8 +409,8 @@ impl CallWatch {
     fn new(carried: Option<&str>) -> Option<Box<CallWatch>> {
         let pending = split_ids(carried?)?
             .into_iter()
-            .map(|id| serde_json::from_str(id).ok())
-            .collect::<Option<Vec<serde_json::Value>>>()?;
+            .map(|id| serde_json::from_str(id).ok().map(|v| (v, id.to_owned())))
+            .collect::<Option<Vec<_>>>()?;
         (!pending.is_empty()).then(|| {
             Box::new(CallWatch {
                 parser: Parser::new(),
@@ -421,6 +422,11 @@ impl CallWatch {
 
     fn answered(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// The raw ids of the requests still without a response.
+    fn unanswered(&self) -> impl Iterator<Item = &str> {
+        self.pending.iter().map(|(_, raw)| raw.as_str())
     }
 
     /// Reads bytes that went out to the client. `false`: the block being read outgrew
@@ -443,7 +449,7 @@ impl CallWatch {
                 one => std::slice::from_ref(one),
             };
             for id in batch.iter().filter_map(response_id) {
-                pending.retain(|p| p != id);
+                pending.retain(|(p, _)| p != id);
             }
         }
         self.answered() || self.parser.held_bytes() <= max_hold
@@ -482,7 +488,7 @@ pub struct Exchange {
     /// The replica ended this branch; the end is held while the store says (answering this
     /// token) whether another branch of the incarnation is open: then this one was overtaken.
     ending: Option<u32>,
-    /// A registered request-stream branch: whether its call was answered on it.
+    /// A request stream (fresh, or a registered branch): whether its calls were answered on it.
     call: Option<Box<CallWatch>>,
     /// When a continuation forwarded to its owner must have its response headers, and, when
     /// a replay is expected, its first replayed event (host clock, ms); `None` once they came
@@ -967,7 +973,6 @@ impl Exchange {
                     // its client sees (docs/how-it-works.md); `on_stream_end` records the end.
                     let hold_end = eos && self.branch_open && self.stream.is_some();
                     self.relay(w, host, chunk, eos && !hold_end, &mut out);
-                    self.watch_call(w, &out);
                     if hold_end && !self.cut_sent {
                         if self.call.as_ref().is_some_and(|c| c.answered()) {
                             self.finish_stream(w, host, &mut out);
@@ -1085,8 +1090,9 @@ impl Exchange {
         self.cut(w, out, reason);
     }
 
-    /// Reads what goes out to a registered request-stream branch's client, until its call is
-    /// answered; a block larger than the hold bound ends the watch (the end then asks).
+    /// Reads what goes out to a request stream's client, until its calls are answered; a block
+    /// larger than the hold bound ends the watch (the end then falls back: see
+    /// `settle_unanswered_end`, and a registered branch's end asks).
     fn watch_call(&mut self, w: &Worker, out: &[u8]) {
         if let Some(call) = self.call.as_mut() {
             if !call.read(out, w.config.max_event_hold_bytes) {
@@ -1226,6 +1232,8 @@ impl Exchange {
             }
         };
         self.after_relay(w, host, flow, out);
+        // `out` holds all this chunk sends (with what went before the relayed bytes).
+        self.watch_call(w, out);
         if eos {
             self.settle_unanswered_end(w, host, out);
         }
@@ -1234,29 +1242,41 @@ impl Exchange {
     /// The response ended: the stream's held bytes and its end checks go out.
     fn finish_stream<H: Host>(&mut self, w: &mut Worker, host: &mut H, out: &mut Vec<u8>) {
         if let Some(stream) = self.stream.as_mut() {
+            let start = out.len();
             let flow = stream.finish(out);
             self.after_relay(w, host, flow, out);
+            self.watch_call(w, out.get(start..).unwrap_or_default());
             self.settle_unanswered_end(w, host, out);
         }
     }
 
     /// A request stream ended without its call's response and without a cursor to resume
     /// from: a continuation that relayed no event (the client would resume into the same empty
-    /// answer, `replay_missing`), or a fresh stream that relayed nothing at all (the replica
-    /// ended it before answering; the client has no cursor, `response_missing`). Its end says
-    /// so and settles the call. A fresh stream that relayed a priming id is left alone: the
-    /// client resumes from it.
+    /// answer, `replay_missing`), or a fresh stream that relayed no id (the replica ended it
+    /// before answering, maybe after id-less notifications; the client has no cursor,
+    /// `response_missing`). Its end says so and settles the calls still unanswered: those the
+    /// watch saw no response to, or, when it gave up (ids unknown, a block over the hold
+    /// bound), all of them if nothing at all was relayed. A fresh stream that relayed an id
+    /// (a priming event) is left alone: the client resumes from it.
     fn settle_unanswered_end<H: Host>(&mut self, w: &Worker, host: &mut H, out: &mut Vec<u8>) {
         let Some(stream) = self.stream.as_ref() else {
             return;
         };
+        let watch = self.call.as_deref();
         let reason = match &self.phase {
             Phase::Continuing { cursor, .. }
                 if cursor.kind == StreamKind::Request && stream.rewritten() == 0 =>
             {
                 Reason::ReplayMissing
             }
-            Phase::Idle if stream.kind() == StreamKind::Request && stream.relayed_events() == 0 => {
+            Phase::Idle
+                if stream.kind() == StreamKind::Request
+                    && stream.rewritten() == 0
+                    && match watch {
+                        Some(c) => !c.answered(),
+                        None => stream.relayed_events() == 0,
+                    } =>
+            {
                 Reason::ResponseMissing
             }
             _ => return,
@@ -1273,7 +1293,13 @@ impl Exchange {
             return;
         }
         out.extend_from_slice(control_event(reason).as_bytes());
-        self.settle_tail(w, out, reason);
+        match (reason, watch) {
+            // Only the calls the client has no response to: a batch's answered ones are done.
+            (Reason::ResponseMissing, Some(c)) => {
+                out.extend_from_slice(settle_events(reason, c.unanswered()).as_bytes());
+            }
+            _ => self.settle_tail(w, out, reason),
+        }
         self.phase = Phase::Replied;
     }
 
@@ -1667,6 +1693,10 @@ impl Exchange {
                     StreamKind::Request => self.req.request_id.clone(),
                     StreamKind::Get => None,
                 };
+                // Its end settles the calls left without a response (`settle_unanswered_end`).
+                if kind == StreamKind::Request {
+                    self.call = CallWatch::new(request_id.as_deref());
+                }
                 let s =
                     StreamState::fresh(binding, inc, kind, max_hold).with_request_id(request_id);
                 (s, inc_hex)
@@ -1801,24 +1831,31 @@ fn encoded(value: Option<&[u8]>) -> bool {
 /// back as the raw JSON text the client sent, never re-parsed (`null` when the guard does not
 /// know it).
 pub fn settle_event(reason: Reason, request_ids: Option<&str>) -> String {
-    let error = serde_json::json!({
+    let ids = request_ids
+        .and_then(split_ids)
+        .unwrap_or_else(|| vec!["null"]);
+    settle_events(reason, ids.into_iter())
+}
+
+/// The JSON-RPC error that settles a refused request stream's call.
+fn settle_error(reason: Reason) -> serde_json::Value {
+    serde_json::json!({
         "code": REFUSED_CODE,
         "message": format!(
             "Last-Event-ID not honoured ({reason}): this request's stream cannot be resumed. \
              The call's outcome is unknown: it may or may not have run; do not assume either"
         ),
         "data": { "resumed": false, "reason": reason.as_str() }
-    });
-    let ids = request_ids
-        .and_then(split_ids)
-        .unwrap_or_else(|| vec!["null"]);
-    ids.iter()
-        .map(|id| {
-            format!(
-                "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n\n"
-            )
-        })
-        .collect()
+    })
+}
+
+/// [`settle_event`] for the raw request ids `ids`.
+fn settle_events<'a>(reason: Reason, ids: impl Iterator<Item = &'a str>) -> String {
+    let error = settle_error(reason);
+    ids.map(|id| {
+        format!("event: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n\n")
+    })
+    .collect()
 }
 
 /// The 409 body of a rejection (JSON-RPC error shape, `id: null`).

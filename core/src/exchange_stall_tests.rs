@@ -4,6 +4,17 @@ use super::*;
 
 /// A fresh POST (request id 9) answered `200 text/event-stream`, whose body is `body` then ends.
 fn fresh_post_ending(body: &str) -> (MockHost, String) {
+    fresh_call_ending(r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#, body)
+}
+
+/// A fresh POST of `call` answered `200 text/event-stream`, whose body is `body` then ends.
+fn fresh_call_ending(call: &str, body: &str) -> (MockHost, String) {
+    fresh_call_chunks(call, &[body, ""])
+}
+
+/// A fresh POST of `call` answered `200 text/event-stream`, whose body is `chunks`, the last
+/// one ending it.
+fn fresh_call_chunks(call: &str, chunks: &[&str]) -> (MockHost, String) {
     let mut w = worker();
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
@@ -13,11 +24,17 @@ fn fresh_post_ending(body: &str) -> (MockHost, String) {
         ("mcp-session-id", SID),
     ]);
     rq(&mut ex, &mut w, &mut host, &post);
-    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#;
     ex.on_request_body(Some(call.as_bytes()), true);
     rs(&mut ex, &mut w, &mut host, &sse_ok());
-    bd(&mut ex, &mut w, &mut host, body.as_bytes(), false);
-    bd(&mut ex, &mut w, &mut host, b"", true);
+    for (i, chunk) in chunks.iter().enumerate() {
+        bd(
+            &mut ex,
+            &mut w,
+            &mut host,
+            chunk.as_bytes(),
+            i + 1 == chunks.len(),
+        );
+    }
     let out = body_str(&host);
     (host, out)
 }
@@ -55,11 +72,10 @@ fn a_request_stream_that_ends_inside_a_block_already_partly_out_is_reset() {
 #[test]
 fn a_fresh_request_stream_with_a_priming_id_or_an_answer_is_left_alone() {
     // A priming event: the client resumes from its cursor (SEP-1699 polling).
-    // An answer without an id, or a bare `id:`: something came; the guard cannot tell more.
+    // The answer, without an id: the call is settled by the replica.
     for body in [
         "id: p1\ndata:\n\n",
         "data: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n\n",
-        "id:\ndata: x\n\n",
     ] {
         let (host, out) = fresh_post_ending(body);
         assert!(!out.contains("mcp-resume"), "{out}");
@@ -73,6 +89,108 @@ fn a_fresh_request_stream_with_a_priming_id_or_an_answer_is_left_alone() {
     rs(&mut ex, &mut w, &mut host, &sse_ok());
     bd(&mut ex, &mut w, &mut host, b"", true);
     assert_eq!(body_str(&host), "");
+}
+
+const PROGRESS: &str =
+    "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n";
+
+/// The settling errors in `out` after the `response_missing` signal: their ids.
+fn settled_ids(out: &str) -> Vec<serde_json::Value> {
+    let signal = control_event(Reason::ResponseMissing);
+    let Some((_, tail)) = out.split_once(signal.as_str()) else {
+        return Vec::new();
+    };
+    messages(tail)
+        .iter()
+        .inspect(|m| assert_eq!(m["error"]["data"]["reason"], "response_missing", "{out}"))
+        .map(|m| m["id"].clone())
+        .collect()
+}
+
+#[test]
+fn a_fresh_request_stream_that_ends_after_id_less_notifications_settles_its_call() {
+    // A progress notification (no id, no `event:`), then the replica ends before answering.
+    for body in [
+        PROGRESS.to_owned(),
+        format!(": ping\n\n{PROGRESS}{PROGRESS}"),
+        // A response to another id, or one the client would not take as a response.
+        "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{}}\n\n".to_owned(),
+        "data: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{},\"error\":{}}\n\n".to_owned(),
+        "event: other\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n\n".to_owned(),
+    ] {
+        let (host, out) = fresh_post_ending(&body);
+        assert!(out.starts_with(&body), "{out}");
+        assert_eq!(settled_ids(&out), [serde_json::json!(9)], "{out}");
+        assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 1);
+    }
+    // A bare `id:` clears the client's cursor: it holds none.
+    let (_, out) = fresh_post_ending("id:\ndata: x\n\n");
+    assert_eq!(settled_ids(&out), [serde_json::json!(9)], "{out}");
+}
+
+#[test]
+fn an_answered_or_resumable_fresh_request_stream_is_left_alone() {
+    for body in [
+        // The response, without an id, after a notification; an error answers too.
+        format!("{PROGRESS}data: {{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{}}}}\n\n"),
+        "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,\"error\":{}}\n\n".to_owned(),
+        // A priming id, then only notifications: the client holds a cursor and resumes.
+        format!("id: p1\ndata:\n\n{PROGRESS}"),
+    ] {
+        let (host, out) = fresh_post_ending(&body);
+        assert!(!out.contains("mcp-resume"), "{out}");
+        assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 0);
+        // The answer in the chunk that ends the stream is read before the end is judged.
+        let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#;
+        let (_, out) = fresh_call_chunks(call, &[&body]);
+        assert!(!out.contains("mcp-resume"), "{out}");
+    }
+}
+
+#[test]
+fn a_batch_whose_stream_ends_settles_only_its_unanswered_calls() {
+    let call = r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":"x","method":"b"},{"jsonrpc":"2.0","id":3,"method":"c"}]"#;
+    // One answered alone, one inside a batch answer: only "x" is left.
+    let body = format!(
+        "{PROGRESS}data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{}}}}\n\n\
+         data: [{{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{{}}}}]\n\n"
+    );
+    let (host, out) = fresh_call_ending(call, &body);
+    assert!(out.starts_with(&body), "{out}");
+    assert_eq!(settled_ids(&out), [serde_json::json!("x")], "{out}");
+    assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 1);
+    // All answered: nothing.
+    let all = format!("{body}data: {{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"result\":{{}}}}\n\n");
+    let (host, out) = fresh_call_ending(call, &all);
+    assert_eq!(out, all);
+    assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 0);
+}
+
+#[test]
+fn a_watch_past_its_bound_keeps_the_old_rule() {
+    // A notification that outgrows the hold bound across chunks ends the watch: something was
+    // relayed, so the end is left alone, as before the watch.
+    let w = worker();
+    let big = format!(
+        "data: {{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":\"{}\"}}",
+        "x".repeat(w.config.max_event_hold_bytes + 10)
+    );
+    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#;
+    let (host, out) = fresh_call_chunks(call, &[&big, "\n\n", ""]);
+    assert_eq!(out, format!("{big}\n\n"));
+    assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 0);
+    // Ids the guard cannot read (`null`): the same old rule, an empty stream still settles.
+    // The same block whole in one chunk is read: not an answer, so the call is settled.
+    let (_, out) = fresh_call_ending(call, &format!("{big}\n\n"));
+    assert_eq!(settled_ids(&out), [serde_json::json!(9)]);
+    let call = r#"{"jsonrpc":"2.0","method":"tools/call"}"#;
+    let (_, out) = fresh_call_ending(call, PROGRESS);
+    assert!(!out.contains("mcp-resume"), "{out}");
+    let (_, out) = fresh_call_ending(call, "");
+    assert!(
+        out.contains(&control_event(Reason::ResponseMissing)),
+        "{out}"
+    );
 }
 
 /// A request stream's continuation at seq 3 with `e4` recorded after the cursor; its owner
