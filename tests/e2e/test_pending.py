@@ -301,3 +301,25 @@ def test_a_fresh_request_stream_that_ends_with_nothing_settles_the_call(fresh, p
     assert msg["id"] == CALL_ID and msg["error"]["code"] == -32010, msg
     assert msg["error"]["data"] == {"resumed": False, "reason": "response_missing"}, msg
     assert all(e.id is None for e in evs), evs
+
+
+PROGRESS = (b'data: {"jsonrpc":"2.0","method":"notifications/progress",'
+            b'"params":{"progressToken":1,"progress":1}}\n\n')
+
+
+def test_a_fresh_request_stream_that_ends_after_a_notification_settles_the_call(fresh, pending_envoy):
+    # A progress notification (no id), then the replica ends before the response: the client
+    # holds no cursor, and its parser dispatched no answer.
+    c = h.Client()
+    with AnswersNothing(PENDING_PORT, b"progress-only", PROGRESS):
+        c.initialize()
+        s = call(c, "slow", {})
+        evs = s.read_all()
+        s.close()
+    assert [e.event for e in evs] == ["message", "mcp-resume", "message"], evs
+    assert evs[0].json()["method"] == "notifications/progress", evs
+    assert evs[1].json() == {"resumed": False, "reason": "response_missing"}, evs
+    msg = evs[2].json()
+    assert msg["id"] == CALL_ID and msg["error"]["code"] == -32010, msg
+    assert msg["error"]["data"] == {"resumed": False, "reason": "response_missing"}, msg
+    assert all(e.id is None for e in evs), evs
