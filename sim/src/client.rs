@@ -66,6 +66,14 @@ impl Logical {
                 Kind::Call(c) => !c.settled,
             }
     }
+
+    /// Whether a network drop may hit this stream: it dispatched something, and is not a call
+    /// whose client holds no cursor (it could not resume it: its loss would be the network's,
+    /// not the guard's; a replica that sends a call id-less notifications, `idless-progress`).
+    pub fn droppable(&self) -> bool {
+        self.expect.last.is_some()
+            && !(matches!(self.kind, Kind::Call(_)) && self.last_id.is_empty())
+    }
 }
 
 /// What one client connection is for.

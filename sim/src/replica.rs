@@ -43,13 +43,16 @@ pub enum Behaviour {
     /// A stream's first resume is answered 503 (a blip), every later one as `correct` does
     /// (issue 30, 2: a blip that healed must not become a loss later).
     Blip,
+    /// A call's notifications before its response carry no id line at all (progress with
+    /// nothing to resume from): a stream cut before its response leaves the client no cursor.
+    IdlessProgress,
     /// Paces every stream from one replica-wide random stream, so one session's traffic shifts
     /// another's timing: not a fault of the guard; it proves invariant 4's check can fail.
     SharedPace,
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 16] = [
+    pub const ALL: [Behaviour; 17] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -66,6 +69,7 @@ impl Behaviour {
         Behaviour::Mangle,
         Behaviour::SharedPace,
         Behaviour::Blip,
+        Behaviour::IdlessProgress,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +90,7 @@ impl Behaviour {
             Behaviour::Mangle => "mangle-replay",
             Behaviour::SharedPace => "shared-pace",
             Behaviour::Blip => "blip",
+            Behaviour::IdlessProgress => "idless-progress",
         }
     }
 
@@ -465,6 +470,7 @@ impl Replica {
         let bare = self.has(Behaviour::IdsWithoutData);
         let large = self.has(Behaviour::Large);
         let counter_ids = self.has(Behaviour::Forget);
+        let idless = self.has(Behaviour::IdlessProgress);
         let s = self.streams.get_mut(&uid)?;
         let r = &mut s.rng;
         if s.left == 0 {
@@ -487,6 +493,7 @@ impl Replica {
         };
         let mut bytes = Vec::new();
         match &id {
+            _ if idless && s.call_id.is_some() && !last => {}
             Some(id) => {
                 bytes.extend_from_slice(b"id: ");
                 bytes.extend_from_slice(id.as_bytes());

@@ -143,9 +143,7 @@ impl World {
             .enumerate()
             // Drops hit the bytes of an answer: a client waiting for headers waits (its own
             // request timeout is the SDK's, past the oracle's bound).
-            .filter(|(_, l)| {
-                l.expect.last.is_some() && l.conn.is_some_and(|k| self.conns[k].cc.status != 0)
-            })
+            .filter(|(_, l)| l.droppable() && l.conn.is_some_and(|k| self.conns[k].cc.status != 0))
             .map(|(i, _)| i)
             .collect();
         if reading.is_empty() {
@@ -502,7 +500,7 @@ impl World {
         }
         // Drop at any byte: the client reads a prefix and goes.
         let drop = self.clients[c].logicals[l].conn == Some(conn)
-            && self.clients[c].logicals[l].expect.last.is_some()
+            && self.clients[c].logicals[l].droppable()
             && self.clients[c].rng.chance(self.opts.drop_per_mille);
         if drop {
             let keep = self.clients[c].rng.index(bytes.len() + 1);
