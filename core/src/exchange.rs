@@ -1293,13 +1293,9 @@ impl Exchange {
             return;
         }
         out.extend_from_slice(control_event(reason).as_bytes());
-        match (reason, watch) {
-            // Only the calls the client has no response to: a batch's answered ones are done.
-            (Reason::ResponseMissing, Some(c)) => {
-                out.extend_from_slice(settle_events(reason, c.unanswered()).as_bytes());
-            }
-            _ => self.settle_tail(w, out, reason),
-        }
+        // Only the calls the client has no response to: a batch's answered ones are done.
+        let unanswered = watch.filter(|_| reason == Reason::ResponseMissing);
+        self.settle_tail_of(w, out, reason, unanswered);
         self.phase = Phase::Replied;
     }
 
@@ -1432,6 +1428,18 @@ impl Exchange {
     /// After a cut's control event in `out`: a request stream the client relies on also gets
     /// the error that settles its pending call. Not after `forked`: the newer branch goes on.
     fn settle_tail(&self, w: &Worker, out: &mut Vec<u8>, reason: Reason) {
+        self.settle_tail_of(w, out, reason, None);
+    }
+
+    /// [`Self::settle_tail`] for the calls `watch` saw no response to (`None`: every call of
+    /// the stream).
+    fn settle_tail_of(
+        &self,
+        w: &Worker,
+        out: &mut Vec<u8>,
+        reason: Reason,
+        watch: Option<&CallWatch>,
+    ) {
         let Some(stream) = self.stream.as_ref() else {
             return;
         };
@@ -1439,7 +1447,11 @@ impl Exchange {
             && w.config.policy.request_stream == Policy::Settle
             && reason != Reason::Forked;
         if settles && out.ends_with(control_event(reason).as_bytes()) {
-            out.extend_from_slice(settle_event(reason, stream.request_id()).as_bytes());
+            let events = match watch {
+                Some(c) => settle_events(reason, c.unanswered()),
+                None => settle_event(reason, stream.request_id()),
+            };
+            out.extend_from_slice(events.as_bytes());
         }
     }
 

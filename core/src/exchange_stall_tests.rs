@@ -15,7 +15,11 @@ fn fresh_call_ending(call: &str, body: &str) -> (MockHost, String) {
 /// A fresh POST of `call` answered `200 text/event-stream`, whose body is `chunks`, the last
 /// one ending it.
 fn fresh_call_chunks(call: &str, chunks: &[&str]) -> (MockHost, String) {
-    let mut w = worker();
+    fresh_call_under(worker(), call, chunks)
+}
+
+/// [`fresh_call_chunks`] through the guard of worker `w`.
+fn fresh_call_under(mut w: Worker, call: &str, chunks: &[&str]) -> (MockHost, String) {
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
     let post = hdrs(&[
@@ -123,6 +127,16 @@ fn a_fresh_request_stream_that_ends_after_id_less_notifications_settles_its_call
         assert_eq!(settled_ids(&out), [serde_json::json!(9)], "{out}");
         assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 1);
     }
+    // Under policy `reject` the end is signalled, no call settled by the guard (as when
+    // nothing came).
+    let reject = Worker::new(config(r#","policy":{"request_stream":"reject"}"#));
+    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#;
+    let (_, out) = fresh_call_under(reject, call, &[PROGRESS, ""]);
+    assert!(
+        out.ends_with(&control_event(Reason::ResponseMissing)),
+        "{out}"
+    );
+    assert!(messages(&out).is_empty(), "{out}");
     // A bare `id:` clears the client's cursor: it holds none.
     let (_, out) = fresh_post_ending("id:\ndata: x\n\n");
     assert_eq!(settled_ids(&out), [serde_json::json!(9)], "{out}");
