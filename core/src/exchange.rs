@@ -1271,7 +1271,7 @@ impl Exchange {
             }
             Phase::Idle
                 if stream.kind() == StreamKind::Request
-                    && stream.rewritten() == 0
+                    && stream.cursors_kept() == 0
                     && match watch {
                         Some(c) => !c.answered(),
                         None => stream.relayed_events() == 0,

@@ -58,6 +58,33 @@ fn a_fresh_request_stream_that_ends_with_nothing_settles_its_call() {
 }
 
 #[test]
+fn a_fresh_request_stream_that_leaves_no_client_a_cursor_settles_its_call() {
+    // Blocks that dispatch nothing and leave the TypeScript SDK no id (an id-only block's id is
+    // lost to it), ids the guard drops, a block the replica never finished (held, so never out).
+    for body in [
+        "id: p1\n\n",
+        "data:\n\n",
+        "data: \n\n",
+        "id:\ndata:\n\n",
+        "id: a\0b\ndata:\n\n",
+        "event: ping\ndata: x\n\n",
+        "data: {\"jsonrpc\"",
+        "id: r1\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,",
+    ] {
+        let (host, out) = fresh_post_ending(body);
+        let msgs = messages(&out);
+        assert_eq!(msgs.len(), 1, "{body:?}: {out}");
+        assert_eq!(msgs[0]["id"], serde_json::json!(9), "{body:?}");
+        assert_eq!(msgs[0]["error"]["data"]["reason"], "response_missing");
+        assert!(!host.effects.contains(&Effect::ResetResponse), "{body:?}");
+        assert!(
+            !out.contains("jsonrpc\"\n") && !out.contains("\"id\":9,\n"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
 fn a_request_stream_that_ends_inside_a_block_already_partly_out_is_reset() {
     // Too long to hold: part of the block goes out before the body ends inside it.
     let body = format!("data: {}", "x".repeat(200_000));

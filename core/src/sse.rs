@@ -200,6 +200,9 @@ pub struct RewriterStats {
     pub nul_ids: u64,
     /// `id` lines dropped because their value is longer than `max_hold`.
     pub oversized_ids: u64,
+    /// Blocks written with a new id that also have a `data` field: the ids every client keeps
+    /// (the TypeScript SDK's parser drops the id of a block without one).
+    pub ids_kept: u64,
 }
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
@@ -805,6 +808,9 @@ impl Rewriter {
                 Lf::Out
             }
             Some(IdAction::Write) => {
+                if self.has_data {
+                    self.stats.ids_kept += 1;
+                }
                 self.flush_content(chunk, out);
                 emit(&mut self.last_out, out, b"id: ");
                 let at = out.len();

@@ -152,9 +152,15 @@ impl OnId for Minter<'_> {
 
 impl StreamState {
     /// A new incarnation: its first event gets seq 1. Nothing is ever dropped or cut on a
-    /// fresh stream, so its events stream through without being held.
+    /// fresh stream, so a GET stream's events stream through without being held. A request
+    /// stream's blocks are held to their end (up to `max_hold`): one the replica leaves
+    /// unfinished is then never out, so the end can still settle the call.
     pub fn fresh(session: [u8; 8], incarnation: u64, kind: StreamKind, max_hold: usize) -> Self {
-        Self::new(Rewriter::streaming(max_hold), session, incarnation, kind)
+        let rewriter = match kind {
+            StreamKind::Request => Rewriter::new(max_hold),
+            StreamKind::Get => Rewriter::streaming(max_hold),
+        };
+        Self::new(rewriter, session, incarnation, kind)
     }
 
     fn new(rewriter: Rewriter, session: [u8; 8], incarnation: u64, kind: StreamKind) -> Self {
@@ -429,6 +435,12 @@ impl StreamState {
     /// Events rewritten so far.
     pub fn rewritten(&self) -> u64 {
         self.ids.rewritten
+    }
+
+    /// Cursors written on blocks with a `data` field: the ones every client holds after the
+    /// stream (an id-only block's id is lost to the TypeScript SDK).
+    pub fn cursors_kept(&self) -> u64 {
+        self.rewriter.stats().ids_kept
     }
 
     /// Events relayed so far, with a cursor or without (a block a client may dispatch; a bare
