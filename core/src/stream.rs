@@ -122,8 +122,8 @@ struct IdMap {
     /// the cursor's own once seen, and the last [`SEEN_CAP`] relayed. One sent again is dropped
     /// whole (same content) or cut (other content), never dispatched twice.
     seen: VecDeque<(u64, u64)>,
-    /// Blocks are held (a continuation), so a repeat can be dropped whole.
-    held: bool,
+    /// A continuation: repeats are judged (its blocks are held, so one can be dropped whole).
+    continuation: bool,
 }
 
 /// The rewriter's view of a stream: decides at each id, then writes its cursor into the output.
@@ -179,7 +179,7 @@ impl StreamState {
                 plain: 0,
                 minted: 0,
                 seen: VecDeque::new(),
-                held: false,
+                continuation: false,
                 suppress_echo: false,
             },
             cut: false,
@@ -207,7 +207,7 @@ impl StreamState {
         s.ids.next_seq = cursor.seq.saturating_add(1);
         s.ids.expected = expected.into();
         s.ids.request_id = cursor.request_id.clone();
-        s.ids.held = true;
+        s.ids.continuation = true;
         s.ids.echo = cursor.replica_event_id.clone();
         s.ids.suppress_echo = suppress_echo;
         // An assertion is read in both modes; `with_contiguity` decides what its absence means.
@@ -643,7 +643,7 @@ impl IdMap {
         }
         // The records hold ids in recorded form (a digest for long ones).
         let recorded = || recorded_id(id);
-        let hash = self.held.then(|| xxh3_64(id.as_bytes()));
+        let hash = self.continuation.then(|| xxh3_64(id.as_bytes()));
         if let Some(h) = hash {
             if let Some(&(_, seen_digest)) = self.seen.iter().find(|(s, _)| *s == h) {
                 // Dispatched already on this continuation (ids are unique in a session): the
