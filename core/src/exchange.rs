@@ -1802,14 +1802,13 @@ fn foreign_charset(ct: &[u8]) -> bool {
 /// Does a parameter name, its non-token bytes dropped, contain `charset` (ASCII case aside)?
 fn names_charset(name: &[u8]) -> bool {
     const CHARSET: &[u8; 7] = b"charset";
-    // The last seven token bytes, oldest first: no allocation per header.
+    // The last seven token bytes, oldest first (zeros until filled, never `charset`): no
+    // allocation per header.
     let mut window = [0u8; 7];
-    let mut seen = 0usize;
     name.iter().copied().filter(|b| is_tchar(*b)).any(|b| {
         window.rotate_left(1);
         window[6] = b.to_ascii_lowercase();
-        seen += 1;
-        seen >= CHARSET.len() && &window == CHARSET
+        &window == CHARSET
     })
 }
 
