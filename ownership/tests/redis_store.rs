@@ -32,28 +32,7 @@ static SERVER: OnceLock<Mutex<Child>> = OnceLock::new();
 fn server() -> u16 {
     let port = port();
     SERVER.get_or_init(|| {
-        let script = format!(
-            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-             --daemonize no --loglevel warning & rp=$!; \
-             while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done; \
-             kill $rp 2>/dev/null; wait $rp",
-            parent = std::process::id()
-        );
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start redis-server (is it installed? `make tools`)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not open 127.0.0.1:{port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = redis_test_server::start(port, "").expect("redis-server");
         Mutex::new(child)
     });
     port

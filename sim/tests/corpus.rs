@@ -3,9 +3,7 @@
 //! (+ `E2E_PORT_OFFSET`; or `SIM_REDIS_URL`'s), stopped when the test exits; without
 //! redis-server they are skipped, said on stderr (`SIM_REQUIRE_REDIS=1` fails instead).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
 
 use mcp_sim::options::Options;
 use mcp_sim::run::{differential, non_interference, run};
@@ -24,37 +22,10 @@ struct Entry {
 /// A redis-server for the corpus, under a watchdog shell that stops it (by pid) once this
 /// process is gone; `None` when redis-server is not installed.
 fn start_redis(port: u16) -> Option<Child> {
-    let installed = Command::new("sh")
-        .args(["-c", "command -v redis-server"])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !installed {
+    if !redis_test_server::installed() {
         return None;
     }
-    let script = format!(
-        "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-         --daemonize no --loglevel warning & rp=$!; \
-         while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done; \
-         kill $rp 2>/dev/null; wait $rp",
-        parent = std::process::id()
-    );
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start redis-server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "redis-server did not open 127.0.0.1:{port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(child)
+    Some(redis_test_server::start(port, "").expect("redis-server"))
 }
 
 /// The Redis URL for `--store redis` lines, and the server this test started (if it did).

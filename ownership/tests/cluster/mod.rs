@@ -6,7 +6,7 @@
 
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -76,30 +76,12 @@ impl Cluster {
 
     fn spawn(&self, port: u16) {
         let d = self.dir.display();
-        let script = format!(
-            "redis-server --port {port} --bind 127.0.0.1 --cluster-enabled yes \
-             --cluster-config-file {d}/nodes-{port}.conf --cluster-node-timeout 1000 \
-             --cluster-replica-validity-factor 0 --dir {d} --dbfilename dump-{port}.rdb \
-             --save '' --appendonly no --daemonize no --loglevel warning & rp=$!; \
-             while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done; \
-             kill $rp 2>/dev/null; wait $rp",
-            parent = std::process::id()
+        let extra = format!(
+            "--cluster-enabled yes --cluster-config-file {d}/nodes-{port}.conf \
+             --cluster-node-timeout 1000 --cluster-replica-validity-factor 0 --dir {d} \
+             --dbfilename dump-{port}.rdb"
         );
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start redis-server (is it installed? `make tools`)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not open 127.0.0.1:{port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = redis_test_server::start(port, &extra).expect("redis-server");
         self.nodes.lock().unwrap().push((port, child));
     }
 
