@@ -853,6 +853,25 @@ def report(args, tally: Tally, mem: dict, started: float, elapsed: float, timeli
     return "\n".join(lines)
 
 
+
+def fresh_run(name: str) -> Path:
+    """An empty state directory under .runs/ for one soak, and no access logs of an earlier one."""
+    import shutil
+    state_dir = RUNS / name
+    shutil.rmtree(state_dir, ignore_errors=True)
+    (state_dir / "sessions").mkdir(parents=True)
+    for i in range(2):
+        (RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
+    return state_dir
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (make interrupted, a CI timeout) ends a soak like Ctrl-C: its `finally` stops every
+    process it started, by pid."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=600)
@@ -874,20 +893,11 @@ def main() -> int:
         args.ts_clients = max(2, args.clients // 10)
     rng = random.Random(args.seed)
     tally = Tally()
-    state_dir = RUNS / "chaos-state"
-    import shutil
-    shutil.rmtree(state_dir, ignore_errors=True)
-    (state_dir / "sessions").mkdir(parents=True)
-    for i in range(2):
-        (RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
+    state_dir = fresh_run("chaos-state")
     system = System(args.store, state_dir, tally)
     stop = threading.Event()
 
-    # SIGTERM (make interrupted, a CI timeout) ends the run like Ctrl-C: the finally below stops
-    # every process this soak started, by pid.
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_sigterm()
     started = time.time()
     t0 = time.monotonic()
     ok = False

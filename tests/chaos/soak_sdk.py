@@ -36,7 +36,6 @@ import os
 import platform
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,8 +43,8 @@ import threading
 import time
 from pathlib import Path
 
-from chaos import ADMIN_PORTS, ENVOY_PORTS, OWNERSHIP_PORTS, Tally, access_logged, check_access_logs, mark_gone, \
-    pct
+from chaos import ADMIN_PORTS, ENVOY_PORTS, OWNERSHIP_PORTS, Tally, access_logged, check_access_logs, fresh_run, \
+    mark_gone, pct, stop_on_sigterm
 from stack.envoy import base_envoy_config, hcm, plugin_config, set_endpoints
 from stack.procs import BIN, HOST, REPLICA_PORTS, ROOT, RUNS, Proc, binary
 from stack.services import INTEROP, NODE, PYTHON, py_server
@@ -511,11 +510,7 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tally = Tally()
-    state_dir = RUNS / "soak-sdk-state"
-    shutil.rmtree(state_dir, ignore_errors=True)
-    (state_dir / "sessions").mkdir(parents=True)
-    for i in range(2):
-        (RUNS / f"chaos-envoy{i}-access.log").unlink(missing_ok=True)
+    state_dir = fresh_run("soak-sdk-state")
     stack = Stack(state_dir, upstreams=[(HOST, p) for ports in POOLS.values() for p in ports],
                   ownership_ports=OWNERSHIP_PORTS, store="redis", gateways=2, envoy_ports=ENVOY_PORTS,
                   admin_ports=ADMIN_PORTS, base=BASE, name="soak", configure=pooled)
@@ -533,9 +528,7 @@ def main() -> int:
     threads: list[threading.Thread] = []
     notes: list[str] = []
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_sigterm()
     started = time.time()
     t0 = time.monotonic()
 
