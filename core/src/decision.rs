@@ -352,7 +352,13 @@ mod tests {
             })
         };
         assert_eq!(
-            local(&k, true, &reset(StreamKind::Request, Some("7")), Some("s1"), None),
+            local(
+                &k,
+                true,
+                &reset(StreamKind::Request, Some("7")),
+                Some("s1"),
+                None
+            ),
             LocalVerdict::Refuse {
                 reason: Reason::IdReset,
                 kind: Some(StreamKind::Request),

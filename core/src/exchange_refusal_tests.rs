@@ -165,7 +165,10 @@ fn a_reset_cursor_is_refused_by_name_before_any_callout() {
         ("mcp-session-id", SID),
     ]);
     rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(Some(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#), true);
+    ex.on_request_body(
+        Some(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#),
+        true,
+    );
     rs(&mut ex, &mut w, &mut host, &sse_ok());
     let body = b"id: r1\ndata: {}\n\nid:\ndata: {}\n\n";
     bd(&mut ex, &mut w, &mut host, body, false);
@@ -186,7 +189,12 @@ fn a_reset_cursor_is_refused_by_name_before_any_callout() {
     host.take();
     // Resumed from it: settled with the client's id, nobody asked.
     let mut ex = Exchange::new();
-    let a = rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", &ids[1])]));
+    let a = rq(
+        &mut ex,
+        &mut w,
+        &mut host,
+        &get(&[("last-event-id", &ids[1])]),
+    );
     assert_eq!(a, Action::Pause);
     assert!(host.last_dispatch().is_none(), "no callout");
     assert_settles(&host.take(), Reason::IdReset, serde_json::json!(7));

@@ -1163,7 +1163,10 @@ mod tests {
         assert!(s.ends_on_reset());
         // Recorded with an empty id, so the seqs stay contiguous.
         let b = content_digest(&[b"data: b"]);
-        assert_eq!(s.take_relayed().map(|(f, r)| (f, r[1].clone())), Some((1, ("".into(), b))));
+        assert_eq!(
+            s.take_relayed().map(|(f, r)| (f, r[1].clone())),
+            Some((1, ("".into(), b)))
+        );
         // An id-only reset too (a WHATWG client resets on it); a real id clears the flag.
         let (out, _) = run(&mut s, &k, "id\n\nid: e4\ndata: c\n\n");
         assert_eq!(replica(&out), [reset(3), (4, Some("e4".into()))], "{out:?}");
@@ -1178,7 +1181,11 @@ mod tests {
         // And as the first event of a continuation with nothing recorded after the cursor.
         let mut s = StreamState::continuation(&cursor_at(7, "e7"), vec![], true, 4096);
         let (out, flow) = run(&mut s, &k, "id:\ndata: new\n\n");
-        assert_eq!((flow, replica(&out)), (Flow::Open, vec![reset(8)]), "{out:?}");
+        assert_eq!(
+            (flow, replica(&out)),
+            (Flow::Open, vec![reset(8)]),
+            "{out:?}"
+        );
     }
 
     #[test]
@@ -1192,7 +1199,10 @@ mod tests {
         let (out, flow) = run(&mut s, &k, &format!("id:\n{line}\n\n"));
         assert_eq!(flow, Flow::Open, "{out:?}");
         let c = ids_of(&out).first().and_then(|i| k.decode(i).ok());
-        assert_eq!(c.map(|c| (c.seq, c.replica_event_id)), Some((8, Some(String::new()))));
+        assert_eq!(
+            c.map(|c| (c.seq, c.replica_event_id)),
+            Some((8, Some(String::new())))
+        );
         // Other content, a real id in its place, or a recorded reset without its digest: cut.
         for (input, recorded) in [
             ("id:\ndata: other\n\n", expected()),
