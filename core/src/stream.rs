@@ -451,8 +451,8 @@ impl StreamState {
         self.ids.last_reset
     }
 
-    /// Events relayed so far, with a cursor or without (a block a client may dispatch; a bare
-    /// `id:` block without data counts too: erring towards "something came").
+    /// Events relayed so far, with a cursor or without (a block a client may dispatch; an
+    /// id-only block counts too: erring towards "something came").
     pub fn relayed_events(&self) -> u64 {
         self.ids.rewritten.saturating_add(self.ids.plain)
     }
