@@ -887,6 +887,17 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_replica_id_round_trips_apart_from_none() {
+        // A reset cursor embeds an empty id (length 0); `None` is "not embedded" (0xFF).
+        let r = ring(1, 2);
+        let reset = r.encode(&sample(Some("")));
+        let absent = r.encode(&sample(None));
+        assert_ne!(reset, absent);
+        assert!(matches!(r.decode(&reset), Ok(d) if d.replica_event_id.as_deref() == Some("")));
+        assert!(matches!(r.decode(&absent), Ok(d) if d.replica_event_id.is_none()));
+    }
+
+    #[test]
     fn overlong_replica_id_is_not_embedded() {
         let r = ring(1, 2);
         let long = "y".repeat(MAX_REPLICA_ID_BYTES + 1);

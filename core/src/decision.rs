@@ -113,7 +113,7 @@ pub enum LocalVerdict {
     },
 }
 
-/// Version, method, format/MAC/key, then session binding; in that order.
+/// Version, method, format/MAC/key, session binding, then a reset cursor; in that order.
 pub fn check_locally(keys: &Keyring, req: &CursorRequest<'_>) -> LocalVerdict {
     let refuse = |reason, kind| LocalVerdict::Refuse {
         reason,
@@ -137,6 +137,8 @@ pub fn check_locally(keys: &Keyring, req: &CursorRequest<'_>) -> LocalVerdict {
     let reason = match req.session_id {
         None => Reason::SessionInactive,
         Some(sid) if session_binding(sid) != cursor.session => Reason::SessionMismatch,
+        // A reset cursor (docs/sse-model.md): the replica named no place to replay from.
+        Some(_) if cursor.replica_event_id.as_deref() == Some("") => Reason::IdReset,
         Some(_) => return LocalVerdict::Ask(cursor),
     };
     LocalVerdict::Refuse {
@@ -333,6 +335,45 @@ mod tests {
         assert_eq!(
             local(&other, true, &good, Some("s1"), None),
             refused(Reason::ForeignCursor, None)
+        );
+    }
+
+    #[test]
+    fn a_reset_cursor_is_refused_before_any_callout_with_its_request_id() {
+        let k = ring();
+        let reset = |kind, request_id| {
+            k.encode(&crate::cursor::Cursor {
+                request_id,
+                session: session_binding(b"s1"),
+                incarnation: 5,
+                kind,
+                seq: 4,
+                replica_event_id: Some(""),
+            })
+        };
+        assert_eq!(
+            local(
+                &k,
+                true,
+                &reset(StreamKind::Request, Some("7")),
+                Some("s1"),
+                None
+            ),
+            LocalVerdict::Refuse {
+                reason: Reason::IdReset,
+                kind: Some(StreamKind::Request),
+                request_id: Some("7".into()),
+            }
+        );
+        let get = reset(StreamKind::Get, None);
+        assert_eq!(
+            local(&k, true, &get, Some("s1"), None),
+            refused(Reason::IdReset, Some(StreamKind::Get))
+        );
+        // Another session's reset cursor is that session's business: a mismatch first.
+        assert_eq!(
+            local(&k, true, &get, Some("s2"), None),
+            refused(Reason::SessionMismatch, Some(StreamKind::Get))
         );
     }
 }

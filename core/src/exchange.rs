@@ -1253,8 +1253,8 @@ impl Exchange {
     /// A request stream ended without its call's response and without a cursor to resume
     /// from: a continuation that relayed no event (the client would resume into the same empty
     /// answer, `replay_missing`), or a fresh stream that relayed no id (the replica ended it
-    /// before answering, maybe after id-less notifications; the client has no cursor,
-    /// `response_missing`). Its end says so and settles the calls still unanswered: those the
+    /// before answering, maybe after id-less notifications, or its last id was a reset; the
+    /// client has no cursor it can resume from, `response_missing`). Its end says so and settles the calls still unanswered: those the
     /// watch saw no response to, or, when it gave up (ids unknown, a block over the hold
     /// bound), all of them if nothing at all was relayed. A fresh stream that relayed an id
     /// (a priming event) is left alone: the client resumes from it.
@@ -1271,7 +1271,7 @@ impl Exchange {
             }
             Phase::Idle
                 if stream.kind() == StreamKind::Request
-                    && stream.cursors_kept() == 0
+                    && (stream.cursors_kept() == 0 || stream.ends_on_reset())
                     && match watch {
                         Some(c) => !c.answered(),
                         None => stream.relayed_events() == 0,

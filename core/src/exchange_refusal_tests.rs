@@ -152,6 +152,69 @@ fn the_409_stays_an_opt_in_policy_and_get_streams_restart() {
     assert!(removed_req(&fx, "last-event-id"));
 }
 
+#[test]
+fn a_reset_cursor_is_refused_by_name_before_any_callout() {
+    // A replica's bare `id:` on a request stream: the client gets a reset cursor carrying its
+    // call's id, not the cursor before (from which the replica would replay this event again).
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &post);
+    ex.on_request_body(
+        Some(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#),
+        true,
+    );
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    let body = b"id: r1\ndata: {}\n\nid:\ndata: {}\n\n";
+    bd(&mut ex, &mut w, &mut host, body, false);
+    let ids = ids_in(&host.body());
+    let decoded: Vec<_> = ids
+        .iter()
+        .filter_map(|i| w.config.keyring.decode(i).ok())
+        .map(|c| (c.seq, c.replica_event_id, c.request_id))
+        .collect();
+    let seven = Some("7".to_string());
+    assert_eq!(
+        decoded,
+        [
+            (1, Some("r1".into()), seven.clone()),
+            (2, Some(String::new()), seven)
+        ]
+    );
+    host.take();
+    // Resumed from it: settled with the client's id, nobody asked.
+    let mut ex = Exchange::new();
+    let a = rq(
+        &mut ex,
+        &mut w,
+        &mut host,
+        &get(&[("last-event-id", &ids[1])]),
+    );
+    assert_eq!(a, Action::Pause);
+    assert!(host.last_dispatch().is_none(), "no callout");
+    assert_settles(&host.take(), Reason::IdReset, serde_json::json!(7));
+    assert_eq!(host.stat(Stat::Refused(Reason::IdReset)), 1);
+    // A GET stream's reset cursor restarts by name (the default policy), nobody asked.
+    let c = cursor(&w, 42, 3, "");
+    let mut ex = Exchange::new();
+    let a = rq(&mut ex, &mut w, &mut host, &get(&[("last-event-id", &c)]));
+    assert_eq!(a, Action::Continue);
+    assert!(host.last_dispatch().is_none(), "no callout");
+    assert!(removed_req(&host.effects, "last-event-id"));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    assert_eq!(
+        set_resp(&host.effects, MCP_RESUME_HEADER).as_deref(),
+        Some("restarted; reason=id_reset")
+    );
+    bd(&mut ex, &mut w, &mut host, b"id: e1\ndata: a\n\n", false);
+    assert!(body_str(&host).starts_with(&control_event(Reason::IdReset)));
+}
+
 /// A POST whose body arrives in `chunks`, answered with SSE carrying one event `id: r1`;
 /// returns the cursor the client saw.
 fn post_stream(w: &mut Worker, host: &mut MockHost, chunks: &[&str]) -> String {

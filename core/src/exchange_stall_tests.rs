@@ -164,7 +164,7 @@ fn a_fresh_request_stream_that_ends_after_id_less_notifications_settles_its_call
         "{out}"
     );
     assert!(messages(&out).is_empty(), "{out}");
-    // A bare `id:` clears the client's cursor: it holds none.
+    // A bare `id:` leaves the client a reset cursor: nothing it can resume from.
     let (_, out) = fresh_post_ending("id:\ndata: x\n\n");
     assert_eq!(settled_ids(&out), [serde_json::json!(9)], "{out}");
 }

@@ -117,10 +117,13 @@ pub enum Reason {
     /// A request's fresh `200` SSE answer ended cleanly before relaying a single event: its
     /// response did not come and the client holds no cursor to resume from.
     ResponseMissing,
+    /// The cursor is a reset cursor: the replica reset the stream's event id (a bare `id:`)
+    /// at this event, so it cannot replay from there. Refused before any callout.
+    IdReset,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::ForeignCursor,
         Reason::SessionMismatch,
         Reason::SessionInactive,
@@ -142,6 +145,7 @@ impl Reason {
         Reason::EncodedStream,
         Reason::BadSessionId,
         Reason::ResponseMissing,
+        Reason::IdReset,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -167,6 +171,7 @@ impl Reason {
             Reason::EncodedStream => "encoded_stream",
             Reason::BadSessionId => "bad_session_id",
             Reason::ResponseMissing => "response_missing",
+            Reason::IdReset => "id_reset",
         }
     }
 }

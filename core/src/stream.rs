@@ -113,8 +113,7 @@ struct IdMap {
     /// `next_seq`, so the first one is derived, not stored.
     relayed: RelayedIds,
     rewritten: u64,
-    /// Events relayed without a cursor (no id, or a bare `id:` the guard removed): the client
-    /// dispatches them under no new id.
+    /// Events relayed without a cursor (no id): the client dispatches them under no new id.
     plain: u64,
     /// The seq of the cursor to write for the id just answered with [`IdAction::Write`].
     minted: u64,
@@ -124,6 +123,8 @@ struct IdMap {
     seen: VecDeque<(u64, u64)>,
     /// A continuation: repeats are judged (its blocks are held, so one can be dropped whole).
     continuation: bool,
+    /// The last cursor written is a reset cursor ([`IdMap::on_reset`]).
+    last_reset: bool,
 }
 
 /// The rewriter's view of a stream: decides at each id, then writes its cursor into the output.
@@ -181,6 +182,7 @@ impl StreamState {
                 seen: VecDeque::new(),
                 continuation: false,
                 suppress_echo: false,
+                last_reset: false,
             },
             cut: false,
             cut_reason: None,
@@ -443,8 +445,14 @@ impl StreamState {
         self.rewriter.stats().ids_kept
     }
 
-    /// Events relayed so far, with a cursor or without (a block a client may dispatch; a bare
-    /// `id:` block without data counts too: erring towards "something came").
+    /// The last cursor written is a reset cursor: a client that holds it cannot resume (a
+    /// WHATWG client holds it; an SDK may hold an earlier one only past an id-only block).
+    pub fn ends_on_reset(&self) -> bool {
+        self.ids.last_reset
+    }
+
+    /// Events relayed so far, with a cursor or without (a block a client may dispatch; an
+    /// id-only block counts too: erring towards "something came").
     pub fn relayed_events(&self) -> u64 {
         self.ids.rewritten.saturating_add(self.ids.plain)
     }
@@ -630,16 +638,7 @@ fn field(block: &mut Block, line: &[u8]) {
 impl IdMap {
     fn on_id(&mut self, id: &str, digest: u64) -> IdAction {
         if id.is_empty() {
-            // A reset during the replay is not the recorded next event. Elsewhere the line is
-            // dropped: the client keeps the last cursor it got, never an id the guard did not
-            // mint (an empty one would make it resume with nothing, i.e. start over silently).
-            return match self.expected.is_empty() {
-                true => {
-                    self.plain += 1;
-                    IdAction::Omit
-                }
-                false => IdAction::Cut,
-            };
+            return self.on_reset(digest);
         }
         // The records hold ids in recorded form (a digest for long ones).
         let recorded = || recorded_id(id);
@@ -671,14 +670,41 @@ impl IdMap {
                 return IdAction::Cut;
             }
         }
-        self.minted = self.next_seq;
-        self.next_seq = self.minted.saturating_add(1);
-        self.relayed.push(id, digest);
-        self.rewritten += 1;
+        self.mint(id, digest);
         if let Some(h) = hash {
             self.remember(h, digest);
         }
         IdAction::Write
+    }
+
+    /// A bare `id:` resets a WHATWG client's last event id: the replica names no place after
+    /// this event, so a client must never resume past it as if from the cursor before (the
+    /// replica would replay what it dispatched since). The block gets a reset cursor (its
+    /// replica id embedded empty), which the guard refuses at once (`id_reset`). It is
+    /// recorded like any event (empty id, content digest), so the seqs stay contiguous and a
+    /// replay from an earlier cursor must bring this very event here. The SDKs ignore an
+    /// empty id, WHATWG clients reset: the cursor makes them all hold the same.
+    fn on_reset(&mut self, digest: u64) -> IdAction {
+        if let Some(want) = self.expected.pop_front() {
+            // Only the recorded reset itself, same content, is the recorded next event.
+            let (want_id, want_digest) = split_recorded(&want);
+            if !want_id.is_empty() || !want_digest.is_some_and(|d| digest_matches(Some(d), digest))
+            {
+                return IdAction::Cut;
+            }
+        }
+        self.mint("", digest);
+        self.last_reset = true;
+        IdAction::Write
+    }
+
+    /// Numbers the event being relayed (its cursor's seq is `minted`) and keeps it for the records.
+    fn mint(&mut self, id: &str, digest: u64) {
+        self.minted = self.next_seq;
+        self.next_seq = self.minted.saturating_add(1);
+        self.relayed.push(id, digest);
+        self.rewritten += 1;
+        self.last_reset = false;
     }
 
     /// Past [`SEEN_CAP`] the oldest is forgotten: see docs/sse-model.md.
@@ -1120,19 +1146,74 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_id_is_dropped_so_the_client_keeps_its_cursor() {
+    fn an_empty_id_gets_a_reset_cursor_recorded_with_its_content() {
         let k = keys();
+        let replica = |out: &str| -> Vec<(u64, Option<String>)> {
+            ids_of(out)
+                .iter()
+                .filter_map(|i| k.decode(i).ok())
+                .map(|c| (c.seq, c.replica_event_id))
+                .collect()
+        };
+        let reset = |seq| (seq, Some(String::new()));
         let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
-        let (out, _) = run(&mut s, &k, "id: e1\ndata: a\n\nid:\ndata: b\n\nid\n\n");
-        assert_eq!(ids_of(&out).len(), 1, "{out:?}");
-        assert!(out.ends_with("data: b\n\n\n"), "{out:?}");
-        assert_eq!(s.rewritten(), 1);
+        let (out, _) = run(&mut s, &k, "id: e1\ndata: a\n\nid:\ndata: b\n\n");
+        assert_eq!(replica(&out), [(1, Some("e1".into())), reset(2)], "{out:?}");
+        assert!(!out.contains("id: \n") && !out.contains("id:\n"), "{out:?}");
+        assert!(s.ends_on_reset());
+        // Recorded with an empty id, so the seqs stay contiguous.
+        let b = content_digest(&[b"data: b"]);
+        assert_eq!(
+            s.take_relayed().map(|(f, r)| (f, r[1].clone())),
+            Some((1, ("".into(), b)))
+        );
+        // An id-only reset too (a WHATWG client resets on it); a real id clears the flag.
+        let (out, _) = run(&mut s, &k, "id\n\nid: e4\ndata: c\n\n");
+        assert_eq!(replica(&out), [reset(3), (4, Some("e4".into()))], "{out:?}");
+        assert!(!s.ends_on_reset());
+        assert_eq!(s.rewritten(), 4);
         // After a continuation's replay too.
         let expected = vec!["e8".to_string()];
         let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
         let (out, flow) = run(&mut s, &k, "id: e8\ndata: 8\n\nid:\ndata: new\n\n");
-        assert_eq!((flow, ids_of(&out).len()), (Flow::Open, 1), "{out:?}");
-        assert!(!out.contains("id: \n") && out.contains("data: new"));
+        assert_eq!(flow, Flow::Open, "{out:?}");
+        assert_eq!(replica(&out), [(8, Some("e8".into())), reset(9)], "{out:?}");
+        // And as the first event of a continuation with nothing recorded after the cursor.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), vec![], true, 4096);
+        let (out, flow) = run(&mut s, &k, "id:\ndata: new\n\n");
+        assert_eq!(
+            (flow, replica(&out)),
+            (Flow::Open, vec![reset(8)]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_recorded_reset_replays_only_as_itself() {
+        let k = keys();
+        let line = "data: b";
+        let digest = content_digest(&[line.as_bytes()]);
+        let expected = || vec![recorded_event("", digest), recorded_event("e9", 1)];
+        // The same event (a bare id, the same content) is the recorded next one.
+        let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected(), true, 4096);
+        let (out, flow) = run(&mut s, &k, &format!("id:\n{line}\n\n"));
+        assert_eq!(flow, Flow::Open, "{out:?}");
+        let c = ids_of(&out).first().and_then(|i| k.decode(i).ok());
+        assert_eq!(
+            c.map(|c| (c.seq, c.replica_event_id)),
+            Some((8, Some(String::new())))
+        );
+        // Other content, a real id in its place, or a recorded reset without its digest: cut.
+        for (input, recorded) in [
+            ("id:\ndata: other\n\n", expected()),
+            ("id: x\ndata: b\n\n", expected()),
+            ("id:\ndata: b\n\n", vec![String::new()]),
+        ] {
+            let mut s = StreamState::continuation(&cursor_at(7, "e7"), recorded, true, 4096);
+            let (out, flow) = run(&mut s, &k, input);
+            assert_eq!(flow, Flow::CutReplayMismatch, "{input:?}");
+            assert!(ids_of(&out).is_empty(), "{out:?}");
+        }
     }
 
     fn assertion(after: &str, complete: bool) -> String {

@@ -116,8 +116,10 @@ fn judge(k: u64, n: u64, run: &Run) -> Result<u64, String> {
         let c = ours(&e.last_event_id)?;
         let own_id = before != Some(e.last_event_id.as_str()) && (before.is_some() || c.seq != k);
         before = Some(&e.last_event_id);
+        // A reset cursor names no event: nothing to tell a repeat by.
+        let reset = c.replica_event_id.as_deref() == Some("");
         let replica_id = c.replica_event_id.clone().unwrap_or_default();
-        if own_id && (replica_id == rid(k) || !dispatched.insert(replica_id)) {
+        if own_id && !reset && (replica_id == rid(k) || !dispatched.insert(replica_id)) {
             return Err(format!("dispatched again: {e:?} at {c:?}"));
         }
         if next <= n {

@@ -607,6 +607,53 @@ def test_encoded_sse_is_never_relayed(fresh, hostile_envoy):
         assert b"h1" not in body
 
 
+def test_a_bare_id_gets_a_cursor_whose_resume_is_refused_by_name(fresh, hostile_envoy):
+    """A replica's bare `id:` (it resets a WHATWG client's last event id) names no place the
+    replica could replay from. Its event gets a cursor of its own, and a resume from that cursor
+    is refused by name (`id_reset`) before anyone is asked: a request stream's call is settled
+    with its own id, a GET stream restarts. A resume from the next real id still continues."""
+    bare = b"id:\n" + event(2)
+    sse = event(1, b"h1") + bare + event(3, b"h3")
+    with HostileUpstream(sse, post_sse=True) as up:
+        c = h.Client()
+        c.initialize()
+        # A request stream: the client holds the bare event's cursor when it drops.
+        call = {"jsonrpc": "2.0", "id": 43, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
+        r = c.open("POST", call)
+        evs = r.read(2)
+        r.close()
+        assert [e.json()["params"]["n"] for e in evs] == [1, 2], evs
+        assert evs[1].id and evs[1].id != evs[0].id, evs
+        time.sleep(0.2)  # the records land
+        up.cursors.clear()
+        before = hostile_envoy.stats()
+        r = c.get_stream(last_event_id=evs[1].id)
+        body = r.resp.read()
+        r.close()
+        h.assert_settled(r, body, "id_reset", request_id=43)
+        assert up.cursors == [], "nothing reached the replica"
+        key = "mcp_resume_guard.refused.id_reset"
+        assert hostile_envoy.stats().get(key, 0) == before.get(key, 0) + 1
+        # A GET stream: the resume restarts by name, without the cursor.
+        s = c.get_stream()
+        evs = s.read(3)
+        s.close()
+        assert [e.json()["params"]["n"] for e in evs] == [1, 2, 3] and all(e.id for e in evs), evs
+        time.sleep(0.2)
+        r = c.get_stream(last_event_id=evs[1].id)
+        assert r.status == 200 and r.header(GUARD_HEADER) == "restarted; reason=id_reset", r.header(GUARD_HEADER)
+        first = r.next_event()
+        r.close()
+        assert first is not None and first.event == "mcp-resume", first
+        assert first.json() == {"resumed": False, "reason": "id_reset"}
+        assert up.cursors == [], up.cursors
+        # After the reset, the replica's next id is a place again.
+        r = c.get_stream(last_event_id=evs[2].id)
+        assert not refused(r), r.header(GUARD_HEADER)
+        r.close()
+        assert up.cursors == [b"h3"], up.cursors
+
+
 def test_a_finite_stream_with_a_length_arrives_whole(fresh, hostile_envoy):
     """A replica that sends its SSE with a Content-Length: the rewritten body is longer (cursors replace
     short ids), so the stale length must go, or the client would get the stream cut short."""
