@@ -571,7 +571,11 @@ pub fn a_replay_that_stalls_midway_is_reset_at_the_deadline<P: Proxy>() {
         Ok(p) => p,
         Err(e) => unreachable!("the filter refused its config: {e}"),
     };
-    let s = resume(&mut p, StreamKind::Get, &continue_verdict(&["e8", "e9", "e10"]));
+    let s = resume(
+        &mut p,
+        StreamKind::Get,
+        &continue_verdict(&["e8", "e9", "e10"]),
+    );
     p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
     p.response_headers(s, sse(&[]), false);
     p.advance_ms(60);
