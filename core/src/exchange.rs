@@ -490,9 +490,9 @@ pub struct Exchange {
     ending: Option<u32>,
     /// A request stream (fresh, or a registered branch): whether its calls were answered on it.
     call: Option<Box<CallWatch>>,
-    /// When a continuation forwarded to its owner must have its response headers, and, when
-    /// a replay is expected, its first replayed event (host clock, ms); `None` once they came
-    /// or the exchange ended.
+    /// When a continuation forwarded to its owner must have its response headers, and, while
+    /// recorded events are owed, its next replayed event (host clock, ms); `None` once the
+    /// owed replay is complete or the exchange ended.
     headers_due: Option<u64>,
     /// A replay is expected and its first event has not been checked yet: the deadline runs.
     awaiting_replay: bool,
@@ -740,7 +740,8 @@ impl Exchange {
     }
 
     /// When the adapter must call [`Exchange::on_deadline`] (host clock, ms): a continuation
-    /// is waiting for its owner's response headers. `None`: no deadline pending.
+    /// is waiting for its owner's response headers or its next owed replayed event; it moves
+    /// with each one. `None`: no deadline pending.
     pub fn deadline_ms(&self) -> Option<u64> {
         match self.phase {
             Phase::Continuing { .. } => self.headers_due,
@@ -755,11 +756,13 @@ impl Exchange {
     }
 
     /// The adapter's timer, for an exchange with a [`Exchange::deadline_ms`] (early calls do
-    /// nothing). Past the deadline the owner is taken as hung: the continuation is answered
-    /// here (`owner_busy`: a request stream's call settled, a GET stream's resume rejected)
-    /// through [`Host::send_local_response`], acting on this exchange's stream. The owner's
-    /// headers were not sent on (none came, or they are held while a replay is expected and
-    /// none of it came), so a local answer is still possible. `true` when it answered.
+    /// nothing). Past the deadline the owner is taken as hung. While its headers were not
+    /// sent on (none came, or they are held while a replay is expected and none of it came)
+    /// the continuation is answered here (`owner_busy`: a request stream's call settled, a
+    /// GET stream's resume rejected) through [`Host::send_local_response`], acting on this
+    /// exchange's stream. Once they went out (a host that cannot hold them, or a replay that
+    /// stalled after its first event) the stream is reset and recorded lost. `true` when it
+    /// acted.
     pub fn on_deadline<H: Host>(&mut self, w: &mut Worker, host: &mut H) -> bool {
         let Some(due) = self.deadline_ms() else {
             return false;
@@ -773,24 +776,26 @@ impl Exchange {
         };
         let (cursor, owner) = (cursor.clone(), owner.clone());
         let ms = w.config.continuation_headers_timeout_ms;
-        let what = match self.awaiting_replay {
-            true => "its headers but no replayed event",
-            false => "no response headers",
+        let replayed = self.stream.as_ref().map_or(0, StreamState::rewritten);
+        let what = match (self.stream.is_some(), self.awaiting_replay) {
+            (false, _) => "no response headers".to_owned(),
+            (true, true) => "its headers but no replayed event".to_owned(),
+            (true, false) => format!("{replayed} replayed event(s) but not the next one owed"),
         };
         host.log(
             LogLevel::Warn,
             &format!("mcp-resume-guard: owner {owner} sent {what} in {ms} ms"),
         );
         // Whatever the owner sends later is not relayed: the answer ends the stream.
-        let sent = self.awaiting_replay && !self.holding;
+        let sent = self.stream.is_some() && !self.holding;
         self.awaiting_replay = false;
         self.holding = false;
         self.held = Vec::new();
         self.stream = None;
         if sent {
-            // The headers went out (a host that cannot hold them): no local answer is possible
-            // any more. The stream is reset and recorded lost, so the client's reconnect with
-            // its cursor is refused, and settled, at once.
+            // The headers went out (a host that cannot hold them, or a replay under way): no
+            // local answer is possible any more. The stream is reset and recorded lost, so the
+            // client's reconnect with its cursor is refused, and settled, at once.
             host.count(Stat::Refused(Reason::OwnerBusy), 1);
             self.phase = Phase::Replied;
             self.report_branch_end(w, host);
@@ -945,6 +950,7 @@ impl Exchange {
             host.reset_response();
             return Action::Continue;
         }
+        let replayed = self.stream.as_ref().map_or(0, StreamState::rewritten);
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
         // Output held with the headers goes first, now or with a later chunk.
@@ -993,6 +999,7 @@ impl Exchange {
             w.scratch = out;
             return Action::Pause;
         }
+        self.pace_replay(w, host, replayed, eos);
         host.replace_body_chunk(&out);
         // Keep the worker's buffer, unless one huge chunk made it large.
         if out.capacity() > SCRATCH_KEEP_BYTES {
@@ -1036,6 +1043,32 @@ impl Exchange {
         }
         self.held.append(out);
         false
+    }
+
+    /// After the first replayed event, while the records say the owner still owes events, each
+    /// wait for the next one is bounded by the same deadline, counted from the last one
+    /// checked and released (`replayed`: the count before this chunk). Comments, repeats and
+    /// the cursor's echo are no progress. None once the owed replay is complete (a tool may
+    /// then be silent for minutes), or the body ended.
+    fn pace_replay<H: Host>(&mut self, w: &Worker, host: &H, replayed: u64, eos: bool) {
+        if self.awaiting_replay {
+            // The first replayed event's deadline runs.
+            return;
+        }
+        let owed = match (&self.phase, self.stream.as_ref()) {
+            (Phase::Continuing { .. }, Some(s)) if !eos && !self.cut_sent => {
+                s.owes_replay().then(|| s.rewritten())
+            }
+            _ => None,
+        };
+        match owed {
+            None => self.headers_due = None,
+            Some(now_replayed) if now_replayed > replayed => {
+                let wait = w.config.continuation_headers_timeout_ms;
+                self.headers_due = Some(host.now_ms().saturating_add(wait));
+            }
+            Some(_) => {}
+        }
     }
 
     /// The request's stream is over (complete, reset or abandoned): its branch no longer holds

@@ -450,3 +450,123 @@ fn a_host_that_cannot_hold_headers_resets_a_stalled_replay_and_records_it_lost()
     host.now_ms += 10_000;
     assert!(!ex.on_deadline(&mut w, &mut host));
 }
+
+/// A request stream's continuation at seq 3 with `e4`..`e6` recorded after the cursor, its
+/// owner's `200 text/event-stream` headers in (held or not, as `holds` says), then `e4`
+/// replayed at `start + 1000`. Returns the exchange and `start`.
+fn replaying_first_of_three(w: &mut Worker, host: &mut MockHost, holds: bool) -> (Exchange, u64) {
+    host.holds_headers = holds;
+    let start = host.now_ms;
+    let (mut ex, _) = continue_request(w, host, &["e4", "e5", "e6"]);
+    rs(&mut ex, w, host, &sse_ok());
+    host.now_ms = start + 1000;
+    assert_eq!(
+        bd(&mut ex, w, host, b"id: e4\ndata: {}\n\n", false),
+        Action::Continue
+    );
+    assert!(!ex.holds_response_headers());
+    drain_records(w, host);
+    host.take();
+    (ex, start)
+}
+
+/// The deadline at `due` acts (not a millisecond before): the stream is reset, no local
+/// answer (the headers are out), and the incarnation recorded lost.
+fn assert_reset_lost_at(ex: &mut Exchange, w: &mut Worker, host: &mut MockHost, due: u64) {
+    assert_eq!(ex.deadline_ms(), Some(due));
+    host.now_ms = due - 1;
+    assert!(!ex.on_deadline(w, host));
+    assert!(!host.effects.contains(&Effect::ResetResponse));
+    host.now_ms = due;
+    assert!(ex.on_deadline(w, host));
+    assert!(local(&host.effects).is_none());
+    assert!(host.effects.contains(&Effect::ResetResponse));
+    assert_eq!(host.stat(Stat::Refused(Reason::OwnerBusy)), 1);
+    let records = drain_records(w, host);
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::StreamLost { .. })));
+    // Nothing the owner sends later is relayed, and the deadline is spent.
+    assert!(!ex.wants_body());
+    assert_eq!(ex.deadline_ms(), None);
+    assert!(!ex.on_deadline(w, host));
+}
+
+#[test]
+fn an_owner_that_stalls_after_its_first_replayed_event_is_reset_and_recorded_lost() {
+    for holds in [true, false] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
+        // Counted from the release of `e4`, not from forwarding.
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 6000);
+    }
+}
+
+#[test]
+fn blocks_that_dispatch_nothing_are_no_progress_in_an_owed_replay() {
+    for holds in [true, false] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
+        // Comments, a `retry`, an event without data, the first event again (dropped whole)
+        // and the cursor's own echo: the client dispatches none of them.
+        for (i, chunk) in [
+            ": keep-alive\n\n",
+            "retry: 100\n\n",
+            "event: x\n\n",
+            "id: e4\ndata: {}\n\n",
+            "id: e3\ndata: {}\n\n",
+        ]
+        .iter()
+        .enumerate()
+        {
+            host.now_ms = start + 2000 + 500 * i as u64;
+            bd(&mut ex, &mut w, &mut host, chunk.as_bytes(), false);
+        }
+        let out = body_str(&host);
+        assert!(ids_in(out.as_bytes()).is_empty(), "{out}");
+        host.take();
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 6000);
+    }
+}
+
+#[test]
+fn a_slow_but_steady_replay_is_never_cut_and_a_complete_one_has_no_deadline() {
+    for holds in [true, false] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
+        // Each owed event just inside the deadline counted from the one before.
+        host.now_ms = start + 5999;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        bd(&mut ex, &mut w, &mut host, b"id: e5\ndata: {}\n\n", false);
+        assert_eq!(ex.deadline_ms(), Some(start + 10_999));
+        host.now_ms = start + 10_998;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        bd(&mut ex, &mut w, &mut host, b"id: e6\ndata: {}\n\n", false);
+        // The owed replay is complete: the tool may be silent for as long as it runs.
+        assert_eq!(ex.deadline_ms(), None);
+        host.now_ms = start + 1_000_000;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        assert!(!host.effects.contains(&Effect::ResetResponse));
+        assert!(local(&host.effects).is_none());
+        assert_eq!(ids_in(body_str(&host).as_bytes()).len(), 2);
+        assert!(ex.wants_body());
+    }
+}
+
+#[test]
+fn an_owed_replay_whose_body_ends_early_has_no_deadline() {
+    // An early close with events still owed stays open for the next resume: no reset later.
+    for holds in [true, false] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, _) = replaying_first_of_three(&mut w, &mut host, holds);
+        bd(&mut ex, &mut w, &mut host, b"", true);
+        assert_eq!(ex.deadline_ms(), None);
+        host.now_ms += 1_000_000;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        assert!(!host.effects.contains(&Effect::ResetResponse));
+    }
+}

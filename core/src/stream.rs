@@ -434,6 +434,11 @@ impl StreamState {
         self.rewriter.output_mid_block()
     }
 
+    /// The replay check still expects recorded events: the owner owes them.
+    pub fn owes_replay(&self) -> bool {
+        !self.ids.expected.is_empty()
+    }
+
     /// Events rewritten so far.
     pub fn rewritten(&self) -> u64 {
         self.ids.rewritten

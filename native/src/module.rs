@@ -362,6 +362,11 @@ impl Filter {
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
         ex.on_deadline(&mut w, &mut h);
+        drop(w);
+        // The deadline moved on (a replay that progresses): fired once more, when it is due.
+        if let (Some(due), Some(s)) = (ex.deadline_ms(), self.scheduler.get()) {
+            lock(&self.guard().deadlines).push((due, s));
+        }
     }
 
     fn guard(&self) -> &Guard {

@@ -32,6 +32,10 @@ pub enum Behaviour {
     /// `200 text/event-stream`, then only a comment, and nothing more (headers, then silence);
     /// any other resume as `correct` does.
     Stall,
+    /// A resume that owes a replay of two or more entries some reader already got is answered
+    /// with the first of them, then a comment, and nothing more (a stall in the middle of the
+    /// replay); any other resume as `correct` does.
+    StallMidway,
     /// A resume is answered 500.
     ServerError,
     /// Restarts on the same address now and then, forgetting sessions and logs; an unknown
@@ -52,7 +56,7 @@ pub enum Behaviour {
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 17] = [
+    pub const ALL: [Behaviour; 18] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -64,6 +68,7 @@ impl Behaviour {
         Behaviour::OddType,
         Behaviour::Hang,
         Behaviour::Stall,
+        Behaviour::StallMidway,
         Behaviour::ServerError,
         Behaviour::Restart,
         Behaviour::Mangle,
@@ -85,6 +90,7 @@ impl Behaviour {
             Behaviour::OddType => "odd-type",
             Behaviour::Hang => "hang",
             Behaviour::Stall => "stall",
+            Behaviour::StallMidway => "stall-midway",
             Behaviour::ServerError => "5xx",
             Behaviour::Restart => "restart",
             Behaviour::Mangle => "mangle-replay",
@@ -378,15 +384,26 @@ impl Replica {
         let mangle = self.has(Behaviour::Mangle);
         let odd = self.has(Behaviour::OddType);
         let stall = self.has(Behaviour::Stall);
+        let midway = self.has(Behaviour::StallMidway);
         let (status, headers) = sse_headers(&mut Rng::new(draw), odd);
         let s = self.streams.get_mut(&uid)?;
         let after = usize::try_from(i - s.start).unwrap_or(0) + 1;
-        if stall && after < s.sent {
-            // Owes a replay some reader already got, and sends none of it.
+        if (stall && after < s.sent) || (midway && after + 1 < s.sent) {
+            // Owes a replay some reader already got, and sends none of it (`stall`) or only
+            // its first event (`stall-midway`).
+            let mut body = match midway {
+                true => s
+                    .entries
+                    .get(after)
+                    .map(|e| e.bytes.clone())
+                    .unwrap_or_default(),
+                false => Vec::new(),
+            };
+            body.extend_from_slice(b": stalled\n\n");
             return Some(Reply {
                 status,
                 headers,
-                body: b": stalled\n\n".to_vec(),
+                body,
                 eos: false,
                 stream: None,
                 ended: Vec::new(),

@@ -2,7 +2,8 @@
 
 A continuation whose owner does not answer with a replay ends with a named answer, within a
 bound: a hung owner (SIGSTOP) within `continuation_headers_timeout_ms`; an owner restarted on the
-same address, answering with its own error or nothing, at once. A request stream's pending call is
+same address, answering with its own error or nothing, at once; an owner that replays part of what
+it owes and stalls, at the deadline counted from its last replayed event. A request stream's pending call is
 settled (200 SSE, control event, JSON-RPC error with the call's id); a GET stream's resume gets
 the rejection. Envoy's route timeouts stay 0s (SSE-safe): the guard's own timer ends the wait.
 
@@ -197,30 +198,37 @@ def test_a_restarted_owners_answer_settles_the_pending_call(fresh, pending_envoy
 
 # ---- an owner that answers, then sends nothing of the expected replay (issue 29, hole A) ---
 
-class AnswersThenStalls(Upstream):
-    """The owner: it opens `session`; a call's stream relays a priming event `p1` and one event
-    `p2` after it, then breaks (so `p2` is recorded after the client's cursor `p1`). A resume
-    (Last-Event-ID) is answered `200 text/event-stream`, then `stall` (nothing, or a comment) and
-    nothing more: the connection stays open, silent."""
+def progress_event(eid: bytes, n: int) -> bytes:
+    """An event of the call's stream: a progress notification with id `eid`."""
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {"progressToken": 1, "progress": n}}).encode()
+    return b"id: " + eid + b"\ndata: " + note + b"\n\n"
 
-    def __init__(self, port: int, session: bytes, stall: bytes):
+
+class AnswersThenStalls(Upstream):
+    """The owner: it opens `session`; a call's stream relays a priming event `p1` and two events
+    `p2`, `p3` after it, then breaks (so both are recorded after the client's cursor `p1`). A
+    resume (Last-Event-ID) is answered `200 text/event-stream`, then `replay` (nothing, or `p2`
+    alone), then `stall` (nothing, or a comment) and nothing more: the connection stays open,
+    silent."""
+
+    def __init__(self, port: int, session: bytes, stall: bytes, replay: bytes = b""):
         self.session = session
         self.stall = stall
+        self.replay = replay
         self.resumes: list[bytes] = []
         super().__init__(port)
 
     def answer(self, method, headers, body, out):
         if b"last-event-id" in headers:
             self.resumes.append(headers[b"last-event-id"])
-            out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + self.stall)
+            out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + self.replay + self.stall)
             out.flush()
             return True  # reads on, silent, until the guard's answer closes the connection
         if method == b"POST" and b'"initialize"' in body:
             out.write(closing(initialize_answer("stall", self.session)))
         elif method == b"POST" and b'"tools/call"' in body:
-            progress = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
-                                   "params": {"progressToken": 1, "progress": 1}}).encode()
-            send_sse(out, b"id: p1\ndata: \n\nid: p2\ndata: " + progress + b"\n\n")
+            send_sse(out, b"id: p1\ndata: \n\n" + progress_event(b"p2", 1) + progress_event(b"p3", 2))
         else:
             out.write(closing(ACCEPTED))
         return False
@@ -242,7 +250,7 @@ def test_an_owner_that_answers_then_stalls_settles_the_pending_call(fresh, pendi
         s = call(c, "slow", {})
         evs = s.read_all()
         s.close()
-        assert [e.data for e in evs][:1] == [""] and len(evs) == 2, evs
+        assert [e.data for e in evs][:1] == [""] and len(evs) == 3, evs
         time.sleep(0.3)  # the records land
         if h.BUILD == "native":
             r, body, took = timed_resume(c, evs[0].id)
@@ -260,6 +268,38 @@ def test_an_owner_that_answers_then_stalls_settles_the_pending_call(fresh, pendi
         assert up.resumes == [b"p1"], up.resumes
         time.sleep(0.3)  # the loss is recorded
         r, body, took = timed_resume(c, evs[0].id)
+    assert up.resumes == [b"p1"], up.resumes  # refused at the guard, never forwarded again
+    assert took < MARGIN_S, took
+    h.assert_settled(r, body, "owner_unavailable", request_id=CALL_ID)
+
+
+@pytest.mark.parametrize("case", list(STALLS))
+def test_an_owner_that_stalls_in_the_middle_of_its_replay_settles_the_pending_call(fresh, pending_envoy, case):
+    """Both builds: the owner replays `p2`, the first of the two events it owes after the
+    client's cursor `p1`, then stalls. The headers went out with `p2`, so no local answer is
+    possible: at the deadline, counted from `p2`, the stream is reset and recorded lost, and the
+    client's reconnect from `p2`'s cursor is settled at once."""
+    c = h.Client()
+    replay = progress_event(b"p2", 1)
+    with AnswersThenStalls(PENDING_PORT, f"midstall-{case}".encode(), STALLS[case], replay) as up:
+        c.initialize()
+        s = call(c, "slow", {})
+        evs = s.read_all()
+        s.close()
+        assert [e.data for e in evs][:1] == [""] and len(evs) == 3, evs
+        time.sleep(0.3)  # the records land
+        t = time.monotonic()
+        r = c.get_stream(last_event_id=evs[0].id)
+        assert r.status == 200 and r.header(GUARD_HEADER) is None, r.status
+        got = r.read_all()  # the client's own timeout (10 s) raises if the stream is left open
+        took = time.monotonic() - t
+        r.close()
+        assert [e.data for e in got] == [evs[1].data], got  # `p2`, replayed, then nothing
+        assert r.reset, "the end must not pass for the replica's own"
+        assert_within_deadline(took)
+        assert up.resumes == [b"p1"], up.resumes
+        time.sleep(0.3)  # the loss is recorded
+        r, body, took = timed_resume(c, got[0].id)
     assert up.resumes == [b"p1"], up.resumes  # refused at the guard, never forwarded again
     assert took < MARGIN_S, took
     h.assert_settled(r, body, "owner_unavailable", request_id=CALL_ID)

@@ -44,7 +44,13 @@ impl World {
         c.stage = Stage::Upstream;
         let at = c.up.due(self.net.now, c.latency);
         self.net.at(at, Event::AtReplica(conn));
-        // The guard's deadline is on the gateway's clock (skewed); the timer fires on ours.
+        self.arm_deadline(conn);
+    }
+
+    /// Schedules the adapters' timer for the exchange's deadline, if it has one. The guard's
+    /// deadline is on the gateway's clock (skewed); the timer fires on ours.
+    fn arm_deadline(&mut self, conn: usize) {
+        let c = &self.conns[conn];
         if let Some(due) = c.ps.ex.deadline_ms() {
             let clock = self.net.now + self.gateways[c.ps.gw].skew_ms;
             self.net
@@ -53,17 +59,19 @@ impl World {
     }
 
     /// The adapters' timer: a continuation still waiting for its owner's headers (or, its
-    /// headers held, for its first replayed event) is answered by the guard itself.
+    /// headers held, for its first replayed event) is answered by the guard itself; one whose
+    /// replay stalled with events still owed is reset. A deadline that moved on with the
+    /// replay is scheduled again, as the native adapter does.
     pub(super) fn deadline(&mut self, conn: usize) {
         let c = &mut self.conns[conn];
-        let held = c.stage == Stage::Responding && c.head.is_some();
-        if c.stage != Stage::Upstream && !held {
+        if !matches!(c.stage, Stage::Upstream | Stage::Responding) {
             return;
         }
         let g = c.ps.gw;
         let gw = &mut self.gateways[g];
         gw.enter(self.net.now, None, None);
         if !c.ps.ex.on_deadline(&mut gw.worker, &mut gw.host) {
+            self.arm_deadline(conn);
             return;
         }
         let outs = gw.effects(Waiter::Conn(conn), Some(&mut c.ps));

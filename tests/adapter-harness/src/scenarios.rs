@@ -562,6 +562,52 @@ pub fn a_stalled_replay_is_answered_at_the_deadline<P: Proxy>() {
     }
 }
 
+/// A replay that stalls after its first event, while recorded events are still owed, is reset
+/// at the same deadline counted from the last replayed event, and recorded lost: the headers
+/// are out, in either adapter. Each replayed event moves the deadline on (the native adapter's
+/// scheduled event finds it moved and waits again).
+pub fn a_replay_that_stalls_midway_is_reset_at_the_deadline<P: Proxy>() {
+    let mut p = match P::start(&config_with(r#","continuation_headers_timeout_ms":100"#)) {
+        Ok(p) => p,
+        Err(e) => unreachable!("the filter refused its config: {e}"),
+    };
+    let s = resume(
+        &mut p,
+        StreamKind::Get,
+        &continue_verdict(&["e8", "e9", "e10"]),
+    );
+    p.set_attribute(s, Attribute::UpstreamAddress, OWNER);
+    p.response_headers(s, sse(&[]), false);
+    p.advance_ms(60);
+    let first = p.response_body(s, b"id: e8\ndata: x\n\n", false);
+    assert_eq!(first, Flow::Continue);
+    // Each tick sends the records of the event relayed before it (and fires deadlines).
+    p.advance_ms(60);
+    flush(&mut p);
+    let second = p.response_body(s, b"id: e9\ndata: x\n\n", false);
+    assert_eq!(second, Flow::Continue);
+    p.advance_ms(60);
+    flush(&mut p);
+    p.response_body(s, b": keep-alive\n\n", false);
+    p.advance_ms(30);
+    p.tick();
+    assert!(!p.was_reset(s), "a steady replay is not cut");
+    assert_eq!(ids_in(&p.client_body(s)).len(), 2);
+    p.advance_ms(30);
+    p.tick();
+    assert!(p.was_reset(s), "100 ms after the last replayed event");
+    assert!(p.local_replies(s).is_empty());
+    assert_eq!(p.counter("mcp_resume_guard.refused.owner_busy"), Some(1));
+    let records = flush(&mut p);
+    assert!(
+        records
+            .iter()
+            .any(|r| matches!(r, Record::StreamLost { .. })),
+        "{records:?}"
+    );
+    p.end_stream(s);
+}
+
 /// A failed continuation reads `response.code_details`: an owner no longer in the cluster is
 /// `owner_unavailable` and recorded lost; any other failure is `owner_busy`.
 pub fn an_owner_gone_from_the_cluster_is_told_from_a_busy_one<P: Proxy>() {
@@ -752,6 +798,7 @@ macro_rules! adapter_tests {
             a_hung_owner_is_answered_at_the_deadline,
             an_expected_replay_holds_the_headers_until_its_first_event,
             a_stalled_replay_is_answered_at_the_deadline,
+            a_replay_that_stalls_midway_is_reset_at_the_deadline,
             an_owner_gone_from_the_cluster_is_told_from_a_busy_one,
             the_tick_flushes_records_as_a_callout,
             the_owner_header_never_passes_on_any_path,
