@@ -200,7 +200,7 @@ check: rust-targets check-venv
 # the behaviour menu and the faults the current tree passes (the corpus in sim/seeds/corpus.txt
 # lists what fails). `make sim` builds in its own optimized profile (target/sim), so it never
 # rebuilds the debug tree; `sim-smoke` (part of `make check`) runs the debug build for seconds.
-SIM_GREEN   := --menu correct,feed-all,ids-without-data,echo-cursor,5xx,large,odd-type,hang,refuse-second,echo-cursor+large,reset-ids \
+SIM_GREEN   := --menu correct,feed-all,ids-without-data,echo-cursor,5xx,large,odd-type,hang,refuse-second,echo-cursor+large,reset-ids,stall-midway \
                --odd-ids 6 --callout-loss 20 --store-blip 2 --skew-ms 500 --service-jitter-ms 20
 SIM_SEED    ?= 1
 SIM_SEEDS   ?= 40
