@@ -21,8 +21,15 @@ pub fn installed() -> bool {
 }
 
 /// Starts `redis-server` on 127.0.0.1:`port` with no persistence, plus `extra` arguments
-/// (already shell-quoted), and waits until the port accepts connections.
+/// (already shell-quoted), and waits until the port accepts connections. A port already in use
+/// is an error, never a server shared with another run.
 pub fn start(port: u16, extra: &str) -> Result<Child, String> {
+    // Another run's server on the port would answer for a while, then vanish under the test.
+    if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        return Err(format!(
+            "127.0.0.1:{port} is already in use (another test run? set E2E_PORT_OFFSET)"
+        ));
+    }
     let script = format!(
         "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no {extra} \
          --daemonize no --loglevel warning & rp=$!; \
