@@ -1719,6 +1719,11 @@ impl Exchange {
                 (s, inc_hex)
             }
         };
+        // A client waits at most this to resume a call's stream (GET streams carry no call).
+        let mut stream = stream;
+        if stream.kind() == StreamKind::Request {
+            stream.bound_retry(w.config.max_retry_ms);
+        }
         // Without a session nothing is recorded: such a stream cannot be resumed anyway.
         if let Some(hex) = inc_hex {
             self.record_keys = Some((skey, hex));

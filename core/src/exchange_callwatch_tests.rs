@@ -163,3 +163,60 @@ fn a_cursor_every_client_resumes_from_leaves_the_end_alone() {
         );
     }
 }
+
+/// The last `retry` a client parses from `out` (lines with LF ends).
+fn last_retry(out: &str) -> Option<u64> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("retry:"))
+        .filter_map(|v| v.strip_prefix(' ').unwrap_or(v).parse().ok())
+        .next_back()
+}
+
+/// Red team 4, `bigretry-cur`: a replica's `retry: 3600000` on a request stream would keep
+/// both SDKs an hour from the resume the guard settles; the bound follows it (after the
+/// guard's own hint too) on request streams (continuations open through the same path), and
+/// leaves GET streams alone.
+#[test]
+fn a_replicas_long_retry_is_bounded_on_request_streams() {
+    let body = format!("retry: 3600000\nid: e1\n{PROGRESS}");
+    for extra in ["", r#","client_retry_ms":400"#, r#","max_retry_ms":2500"#] {
+        let mut w = Worker::new(config(extra));
+        let bound = w.config.max_retry_ms;
+        let mut host = MockHost::new();
+        let mut ex = Exchange::new();
+        let post = hdrs(&[
+            (":method", "POST"),
+            (":path", "/mcp"),
+            ("mcp-session-id", SID),
+        ]);
+        rq(&mut ex, &mut w, &mut host, &post);
+        ex.on_request_body(Some(CALL.as_bytes()), true);
+        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
+        let out = body_str(&host);
+        assert!(bound.is_some());
+        assert_eq!(last_retry(&out), bound, "{extra}: {out}");
+    }
+    // Off: the replica's word passes.
+    let mut w = Worker::new(config(r#","max_retry_ms":0"#));
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &post);
+    ex.on_request_body(Some(CALL.as_bytes()), true);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
+    assert_eq!(last_retry(&body_str(&host)), Some(3_600_000));
+    // A GET stream carries no call: its poll interval is the replica's.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    rq(&mut ex, &mut w, &mut host, &get(&[]));
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
+    assert_eq!(last_retry(&body_str(&host)), Some(3_600_000));
+}
