@@ -175,7 +175,7 @@ pub struct RawConfig {
     /// default; 0 (default) = none.
     #[serde(default)]
     pub client_retry_ms: u64,
-    /// The largest SSE `retry:` (ms) a client of a request stream gets: a replica's larger one
+    /// The largest SSE `retry:` (ms) a client of any stream gets: a replica's larger one
     /// is followed by this bound, so a client never waits longer to resume (and learn the
     /// outcome) than this (or `client_retry_ms`, if larger); 0 = any passes. Default 10000:
     /// generous for SEP-1699 polling servers, whose `retry:` is their poll interval.
@@ -223,7 +223,7 @@ pub struct Config {
     pub continuation_headers_timeout_ms: u64,
     /// The `retry:` hint for request streams (ms); `None`: off.
     pub client_retry_ms: Option<u64>,
-    /// The bound on a request stream's `retry:` (ms); `None`: off.
+    /// The bound on the `retry:` (ms) clients get; `None`: off.
     pub max_retry_ms: Option<u64>,
     /// The values taken from the environment (`secret_env`, `token_env`), in field order.
     pub from_env: Vec<EnvRef>,

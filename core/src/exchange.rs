@@ -1719,11 +1719,10 @@ impl Exchange {
                 (s, inc_hex)
             }
         };
-        // A client waits at most this to resume a call's stream (GET streams carry no call).
+        // A client waits at most this to resume. GET streams too: TypeScript keeps the last
+        // `retry:` of any stream for all of its transport's reconnects.
         let mut stream = stream;
-        if stream.kind() == StreamKind::Request {
-            stream.bound_retry(w.config.max_retry_ms);
-        }
+        stream.bound_retry(w.config.max_retry_ms);
         // Without a session nothing is recorded: such a stream cannot be resumed anyway.
         if let Some(hex) = inc_hex {
             self.record_keys = Some((skey, hex));

@@ -174,10 +174,9 @@ fn last_retry(out: &str) -> Option<u64> {
 
 /// Red team 4, `bigretry-cur`: a replica's `retry: 3600000` on a request stream would keep
 /// both SDKs an hour from the resume the guard settles; the bound follows it (after the
-/// guard's own hint too) on request streams (continuations open through the same path), and
-/// leaves GET streams alone.
+/// guard's own hint too) on every stream (continuations open through the same path).
 #[test]
-fn a_replicas_long_retry_is_bounded_on_request_streams() {
+fn a_replicas_long_retry_is_bounded() {
     let body = format!("retry: 3600000\nid: e1\n{PROGRESS}");
     for extra in ["", r#","client_retry_ms":400"#, r#","max_retry_ms":2500"#] {
         let mut w = Worker::new(config(extra));
@@ -211,12 +210,12 @@ fn a_replicas_long_retry_is_bounded_on_request_streams() {
     rs(&mut ex, &mut w, &mut host, &sse_ok());
     bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
     assert_eq!(last_retry(&body_str(&host)), Some(3_600_000));
-    // A GET stream carries no call: its poll interval is the replica's.
+    // A GET stream too: TypeScript keeps the last `retry:` of any stream for every reconnect.
     let mut w = worker();
     let mut host = MockHost::new();
     let mut ex = Exchange::new();
     rq(&mut ex, &mut w, &mut host, &get(&[]));
     rs(&mut ex, &mut w, &mut host, &sse_ok());
     bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
-    assert_eq!(last_retry(&body_str(&host)), Some(3_600_000));
+    assert_eq!(last_retry(&body_str(&host)), Some(10_000));
 }
