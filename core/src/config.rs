@@ -175,6 +175,12 @@ pub struct RawConfig {
     /// default; 0 (default) = none.
     #[serde(default)]
     pub client_retry_ms: u64,
+    /// The largest SSE `retry:` (ms) a client of any stream gets: a replica's larger one
+    /// is followed by this bound, so a client never waits longer to resume (and learn the
+    /// outcome) than this (or `client_retry_ms`, if larger); 0 = any passes. Default 10000:
+    /// generous for SEP-1699 polling servers, whose `retry:` is their poll interval.
+    #[serde(default = "default_max_retry_ms")]
+    pub max_retry_ms: u64,
 }
 
 fn default_paths() -> Vec<String> {
@@ -195,6 +201,9 @@ fn default_true() -> bool {
 fn default_continuation_headers_timeout_ms() -> u64 {
     5000
 }
+fn default_max_retry_ms() -> u64 {
+    10_000
+}
 
 pub use crate::path::PathMatch;
 
@@ -214,6 +223,8 @@ pub struct Config {
     pub continuation_headers_timeout_ms: u64,
     /// The `retry:` hint for request streams (ms); `None`: off.
     pub client_retry_ms: Option<u64>,
+    /// The bound on the `retry:` (ms) clients get; `None`: off.
+    pub max_retry_ms: Option<u64>,
     /// The values taken from the environment (`secret_env`, `token_env`), in field order.
     pub from_env: Vec<EnvRef>,
 }
@@ -377,6 +388,15 @@ impl Config {
         if raw.client_retry_ms > 60_000 {
             return Err(err("client_retry_ms", "must be between 0 (off) and 60000"));
         }
+        if raw.max_retry_ms != 0 && !(1000..=600_000).contains(&raw.max_retry_ms) {
+            return Err(err(
+                "max_retry_ms",
+                "must be 0 (off) or between 1000 and 600000",
+            ));
+        }
+        // Never below the guard's own hint: the operator chose that wait.
+        let max_retry_ms =
+            (raw.max_retry_ms > 0).then_some(raw.max_retry_ms.max(raw.client_retry_ms));
         let keyring =
             keyring(&raw.keys, env, &mut from_env)?.with_legacy_macs(raw.legacy_cursor_macs);
         Ok(Config {
@@ -392,6 +412,7 @@ impl Config {
             contiguity: raw.contiguity,
             continuation_headers_timeout_ms: raw.continuation_headers_timeout_ms,
             client_retry_ms: (raw.client_retry_ms > 0).then_some(raw.client_retry_ms),
+            max_retry_ms,
             from_env,
         })
     }
@@ -716,6 +737,24 @@ mod tests {
         assert_eq!(field_of(&json(r#","client_retry_ms":60001"#)), field);
         assert_eq!(field_of(&json(r#","client_retry_ms":-1"#)), field);
         assert_eq!(field_of(&json(r#","client_retry_ms":"250""#)), field);
+    }
+
+    #[test]
+    fn retry_bound_is_on_by_default_and_never_below_the_hint() {
+        let bound = |extra: &str| Config::from_json(json(extra).as_bytes()).map(|c| c.max_retry_ms);
+        assert_eq!(bound(""), Ok(Some(10_000)));
+        assert_eq!(bound(r#","max_retry_ms":0"#), Ok(None));
+        assert_eq!(bound(r#","max_retry_ms":1000"#), Ok(Some(1000)));
+        assert_eq!(bound(r#","max_retry_ms":600000"#), Ok(Some(600_000)));
+        assert_eq!(bound(r#","client_retry_ms":60000"#), Ok(Some(60_000)));
+        assert_eq!(
+            bound(r#","client_retry_ms":2000,"max_retry_ms":1000"#),
+            Ok(Some(2000))
+        );
+        let field = "max_retry_ms";
+        assert_eq!(field_of(&json(r#","max_retry_ms":999"#)), field);
+        assert_eq!(field_of(&json(r#","max_retry_ms":600001"#)), field);
+        assert_eq!(field_of(&json(r#","max_retry_ms":-1"#)), field);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::cursor::{incarnation_hex, session_binding_and_key, session_key, Decod
 use crate::decision::{check_locally, CursorRequest, LocalVerdict, DEFAULT_VERSION};
 use crate::eventsource::{Dispatch, Parser};
 use crate::host::{CalloutFailure, Host, LogLevel, Stat};
-use crate::jsonrpc::{split_ids, RequestIdScanner, Scan};
+use crate::jsonrpc::{client_response, split_ids, RequestIdScanner, Scan};
 use crate::ownership::{
     check_version, post_headers, BranchAnswer, BranchQuery, Reason, Record, ResumeQuery,
     ResumeVerdict, SessionEnd, StreamKind, BRANCH_PATH, RESUME_PATH,
@@ -392,14 +392,17 @@ impl Refusal {
 
 /// What the client of a request stream (fresh, or a registered branch) dispatched (its own
 /// parser over the guard's output), until the response to every request of the stream went out.
-/// Only `message` events holding a JSON-RPC response (`jsonrpc` "2.0", `result` or `error`, no
-/// `method`) with a pending id count: anything the client might not take as the answer keeps
+/// A call counts answered only by a `message` event every client takes as its response
+/// ([`client_response`], [`crate::jsonrpc::Response::answers`]): anything one of them refuses (and drops) keeps
 /// the end asking.
 struct CallWatch {
     parser: Parser,
     /// Ids of the stream's requests still without a response: parsed JSON to match responses,
     /// and the raw text the client sent, to settle them with.
     pending: Vec<(serde_json::Value, String)>,
+    /// A result response (to any id) went out: the TypeScript SDK then never resumes the
+    /// stream, whatever cursor it holds.
+    result_seen: bool,
     /// The dispatched events of the chunk being read (buffer reused).
     events: Vec<Dispatch>,
 }
@@ -415,6 +418,7 @@ impl CallWatch {
             Box::new(CallWatch {
                 parser: Parser::new(),
                 pending,
+                result_seen: false,
                 events: Vec::new(),
             })
         })
@@ -422,6 +426,13 @@ impl CallWatch {
 
     fn answered(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// Would every client resume from a cursor it holds? The TypeScript SDK does not once it
+    /// dispatched a result response (`receivedResponse`); Python's does not once it got any
+    /// response, but that response then ended its call.
+    fn clients_resume(&self) -> bool {
+        !self.result_seen
     }
 
     /// The raw ids of the requests still without a response.
@@ -436,34 +447,26 @@ impl CallWatch {
             return true;
         }
         self.parser.feed(out, &mut self.events);
-        let pending = &mut self.pending;
         for ev in self.events.drain(..) {
             if !(ev.event.is_empty() || ev.event == "message") {
                 continue;
             }
-            let Ok(msg) = serde_json::from_str::<serde_json::Value>(&ev.data) else {
-                continue;
-            };
-            let batch = match &msg {
-                serde_json::Value::Array(items) => items.as_slice(),
-                one => std::slice::from_ref(one),
-            };
-            for id in batch.iter().filter_map(response_id) {
-                pending.retain(|(p, _)| p != id);
+            // A batch (an array) is no response to either SDK: TypeScript's schema refuses it,
+            // Python's reports a parse error for its call.
+            match serde_json::from_str::<serde_json::Value>(&ev.data) {
+                Ok(msg) => {
+                    if let Some(r) = client_response(&msg) {
+                        self.result_seen |= r.result;
+                        self.pending.retain(|(p, _)| !r.answers(p));
+                    }
+                }
+                // JSON that `JSON.parse` reads but serde does not (a lone surrogate, a number
+                // out of range) may be a result: err towards "the client will not resume".
+                Err(_) => self.result_seen |= ev.data.contains("\"result\""),
             }
         }
         self.answered() || self.parser.held_bytes() <= max_hold
     }
-}
-
-/// The id of a JSON-RPC response (`None`: not a response).
-fn response_id(m: &serde_json::Value) -> Option<&serde_json::Value> {
-    let o = m.as_object()?;
-    let version = o.get("jsonrpc").and_then(serde_json::Value::as_str) == Some("2.0");
-    let one_outcome = o.contains_key("result") != o.contains_key("error");
-    (version && one_outcome && !o.contains_key("method"))
-        .then(|| o.get("id"))
-        .flatten()
 }
 
 /// One request/response through the guard.
@@ -1290,7 +1293,8 @@ impl Exchange {
     /// client has no cursor it can resume from, `response_missing`). Its end says so and settles the calls still unanswered: those the
     /// watch saw no response to, or, when it gave up (ids unknown, a block over the hold
     /// bound), all of them if nothing at all was relayed. A fresh stream that relayed an id
-    /// (a priming event) is left alone: the client resumes from it.
+    /// (a priming event) is left alone while every client resumes from it: not after a result
+    /// response to any id (the TypeScript SDK then does not resume, docs/clients.md).
     fn settle_unanswered_end<H: Host>(&mut self, w: &Worker, host: &mut H, out: &mut Vec<u8>) {
         let Some(stream) = self.stream.as_ref() else {
             return;
@@ -1303,12 +1307,14 @@ impl Exchange {
                 Reason::ReplayMissing
             }
             Phase::Idle
-                if stream.kind() == StreamKind::Request
-                    && (stream.cursors_kept() == 0 || stream.ends_on_reset())
-                    && match watch {
-                        Some(c) => !c.answered(),
-                        None => stream.relayed_events() == 0,
-                    } =>
+                if stream.kind() == StreamKind::Request && {
+                    // A reset cursor is none to resume from.
+                    let no_cursor = stream.cursors_kept() == 0 || stream.ends_on_reset();
+                    match watch {
+                        Some(c) => !c.answered() && (no_cursor || !c.clients_resume()),
+                        None => no_cursor && stream.relayed_events() == 0,
+                    }
+                } =>
             {
                 Reason::ResponseMissing
             }
@@ -1747,6 +1753,10 @@ impl Exchange {
                 (s, inc_hex)
             }
         };
+        // A client waits at most this to resume. GET streams too: TypeScript keeps the last
+        // `retry:` of any stream for all of its transport's reconnects.
+        let mut stream = stream;
+        stream.bound_retry(w.config.max_retry_ms);
         // Without a session nothing is recorded: such a stream cannot be resumed anyway.
         if let Some(hex) = inc_hex {
             self.record_keys = Some((skey, hex));

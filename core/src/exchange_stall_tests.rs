@@ -174,7 +174,8 @@ fn an_answered_or_resumable_fresh_request_stream_is_left_alone() {
     for body in [
         // The response, without an id, after a notification; an error answers too.
         format!("{PROGRESS}data: {{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{}}}}\n\n"),
-        "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,\"error\":{}}\n\n".to_owned(),
+        "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,\"error\":{\"code\":1,\"message\":\"m\"}}\n\n"
+            .to_owned(),
         // A priming id, then only notifications: the client holds a cursor and resumes.
         format!("id: p1\ndata:\n\n{PROGRESS}"),
     ] {
@@ -191,10 +192,11 @@ fn an_answered_or_resumable_fresh_request_stream_is_left_alone() {
 #[test]
 fn a_batch_whose_stream_ends_settles_only_its_unanswered_calls() {
     let call = r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":"x","method":"b"},{"jsonrpc":"2.0","id":3,"method":"c"}]"#;
-    // One answered alone, one inside a batch answer: only "x" is left.
+    // One answered alone, one by an error: only "x" is left. (A batch answer answers none:
+    // exchange_callwatch_tests.rs.)
     let body = format!(
         "{PROGRESS}data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{}}}}\n\n\
-         data: [{{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{{}}}}]\n\n"
+         data: {{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{{\"code\":1,\"message\":\"m\"}}}}\n\n"
     );
     let (host, out) = fresh_call_ending(call, &body);
     assert!(out.starts_with(&body), "{out}");

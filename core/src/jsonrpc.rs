@@ -538,6 +538,94 @@ pub fn split_ids(carried: &str) -> Option<Vec<&str>> {
     ids.iter().all(|id| valid_id(id)).then_some(ids)
 }
 
+/// A relayed message as the clients' JSON-RPC schemas read it: a response, its id and kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Response<'a> {
+    /// `None`: an error response without id (it answers no call).
+    pub id: Option<&'a serde_json::Value>,
+    /// A result response (not an error).
+    pub result: bool,
+}
+
+impl Response<'_> {
+    /// Does this response answer the call `pending` (the raw id the client sent, parsed) for
+    /// every client? Besides the TypeScript schema ([`client_response`]), Python's pydantic
+    /// model takes an integer id only as an integer literal (`Field(strict=True)`), and the id
+    /// must be the client's own exactly: one that a client maps to it (TypeScript's
+    /// `Number("7")`) is not counted, so the end settles it, harmlessly (docs/clients.md).
+    pub fn answers(&self, pending: &serde_json::Value) -> bool {
+        self.id
+            .is_some_and(|id| (id.is_string() || id.is_i64() || id.is_u64()) && id == pending)
+    }
+}
+
+/// `Number.MAX_SAFE_INTEGER`: zod's `int()` takes no integer of larger magnitude.
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+
+/// The MCP key of a task a result relates to (TypeScript's `RELATED_TASK_META_KEY`).
+const RELATED_TASK_KEY: &str = "io.modelcontextprotocol/related-task";
+
+/// `m` as the TypeScript SDK 1.32 reads a message event (`JSONRPCMessageSchema`, zod): a
+/// response only when its strict schema accepts it, `None` otherwise (a request, a
+/// notification, a batch, or a message it refuses with `onerror` and drops). Python's `mcp`
+/// 2.3 accepts every response TypeScript does (its models ignore extra keys and take any
+/// object as `result`), with one difference in the id ([`Response::answers`]).
+/// - only `jsonrpc`, `id` and one of `result` / `error` (`.strict()`); `jsonrpc` is `"2.0"`;
+/// - `id`: a string or a safe integer (`RequestIdSchema`); required on a result;
+/// - `result`: an object whose `_meta`, if present, is an object with a string or integer
+///   `progressToken` and an object with a string `taskId` under the related-task key, if
+///   present (`ResultSchema`);
+/// - `error`: an object with an integer `code` and a string `message`, any `data`.
+pub fn client_response(m: &serde_json::Value) -> Option<Response<'_>> {
+    let o = m.as_object()?;
+    if o.get("jsonrpc")?.as_str()? != "2.0" {
+        return None;
+    }
+    let id = o.get("id");
+    let result = match (o.get("result"), o.get("error")) {
+        (Some(r), None) => ts_result(r).then_some(true)?,
+        (None, Some(e)) => ts_error(e).then_some(false)?,
+        _ => return None,
+    };
+    let known = 2 + usize::from(id.is_some());
+    let id_ok = match id {
+        Some(i) => ts_id(i),
+        None => !result,
+    };
+    (o.len() == known && id_ok).then_some(Response { id, result })
+}
+
+/// `z.number().int()` on the number `JSON.parse` makes of `v` (`1.0` and `1e2` are integers).
+fn ts_int(v: &serde_json::Value) -> bool {
+    v.as_f64()
+        .is_some_and(|f| f.fract() == 0.0 && f.abs() <= MAX_SAFE_INTEGER)
+}
+
+fn ts_id(v: &serde_json::Value) -> bool {
+    v.is_string() || ts_int(v)
+}
+
+fn ts_result(r: &serde_json::Value) -> bool {
+    let Some(r) = r.as_object() else {
+        return false;
+    };
+    let Some(meta) = r.get("_meta") else {
+        return true;
+    };
+    let Some(meta) = meta.as_object() else {
+        return false;
+    };
+    let token_ok = meta.get("progressToken").is_none_or(ts_id);
+    let task_ok = meta
+        .get(RELATED_TASK_KEY)
+        .is_none_or(|t| t.get("taskId").is_some_and(serde_json::Value::is_string));
+    token_ok && task_ok
+}
+
+fn ts_error(e: &serde_json::Value) -> bool {
+    e.get("code").is_some_and(ts_int) && e.get("message").is_some_and(serde_json::Value::is_string)
+}
+
 /// The ids of a whole body (tests, fuzzing).
 pub fn request_id(body: &[u8]) -> Option<String> {
     let mut s = RequestIdScanner::new();

@@ -341,3 +341,161 @@ mod props {
         }
     }
 }
+
+/// The response schemas of the TypeScript SDK 1.32 (`types.js`: `JSONRPCResultResponseSchema`,
+/// `JSONRPCErrorResponseSchema`, `.strict()`, `RequestIdSchema` = string | `int()`,
+/// `ResultSchema` with `_meta`) and Python `mcp` 2.3 (`mcp_types/jsonrpc.py`: `RequestId` =
+/// strict int | str, `ErrorData` with int `code` and str `message`, extra keys ignored).
+#[test]
+fn a_response_counts_only_as_every_clients_schema_reads_it() {
+    use serde_json::json;
+    // (message, TypeScript's reading: Some(result?) for a response, answers call 9 for both)
+    let cases: &[(&str, Option<bool>, bool)] = &[
+        (r#"{"jsonrpc":"2.0","id":9,"result":{}}"#, Some(true), true),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"a":[1],"_meta":{}}}"#,
+            Some(true),
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":{"progressToken":7,"k":null}}}"#,
+            Some(true),
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":{"progressToken":"t"}}}"#,
+            Some(true),
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t","x":1}}}}"#,
+            Some(true),
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"code":-1,"message":"m"}}"#,
+            Some(false),
+            true,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"code":2e0,"message":"m","data":[],"more":1}}"#,
+            Some(false),
+            true,
+        ),
+        // TypeScript takes these; Python's strict integer id does not: no answer.
+        (
+            r#"{"jsonrpc":"2.0","id":9.0,"result":{}}"#,
+            Some(true),
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9e0,"result":{}}"#,
+            Some(true),
+            false,
+        ),
+        // Another id, a string id for an integer call, an error without id: no answer.
+        (r#"{"jsonrpc":"2.0","id":8,"result":{}}"#, Some(true), false),
+        (
+            r#"{"jsonrpc":"2.0","id":"9","result":{}}"#,
+            Some(true),
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","error":{"code":1,"message":"m"}}"#,
+            Some(false),
+            false,
+        ),
+        // Refused by TypeScript's strict schemas.
+        (r#"{"jsonrpc":"2.0","result":{}}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"result":{},"x":1}"#, None, false),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{},"error":{"code":1,"message":"m"}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{},"method":"m"}"#,
+            None,
+            false,
+        ),
+        (r#"{"jsonrpc":"2.0","id":9}"#, None, false),
+        (r#"{"jsonrpc":"1.0","id":9,"result":{}}"#, None, false),
+        (r#"{"id":9,"result":{}}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9.5,"result":{}}"#, None, false),
+        (
+            r#"{"jsonrpc":"2.0","id":9007199254740992,"result":{}}"#,
+            None,
+            false,
+        ),
+        (r#"{"jsonrpc":"2.0","id":null,"result":{}}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":true,"result":{}}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"result":5}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"result":[]}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"result":"ok"}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"result":null}"#, None, false),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":5}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":null}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":{"progressToken":null}}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":{"progressToken":1.5}}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"result":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":1}}}}"#,
+            None,
+            false,
+        ),
+        (r#"{"jsonrpc":"2.0","id":9,"error":"boom"}"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"error":null}"#, None, false),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"code":1}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"message":"m"}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"code":1.5,"message":"m"}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"code":"1","message":"m"}}"#,
+            None,
+            false,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"error":{"code":1,"message":null}}"#,
+            None,
+            false,
+        ),
+        (r#"[{"jsonrpc":"2.0","id":9,"result":{}}]"#, None, false),
+        (r#"{"jsonrpc":"2.0","id":9,"method":"m"}"#, None, false),
+    ];
+    let call = json!(9);
+    for &(text, ts, answers) in cases {
+        let m: serde_json::Value = serde_json::from_str(text).unwrap();
+        let r = client_response(&m);
+        assert_eq!(r.map(|r| r.result), ts, "{text}");
+        assert_eq!(r.is_some_and(|r| r.answers(&call)), answers, "{text}");
+    }
+    // A string id answers the call that sent that string.
+    let m = json!({"jsonrpc":"2.0","id":"a","result":{}});
+    assert!(client_response(&m).is_some_and(|r| r.answers(&json!("a"))));
+}

@@ -30,6 +30,10 @@
 //!   control event or the `retry:` hint can be put in front of the output. Should the output
 //!   still start with a mark's first byte (an `id` line before it was removed), a blank line
 //!   goes first.
+//! - A `retry` field above the bound set by [`Rewriter::bound_retry`] (the client keeps the last
+//!   one it parses) is followed by the bound: a `retry: <bound>` line is written before the
+//!   block's blank line (or, in a block partly out when the stream ends, after its last line).
+//!   The replica's line itself passes unchanged.
 //! - An unterminated block at the end is never released: WHATWG and the TypeScript SDK discard
 //!   it, Python dispatches one ending in CR, unchecked. The output ends with an LF (after a last
 //!   CR, or ending the last line of a block partly out), so no reader holds or doubles its last
@@ -291,6 +295,19 @@ enum Lf {
     Drop,
 }
 
+/// How far the current line reads as a `retry` field (`retry:`, one optional space, digits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryField {
+    No,
+    /// The first `n` bytes of `retry:` matched.
+    Name(u8),
+    /// Right after the colon, then after the one space that may follow it.
+    Colon,
+    Space,
+    /// Digits so far: their value (saturating).
+    Value(u64),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BlockId {
     None,
@@ -327,6 +344,12 @@ pub struct Rewriter {
     has_data: bool,
     /// `Some(n)`: the current line's first `n` bytes (all in earlier chunks) are `data`'s.
     data_name: Option<u8>,
+    /// The largest `retry` (ms) a client may get; `None`: any passes.
+    max_retry: Option<u64>,
+    /// The current line as a `retry` field (read only with a bound, on lines starting `r`).
+    retry_field: RetryField,
+    /// The current block has a `retry` field above the bound.
+    retry_over: bool,
     /// [`content_digest`] of the current block so far.
     content: ContentDigest,
     /// The last byte this rewriter wrote (None before any).
@@ -359,6 +382,9 @@ impl Rewriter {
             block_id_state: BlockId::None,
             has_data: false,
             data_name: None,
+            max_retry: None,
+            retry_field: RetryField::No,
+            retry_over: false,
             content: ContentDigest::new(),
             last_out: None,
             cut: false,
@@ -379,6 +405,11 @@ impl Rewriter {
             streaming: true,
             ..Rewriter::new(max_hold)
         }
+    }
+
+    /// Lowers every `retry` field a client reads to at most `max_ms` (see the module doc).
+    pub fn bound_retry(&mut self, max_ms: Option<u64>) {
+        self.max_retry = max_ms;
     }
 
     /// Feeds one chunk; rewritten bytes are appended to `out`. `on_id` is called once per block
@@ -419,6 +450,11 @@ impl Rewriter {
         let last = self.last_out;
         if last == Some(b'\r') || (self.ended_mid_block && last.is_some_and(|b| b != b'\n')) {
             emit(&mut self.last_out, out, b"\n");
+        }
+        // The LF just written ends a last `retry` line too: clients read it.
+        self.end_retry_line();
+        if self.ended_mid_block {
+            self.write_retry_bound(b"\n", out);
         }
         self.reset_block();
         self.line = Line::Start;
@@ -522,6 +558,9 @@ impl Rewriter {
             return rest.len();
         }
         self.line = Line::Other;
+        if self.max_retry.is_some() && rest.first() == Some(&b'r') {
+            self.retry_field = RetryField::Name(0);
+        }
         // Whether the line is a `data` field, at once when its first 5 bytes are here.
         self.data_name = match rest.get(..5) {
             Some(head) => {
@@ -604,11 +643,16 @@ impl Rewriter {
         if let Some(n) = self.data_name {
             self.match_data_name(n, rest);
         }
-        let Some(e) = find_eol(rest) else {
+        let eol = find_eol(rest);
+        if self.retry_field != RetryField::No {
+            self.read_retry(rest.get(..eol.unwrap_or(rest.len())).unwrap_or_default());
+        }
+        let Some(e) = eol else {
             self.content.range(chunk, i, chunk.len());
             self.add_run(i, chunk.len());
             return rest.len();
         };
+        self.end_retry_line();
         if rest.get(e) == Some(&b'\n') {
             // The line and its LF are the digest's bytes as they are.
             self.content.range(chunk, i, i + e + 1);
@@ -642,6 +686,48 @@ impl Rewriter {
         }
         // The chunk ended inside the name: the next one decides.
         self.data_name = Some(n);
+    }
+
+    /// Reads on in a line that may be a `retry` field (WHATWG: the value after one optional
+    /// space, only ASCII digits, at least one).
+    fn read_retry(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'));
+            self.retry_field = match (self.retry_field, digit) {
+                (RetryField::No, _) => return,
+                (RetryField::Name(n), _) => match b"retry:".get(usize::from(n)) {
+                    Some(&want) if b == want && n == 5 => RetryField::Colon,
+                    Some(&want) if b == want => RetryField::Name(n + 1),
+                    _ => RetryField::No,
+                },
+                (RetryField::Colon, None) if b == b' ' => RetryField::Space,
+                (RetryField::Colon | RetryField::Space, Some(d)) => RetryField::Value(d),
+                (RetryField::Value(ms), Some(d)) => {
+                    RetryField::Value(ms.saturating_mul(10).saturating_add(d))
+                }
+                _ => RetryField::No,
+            };
+        }
+    }
+
+    /// The current line ended: a `retry` field above the bound marks the block.
+    fn end_retry_line(&mut self) {
+        if let (RetryField::Value(ms), Some(max)) = (self.retry_field, self.max_retry) {
+            // The block's last `retry` is the one its client keeps.
+            self.retry_over = ms > max;
+        }
+        self.retry_field = RetryField::No;
+    }
+
+    /// After a block's content: the bound, when a `retry` field of the block was above it.
+    fn write_retry_bound(&mut self, term: &[u8], out: &mut Vec<u8>) {
+        let Some(max) = self.max_retry.filter(|_| self.retry_over) else {
+            return;
+        };
+        emit(&mut self.last_out, out, b"retry: ");
+        // Into a Vec this cannot fail.
+        let _ = std::io::Write::write_fmt(out, format_args!("{max}"));
+        emit(&mut self.last_out, out, id_line_end(term));
     }
 
     fn begin_id_line(&mut self) {
@@ -797,6 +883,7 @@ impl Rewriter {
         let lf = match action {
             None | Some(IdAction::Omit) => {
                 self.flush_content(chunk, out);
+                self.write_retry_bound(term, out);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -804,6 +891,7 @@ impl Rewriter {
                 self.flush_content(chunk, out);
                 let id = std::iter::once(block_id.as_slice());
                 write_id_line(&mut self.last_out, out, id, term);
+                self.write_retry_bound(term, out);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -821,6 +909,7 @@ impl Rewriter {
                     out.extend_from_slice(&block_id);
                 }
                 emit(&mut self.last_out, out, id_line_end(term));
+                self.write_retry_bound(term, out);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -828,6 +917,7 @@ impl Rewriter {
                 self.flush_content(chunk, out);
                 let id = s.as_bytes().split(|&b| b == b'\r' || b == b'\n');
                 write_id_line(&mut self.last_out, out, id, term);
+                self.write_retry_bound(term, out);
                 self.emit_terminator(term, out);
                 Lf::Out
             }
@@ -873,6 +963,8 @@ impl Rewriter {
         self.block_id_state = BlockId::None;
         self.has_data = false;
         self.data_name = None;
+        self.retry_field = RetryField::No;
+        self.retry_over = false;
         self.content.reset();
     }
 }
@@ -1584,6 +1676,72 @@ pub(crate) mod tests {
         (out, w.ids)
     }
 
+    /// `chunks` through a rewriter whose `retry` bound is 50, in both modes, ids kept.
+    fn bounded(chunks: &[&[u8]], streaming: bool) -> Vec<u8> {
+        let mut rw = if streaming {
+            Rewriter::streaming(1 << 16)
+        } else {
+            Rewriter::new(1 << 16)
+        };
+        rw.bound_retry(Some(50));
+        let mut out = Vec::new();
+        for c in chunks {
+            rw.push(c, &mut out, &mut |_, _| IdAction::Keep);
+        }
+        rw.finish(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_retry_above_the_bound_is_followed_by_the_bound() {
+        let cases: &[(&[u8], &[u8])] = &[
+            (
+                b"retry: 3600000\nid: e1\ndata: x\n\n",
+                b"retry: 3600000\ndata: x\nid: e1\nretry: 50\n\n",
+            ),
+            (b"retry:51\n\n", b"retry:51\nretry: 50\n\n"),
+            (
+                b"retry: 99999999999999999999999\r\n\r\n",
+                b"retry: 99999999999999999999999\r\nretry: 50\r\n\r\n",
+            ),
+            (
+                b"retry: 900\rdata: a\r\r",
+                b"retry: 900\rdata: a\rretry: 50\r\n\r\n",
+            ),
+            // At or under the bound, not a retry field, or a later one in the block under it.
+            (b"retry: 50\n\n", b"retry: 50\n\n"),
+            (b"retry:  900\n\n", b"retry:  900\n\n"),
+            (b"retry: 9x9\n\n", b"retry: 9x9\n\n"),
+            (b"retryx: 900\n\n", b"retryx: 900\n\n"),
+            (b"data: retry: 900\n\n", b"data: retry: 900\n\n"),
+            (b"retry: 900\nretry: 7\n\n", b"retry: 900\nretry: 7\n\n"),
+            (
+                b"retry: 7\nretry: 900\n\n",
+                b"retry: 7\nretry: 900\nretry: 50\n\n",
+            ),
+        ];
+        for &(input, want) in cases {
+            for streaming in [false, true] {
+                let whole = bounded(&[input], streaming);
+                assert_eq!(
+                    String::from_utf8_lossy(&whole),
+                    String::from_utf8_lossy(want)
+                );
+                let bytes: Vec<&[u8]> = input.chunks(1).collect();
+                assert_eq!(bounded(&bytes, streaming), whole);
+            }
+        }
+        // A block partly out when the stream ends: its lines are read, so the bound follows.
+        for input in [&b"data: x\nretry: 900"[..], b"data: x\nretry: 900\n"] {
+            let out = bounded(&[input], true);
+            let seen = reference(&out);
+            assert_eq!(seen.retries, [900, 50], "{}", String::from_utf8_lossy(&out));
+            assert!(seen.events.is_empty());
+        }
+        // Held and unfinished, the block never goes out.
+        assert_eq!(bounded(&[b"retry: 900\n"], false), b"");
+    }
+
     #[test]
     fn a_written_id_is_the_same_as_a_replacement() {
         let f = |id: &str| format!("R{}", id.to_uppercase());
@@ -1726,6 +1884,20 @@ pub(crate) mod tests {
                     let (written, ids3) = run_written(&split(&s, &cuts), streaming, &f);
                     prop_assert!(same_but_the_tail(&whole, &written, streaming));
                     prop_assert_eq!(&ids3, &ids);
+                }
+            }
+
+            #[test]
+            fn a_bounded_retry_changes_only_the_retry_a_client_keeps(s in stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
+                for streaming in [false, true] {
+                    let out = bounded(&split(&s, &cuts), streaming);
+                    prop_assert_eq!(&bounded(&s.chunks(1).collect::<Vec<_>>(), streaming), &out);
+                    let (got, want) = (reference(&out), reference(&s));
+                    prop_assert_eq!(&got.events, &want.events);
+                    prop_assert_eq!(&got.last_id, &want.last_id);
+                    // Every retry is the replica's or the bound, and the one kept is at most it.
+                    prop_assert!(got.retries.iter().all(|r| *r == 50 || want.retries.contains(r)));
+                    prop_assert!(got.retries.last().is_none_or(|r| *r <= 50));
                 }
             }
 

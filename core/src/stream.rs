@@ -462,6 +462,11 @@ impl StreamState {
         self.ids.rewritten.saturating_add(self.ids.plain)
     }
 
+    /// Lowers every `retry:` the client gets to at most `max_ms` ([`Rewriter::bound_retry`]).
+    pub fn bound_retry(&mut self, max_ms: Option<u64>) {
+        self.rewriter.bound_retry(max_ms);
+    }
+
     /// Bytes held by the SSE parser (bounded by `max_hold`).
     pub fn held_bytes(&self) -> usize {
         self.rewriter.held_bytes()

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import pytest
 
 import harness as h
+import interop
 from stack.upstream import ACCEPTED, Upstream, initialize_answer, send_sse
 from test_seed_scenarios import GUARD_HEADER, open_and_read, replica_port
 
@@ -363,3 +364,74 @@ def test_a_fresh_request_stream_that_ends_after_a_notification_settles_the_call(
     assert msg["id"] == CALL_ID and msg["error"]["code"] == -32010, msg
     assert msg["error"]["data"] == {"resumed": False, "reason": "response_missing"}, msg
     assert all(e.id is None for e in evs), evs
+
+
+# ---- what the real TypeScript client is left waiting on (red team 4) -----------------------
+
+PROGRESS_ONE = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}'
+
+# A call's stream as the replica answers it ({ID}: the call's own id), then a clean end.
+TS_SHAPES = {
+    # The call's own id in a response the TypeScript SDK's schema refuses (it drops it).
+    "badres-extra": b'data: {"jsonrpc":"2.0","id":{ID},"result":{"content":[]},"x":1}\n\n',
+    "badres-num": b'data: {"jsonrpc":"2.0","id":{ID},"result":5}\n\n',
+    "baderr-nomsg": b'data: {"jsonrpc":"2.0","id":{ID},"error":{"code":1}}\n\n',
+    "res-badmeta": b'data: {"jsonrpc":"2.0","id":{ID},"result":{"_meta":5}}\n\n',
+    # A cursor and a result to an id the client never sent: it does not resume.
+    "other-cur": b'id: e1\ndata: {"jsonrpc":"2.0","id":987654,"result":{}}\n\n',
+    # A cursor and an hour's retry: the resume comes after the bound, and is settled.
+    "bigretry-cur": b"retry: 3600000\nid: e1\ndata: " + PROGRESS_ONE + b"\n\n",
+}
+TS_REASON = {"bigretry-cur": "replay_missing"}
+RETRY_BOUND_MS = 1000
+
+
+class AnswersAs(Upstream):
+    """A replica answering a call's stream with `shape`, and a resume of it with an empty stream
+    (it does not know the stream); a standalone GET is not offered (405)."""
+
+    def __init__(self, port: int, session: bytes, shape: bytes):
+        self.session = session
+        self.shape = shape
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        msg = json.loads(body) if method == b"POST" and body.startswith(b"{") else {}
+        if msg.get("method") == "initialize":
+            result = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {
+                "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                "serverInfo": {"name": "shapes", "version": "0"}}}).encode()
+            out.write(closing(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: %s\r\n"
+                              b"content-length: %d\r\n\r\n%s" % (self.session, len(result), result)))
+        elif msg.get("method") == "tools/call":
+            send_sse(out, self.shape.replace(b"{ID}", json.dumps(msg["id"]).encode()))
+        elif method == b"GET" and b"last-event-id" in headers:
+            send_sse(out, b"")
+        elif method == b"GET":
+            out.write(http_answer("405 Method Not Allowed", None, b""))
+        else:
+            out.write(closing(ACCEPTED))
+        return False
+
+
+@pytest.fixture
+def shapes_envoy(fresh):
+    """Envoy whose only replica is this test's upstream, with a short `retry:` bound."""
+    cfg = h.envoy_config(plugin_overrides={"max_retry_ms": RETRY_BOUND_MS,
+                                           "continuation_headers_timeout_ms": DEADLINE_MS},
+                         upstreams=[(h.HOST, PENDING_PORT)])
+    with fresh.own_gateway("envoy-shapes", cfg) as env:
+        yield env
+
+
+@pytest.mark.parametrize("shape", list(TS_SHAPES))
+def test_the_typescript_clients_call_is_settled_not_left_to_its_timeout(fresh, shapes_envoy, shape):
+    interop.require_sdks(python=False)
+    with AnswersAs(PENDING_PORT, b"shapes-" + shape.encode(), TS_SHAPES[shape]):
+        out = interop.ts_client("call", "--timeout", "8000")
+    call_ = out["call"]
+    # Not the SDK's own timeout (-32001 at 8 s): the guard's answer, naming why, within a bound.
+    assert call_["outcome"] == "error", out
+    assert call_["code"] == -32010, out
+    assert call_["data"] == {"resumed": False, "reason": TS_REASON.get(shape, "response_missing")}, out
+    assert call_["t_ms"] < 6000, out
