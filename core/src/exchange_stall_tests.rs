@@ -85,22 +85,6 @@ fn a_fresh_request_stream_that_leaves_no_client_a_cursor_settles_its_call() {
 }
 
 #[test]
-fn a_request_stream_that_ends_inside_a_block_already_partly_out_is_reset() {
-    // Too long to hold: part of the block goes out before the body ends inside it.
-    let body = format!("data: {}", "x".repeat(200_000));
-    let (host, out) = fresh_post_ending(&body);
-    assert!(
-        !out.contains("mcp-resume"),
-        "no signal can follow half an event"
-    );
-    assert!(
-        host.effects.contains(&Effect::ResetResponse),
-        "a clean end would be silent"
-    );
-    assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 1);
-}
-
-#[test]
 fn a_fresh_request_stream_with_a_priming_id_or_an_answer_is_left_alone() {
     // A priming event: the client resumes from its cursor (SEP-1699 polling).
     // The answer, without an id: the call is settled by the replica.

@@ -1315,3 +1315,6 @@ mod retry_hint;
 
 #[path = "exchange_branch_end_tests.rs"]
 mod branch_end;
+
+#[path = "exchange_closeblock_tests.rs"]
+mod closeblock;
