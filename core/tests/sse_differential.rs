@@ -16,7 +16,9 @@
 
 use base64::Engine as _;
 use mcp_resume_core::eventsource::{parse, Dispatch};
-use mcp_resume_core::sse::{IdAction, Rewriter};
+use mcp_resume_core::ownership::Reason;
+use mcp_resume_core::sse::{IdAction, Rewriter, DISCARDED_EVENT};
+use mcp_resume_core::stream::control_event;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -442,6 +444,55 @@ fn guard_output(bytes: &[u8], streaming: bool) -> Vec<u8> {
     out
 }
 
+/// Names of the guard's outputs that close a block partly sent, then signal.
+const CLOSED: &str = "guard-closed-";
+
+/// Partial blocks (after one whole event, `data: a`) a fresh stream streams out before its end or
+/// a cut: the guard closes each ([`Rewriter::close_block`]), then sends a control event.
+fn closed_outputs() -> Vec<(String, Vec<u8>)> {
+    let partials: [(&str, &[u8]); 12] = [
+        ("mid-data", b"data: par"),
+        ("mid-event", b"data: p\nevent: mess"),
+        ("mid-retry", b"data: p\nretry: 1"),
+        ("after-cr", b"data: p\r"),
+        ("after-lf", b"data: p\n"),
+        ("after-crlf", b"data: p\r\n"),
+        ("mid-field-name", b"data: p\nda"),
+        ("mid-event-name", b"data: p\neve"),
+        ("mid-retry-name", b"retr"),
+        ("mid-comment", b"data: p\n: com"),
+        ("multi-line-data", b"data: p\ndata: q\rdata: r\r\ndata: s"),
+        ("cut-utf8", b"data: \xE2\x82"),
+    ];
+    let signal = control_event(Reason::ResponseMissing);
+    let mut out = Vec::new();
+    for (name, partial) in partials {
+        for end in [false, true] {
+            let mut rw = Rewriter::streaming(1 << 16);
+            let mut bytes = Vec::new();
+            let input = [b"data: a\n\n".as_slice(), partial].concat();
+            rw.push(&input, &mut bytes, &mut |_, _| IdAction::Keep);
+            if end {
+                rw.finish(&mut bytes);
+            }
+            assert!(rw.close_block(&mut bytes), "{name}");
+            bytes.extend_from_slice(signal.as_bytes());
+            let how = if end { "end" } else { "cut" };
+            out.push((format!("{CLOSED}{how}-{name}"), bytes));
+        }
+    }
+    out
+}
+
+/// A closed block is no message to any client: `data: a`, maybe the closed block, the signal.
+fn closed_reading_ok(r: &Reading) -> bool {
+    let types: Vec<&str> = r.events.iter().map(|e| e.0.as_str()).collect();
+    let first = r.events.first().map(|e| e.1.as_str());
+    first == Some("a")
+        && (types == ["message", "mcp-resume"]
+            || types == ["message", DISCARDED_EVENT, "mcp-resume"])
+}
+
 fn cases() -> Vec<Case> {
     let mut rng = Rng(0x5EED_0029);
     let mut streams = corpus();
@@ -458,6 +509,8 @@ fn cases() -> Vec<Case> {
         })
         .collect();
     streams.extend(outputs);
+    // Last, so the earlier cases keep their recorded splits.
+    streams.extend(closed_outputs());
     streams
         .into_iter()
         .map(|(name, bytes)| Case {
@@ -724,6 +777,15 @@ fn the_model_reads_streams_as_the_sdk_parsers_do() {
                     case.name,
                     splits,
                     client.name()
+                ));
+            }
+            if case.name.starts_with(CLOSED) && !closed_reading_ok(&got) {
+                failures.push(format!(
+                    "{} split {:?} ({}): a closed block is read as a message, or no signal follows: {:?}",
+                    case.name,
+                    splits,
+                    client.name(),
+                    got.events
                 ));
             }
             fired_all.extend(fired);
