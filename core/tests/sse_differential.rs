@@ -568,6 +568,14 @@ fn repo() -> PathBuf {
 
 /// Runs one real parser over all (stream, splits) pairs.
 fn run_live(client: Client, runs: &[(&Case, &Vec<usize>)]) -> Vec<Answer> {
+    run_runner(client, runs)
+        .iter()
+        .map(|v| parse_answer(v).expect("runner answer"))
+        .collect()
+}
+
+/// The real parser's answers to `runs`, as its runner prints them.
+fn run_runner(client: Client, runs: &[(&Case, &Vec<usize>)]) -> Vec<Value> {
     let root = repo();
     let mut cmd = match client {
         Client::Ts => {
@@ -608,11 +616,9 @@ fn run_live(client: Client, runs: &[(&Case, &Vec<usize>)]) -> Vec<Answer> {
         out.status
     );
     let text = String::from_utf8(out.stdout).expect("runner output is UTF-8");
-    let answers: Vec<Answer> = text
+    let answers: Vec<Value> = text
         .lines()
-        .map(|l| {
-            parse_answer(&serde_json::from_str(l).expect("runner JSON")).expect("runner answer")
-        })
+        .map(|l| serde_json::from_str(l).expect("runner JSON"))
         .collect();
     assert_eq!(
         answers.len(),
@@ -847,4 +853,39 @@ fn the_model_reads_streams_as_the_sdk_parsers_do() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Live only (the recorded answers keep no reconnection times): no closed block sets one in a real
+/// parser. A `retry:` line cut short (`retry: 1` of `retry: 10000`) must not become a valid one when
+/// the guard ends it.
+#[test]
+fn closed_blocks_set_no_reconnection_time_in_the_real_parsers() {
+    if !std::env::var("SSE_DIFF_LIVE").is_ok_and(|v| v == "1") {
+        println!("skipped: live only (make sse-diff)");
+        return;
+    }
+    let mut rng = Rng(0x5EED_0030);
+    let cases: Vec<Case> = closed_outputs()
+        .into_iter()
+        .map(|(name, bytes)| Case {
+            name,
+            splits: split_patterns(bytes.len(), &mut rng),
+            bytes,
+        })
+        .collect();
+    let runs: Vec<(&Case, &Vec<usize>)> = cases
+        .iter()
+        .flat_map(|c| c.splits.iter().map(move |s| (c, s)))
+        .collect();
+    for client in [Client::Ts, Client::Py] {
+        for (v, (case, splits)) in run_runner(client, &runs).iter().zip(&runs) {
+            assert_eq!(
+                v.get("retry"),
+                Some(&json!([])),
+                "{} split {splits:?} ({}): {v}",
+                case.name,
+                client.name()
+            );
+        }
+    }
 }
