@@ -988,8 +988,7 @@ impl Exchange {
                         } else {
                             ask_end = self.ask_branch_end(w, host);
                             if ask_end.is_none() {
-                                let _reset =
-                                    self.end_unarbitrated(host, CalloutFailure::Dispatch, &mut out);
+                                self.end_unarbitrated(host, CalloutFailure::Dispatch, &mut out);
                             }
                         }
                     }
@@ -1173,22 +1172,17 @@ impl Exchange {
         }
         let mut out = std::mem::take(&mut w.scratch);
         out.clear();
-        let reset = match answer {
+        match answer {
             // The replica's own end: the stream is finished as it would have been at once.
-            Ok(BranchAnswer { forked: false }) => {
-                self.finish_stream(w, host, &mut out);
-                false
-            }
+            Ok(BranchAnswer { forked: false }) => self.finish_stream(w, host, &mut out),
             Ok(BranchAnswer { forked: true }) => {
                 host.count(Stat::Forked, 1);
                 // Not settled: the newer branch carries the call on.
-                self.end_signalled(host, Reason::Forked, &mut out)
+                self.end_signalled(Reason::Forked, &mut out);
             }
             Err(how) => self.end_unarbitrated(host, how, &mut out),
-        };
-        if !reset {
-            host.finish_held_response(&out);
         }
+        host.finish_held_response(&out);
         w.scratch = out;
         self.flush_relayed(w, host);
     }
@@ -1196,30 +1190,19 @@ impl Exchange {
     /// A clean end the store could not arbitrate (no usable answer, or no way to ask): it may
     /// be a fork loser's, so it is signalled (`ownership_unavailable`), never passed as the
     /// replica's own; the client's next resume asks again.
-    fn end_unarbitrated<H: Host>(
-        &mut self,
-        host: &mut H,
-        how: CalloutFailure,
-        out: &mut Vec<u8>,
-    ) -> bool {
+    fn end_unarbitrated<H: Host>(&mut self, host: &mut H, how: CalloutFailure, out: &mut Vec<u8>) {
         host.count(Stat::CalloutFailures(how), 1);
-        self.end_signalled(host, Reason::OwnershipUnavailable, out)
+        self.end_signalled(Reason::OwnershipUnavailable, out);
     }
 
-    /// End a held branch with the control event for `reason`, or reset it (`true`) when the
-    /// output so far ends inside an event: a control event cannot follow half an event.
-    fn end_signalled<H: Host>(&mut self, host: &mut H, reason: Reason, out: &mut Vec<u8>) -> bool {
+    /// End a held branch with the control event for `reason`; an event partly out (longer than
+    /// the hold bound) is closed first, so no client dispatches it as a message.
+    fn end_signalled(&mut self, reason: Reason, out: &mut Vec<u8>) {
         self.phase = Phase::Replied;
-        if self
-            .stream
-            .as_ref()
-            .is_some_and(StreamState::output_mid_block)
-        {
-            host.reset_response();
-            return true;
+        if let Some(stream) = self.stream.as_mut() {
+            stream.close_block(out);
         }
         out.extend_from_slice(control_event(reason).as_bytes());
-        false
     }
 
     fn branch_query(&self) -> Option<BranchQuery> {
@@ -1324,12 +1307,10 @@ impl Exchange {
             return;
         }
         host.count(Stat::Refused(reason), 1);
-        if stream.output_mid_block() {
-            // Part of an unfinished block is out: no signal can follow it, and a clean end
-            // would pass for the replica's own.
-            host.reset_response();
-            self.phase = Phase::Replied;
-            return;
+        // Part of an unfinished block may be out: it is closed (no client dispatches it as a
+        // message), so the signal starts a block of its own.
+        if let Some(stream) = self.stream.as_mut() {
+            stream.close_block(out);
         }
         out.extend_from_slice(control_event(reason).as_bytes());
         // Only the calls the client has no response to: a batch's answered ones are done.
@@ -1363,17 +1344,14 @@ impl Exchange {
         }
     }
 
-    /// Ends the stream after the control event for `reason` (left out when the output so far
-    /// ends inside an event: the next chunk resets the stream instead).
+    /// Ends the stream after the control event for `reason` (an event partly out is closed
+    /// first: no client dispatches it as a message).
     fn cut(&mut self, w: &Worker, out: &mut Vec<u8>, reason: Reason) {
-        let mid_block = self
-            .stream
-            .as_ref()
-            .is_some_and(StreamState::output_mid_block);
-        if !mid_block {
-            out.extend_from_slice(control_event(reason).as_bytes());
-            self.settle_tail(w, out, reason);
+        if let Some(stream) = self.stream.as_mut() {
+            stream.close_block(out);
         }
+        out.extend_from_slice(control_event(reason).as_bytes());
+        self.settle_tail(w, out, reason);
         self.cut_sent = true;
         self.phase = Phase::Replied;
         if let Some(s) = self.stream.as_mut() {

@@ -1318,3 +1318,6 @@ mod branch_end;
 
 #[path = "exchange_callwatch_tests.rs"]
 mod callwatch;
+
+#[path = "exchange_closeblock_tests.rs"]
+mod closeblock;

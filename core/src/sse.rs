@@ -20,7 +20,9 @@
 //!   refused, the rewriter cuts before the block's first byte (counted in
 //!   [`RewriterStats::overflow_cuts`]); allowed, it streams through ("overflowed", counted in
 //!   [`RewriterStats::overflowed_blocks`]); its id is still replaced, and `DropEvent` or `Cut`
-//!   stop output inside the block ([`Rewriter::cut_mid_block`]), so a client never dispatches it.
+//!   stop output inside the block ([`Rewriter::cut_mid_block`]), so a client never dispatches it
+//!   as a message: the stream ends there, or [`Rewriter::close_block`] closes the block as an
+//!   event of our own type, after which a control event can follow.
 //!   Whether and when a block overflows depends only on its bytes, never on how the stream was
 //!   chunked (inside an `id` line the check waits for the line's end).
 //! - An id value longer than `max_hold` is dropped without a callback (counted as oversized).
@@ -358,8 +360,21 @@ pub struct Rewriter {
     cut_mid_block: bool,
     /// The stream ended inside a block some bytes of which were already out.
     ended_mid_block: bool,
+    /// [`Rewriter::close_block`] ended the output: all further input is ignored.
+    closed: bool,
     stats: RewriterStats,
 }
+
+/// The event type of the event that closes a block partly sent ([`Rewriter::close_block`]). The SDK
+/// clients (TypeScript, Python, rmcp) and `onmessage` take only `message` (or untyped) events as
+/// messages: this one is skipped, or ignored as a control event.
+pub const DISCARDED_EVENT: &str = "mcp-resume-discarded";
+
+/// Ends a last line left without its line end. The `x` keeps the line from becoming a field it
+/// was not: no field name holds an `x` (`ret` + `x` is no `retry`), and a value ending in it is
+/// no number, so a `retry: 1` cut short of `retry: 10000` sets no reconnection time in any client
+/// (WHATWG and eventsource-parser take only digits; Python's `int()` refuses the `x`).
+const PARTIAL_LINE_END: &[u8] = b"x\n";
 
 impl Rewriter {
     /// `max_hold`: the most bytes of one block held while waiting for its end.
@@ -390,6 +405,7 @@ impl Rewriter {
             cut: false,
             cut_mid_block: false,
             ended_mid_block: false,
+            closed: false,
             stats: RewriterStats::default(),
         }
     }
@@ -426,7 +442,7 @@ impl Rewriter {
 
     /// [`Rewriter::push`] with an [`OnId`], which may write the new ids into `out` itself.
     pub fn push_with<O: OnId + ?Sized>(&mut self, chunk: &[u8], out: &mut Vec<u8>, on_id: &mut O) {
-        if self.cut {
+        if self.cut || self.closed {
             return;
         }
         let (earlier, chunk) = self.lead.strip(chunk);
@@ -440,15 +456,15 @@ impl Rewriter {
     /// [`Rewriter::output_mid_block`] stays true. A CR last gets an LF: TypeScript holds a final
     /// CR waiting for one, Python adds a blank line after it. No callback can happen here.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
-        if self.cut {
+        if self.cut || self.closed {
             return;
         }
         self.lead.finish();
         self.ended_mid_block = self.output_mid_block();
-        // An LF ends a last line without one (of a block partly out: it stays undispatched) or
-        // pairs with a last CR; after an LF it would be a blank line.
-        let last = self.last_out;
-        if last == Some(b'\r') || (self.ended_mid_block && last.is_some_and(|b| b != b'\n')) {
+        if self.ended_mid_block {
+            self.end_partial_line(out);
+        } else if self.last_out == Some(b'\r') {
+            // Pairs with the last CR; after an LF it would be a blank line.
             emit(&mut self.last_out, out, b"\n");
         }
         // The LF just written ends a last `retry` line too: clients read it.
@@ -461,19 +477,54 @@ impl Rewriter {
         self.skip_lf = None;
     }
 
+    /// Ends the last line of a block partly out (it stays undispatched) when it has no line
+    /// end yet; a last CR gets its LF. Never a blank line: that would dispatch the block.
+    fn end_partial_line(&mut self, out: &mut Vec<u8>) {
+        match self.last_out {
+            Some(b'\r') => emit(&mut self.last_out, out, b"\n"),
+            Some(b'\n') | None => {}
+            Some(_) => emit(&mut self.last_out, out, PARTIAL_LINE_END),
+        }
+    }
+
+    /// Closes a block partly out (streamed, then cut or ended) so that no client dispatches it
+    /// as a message: its last line is ended as [`PARTIAL_LINE_END`] says, then the block gets
+    /// the type [`DISCARDED_EVENT`] and its blank line. The output is then at a block boundary,
+    /// where a control event can follow; further input is ignored. Writes nothing (false) when
+    /// the output is at a block boundary already. The streamed output never holds the replica's
+    /// `id` lines (they are removed, and the replacement written at the blank line), so the
+    /// closed block changes no client's last event id.
+    pub fn close_block(&mut self, out: &mut Vec<u8>) -> bool {
+        if !(self.output_mid_block() || self.cut_mid_block) || self.closed {
+            return false;
+        }
+        self.end_partial_line(out);
+        emit(&mut self.last_out, out, b"event: ");
+        emit(&mut self.last_out, out, DISCARDED_EVENT.as_bytes());
+        emit(&mut self.last_out, out, b"\n\n");
+        self.closed = true;
+        self.ended_mid_block = false;
+        self.cut_mid_block = false;
+        self.reset_block();
+        self.line = Line::Start;
+        self.skip_lf = None;
+        true
+    }
+
     /// True after a `Cut`: all further input is ignored.
     pub fn is_cut(&self) -> bool {
         self.cut
     }
 
     /// True when a `Cut` hit an overflowed block, so the output ends inside an unterminated
-    /// block: anything appended after it would join that block. End the stream instead.
+    /// block: anything appended after it would join that block. End the stream, or
+    /// [`Rewriter::close_block`] first.
     pub fn cut_mid_block(&self) -> bool {
         self.cut_mid_block
     }
 
     /// True when the output so far ends inside a block (one being streamed, not held): anything
-    /// appended now would join it.
+    /// appended now would join it, unless [`Rewriter::close_block`] closes it first.
     pub fn output_mid_block(&self) -> bool {
         (self.in_block && self.streaming) || self.ended_mid_block
     }
@@ -1609,7 +1660,81 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         rw.push(b"data: 1\r\rdata: 2", &mut out, &mut |_, _| IdAction::Keep);
         rw.finish(&mut out);
-        assert_eq!(out, b"data: 1\r\rdata: 2\n");
+        assert_eq!(out, b"data: 1\r\rdata: 2x\n");
+    }
+
+    /// Partial blocks of every shape, as a fresh stream streams them, split anywhere.
+    const PARTIALS: &[&[u8]] = &[
+        b"data: par",
+        b"data: par\n",
+        b"data: par\r",
+        b"data: a\r\nda",
+        b"data: a\ndata: b\ndata: c",
+        b"dat",
+        b"data",
+        b"data:",
+        b"event: mess",
+        b"event: message\ndata: p",
+        b"event",
+        b"retry: 1",
+        b"retry",
+        b"ret",
+        b": comm",
+        b"id: 5\ndata: x",
+        b"i",
+        b"id",
+        b"ix",
+        b"data: \xE2\x82",
+    ];
+
+    #[test]
+    fn a_closed_block_dispatches_no_message_and_a_signal_can_follow() {
+        use crate::eventsource::Parser;
+        let signal = crate::stream::control_event(crate::ownership::Reason::ResponseMissing);
+        for partial in PARTIALS {
+            let input = [b"data: a\n\n".as_slice(), partial].concat();
+            for at in 0..=input.len() {
+                for end in [false, true] {
+                    let mut rw = Rewriter::streaming(1024);
+                    let mut out = Vec::new();
+                    for chunk in [&input[..at], &input[at..]] {
+                        rw.push(chunk, &mut out, &mut |_, _| IdAction::Keep);
+                    }
+                    if end {
+                        // The replica's clean end, then the signal.
+                        rw.finish(&mut out);
+                    }
+                    rw.close_block(&mut out);
+                    assert!(!rw.output_mid_block() && !rw.close_block(&mut out));
+                    out.extend_from_slice(signal.as_bytes());
+                    let how = format!("{:?} at {at} end {end}", String::from_utf8_lossy(&out));
+                    let mut client = Parser::new();
+                    let mut events = Vec::new();
+                    client.feed(&out, &mut events);
+                    let types: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+                    assert!(
+                        types == ["", "mcp-resume"] || types == ["", DISCARDED_EVENT, "mcp-resume"],
+                        "{types:?}: {how}"
+                    );
+                    assert_eq!(events[0].data, "a", "{how}");
+                    assert_eq!(client.retry(), None, "a retry cut short sets none: {how}");
+                    // Once closed, nothing more goes out.
+                    let before = out.len();
+                    rw.push(b"data: late\n\n", &mut out, &mut |_, _| IdAction::Keep);
+                    rw.finish(&mut out);
+                    assert_eq!(out.len(), before, "{how}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_at_a_boundary_needs_no_closing() {
+        let mut rw = Rewriter::streaming(1024);
+        let mut out = Vec::new();
+        rw.push(b"data: a\n\n", &mut out, &mut |_, _| IdAction::Keep);
+        assert!(!rw.close_block(&mut out));
+        assert_eq!(out, b"data: a\n\n");
     }
 
     #[test]
@@ -1731,11 +1856,15 @@ pub(crate) mod tests {
                 assert_eq!(bounded(&bytes, streaming), whole);
             }
         }
-        // A block partly out when the stream ends: its lines are read, so the bound follows.
-        for input in [&b"data: x\nretry: 900"[..], b"data: x\nretry: 900\n"] {
+        // A block partly out when the stream ends: its lines are read, so the bound follows (a
+        // line cut short is closed as no retry at all).
+        for (input, want) in [
+            (&b"data: x\nretry: 900"[..], &[50][..]),
+            (b"data: x\nretry: 900\n", &[900, 50][..]),
+        ] {
             let out = bounded(&[input], true);
             let seen = reference(&out);
-            assert_eq!(seen.retries, [900, 50], "{}", String::from_utf8_lossy(&out));
+            assert_eq!(seen.retries, want, "{}", String::from_utf8_lossy(&out));
             assert!(seen.events.is_empty());
         }
         // Held and unfinished, the block never goes out.

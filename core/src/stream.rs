@@ -385,23 +385,26 @@ impl StreamState {
             return Flow::CutReplayMismatch;
         }
         if self.rewriter.is_cut() {
-            // A cut inside an oversized block leaves it unterminated: anything appended would
-            // join it. The caller ends the stream instead, and the client drops the partial block.
-            if self.rewriter.cut_mid_block() {
-                self.cut = true;
-                self.cut_reason = Some(Reason::ReplayMismatch);
-                return Flow::CutReplayMismatch;
-            }
             return self.cut_with_signal(Reason::ReplayMismatch, out);
         }
         Flow::Open
     }
 
+    /// A cut inside an over-long block, partly out, closes it first
+    /// ([`StreamState::close_block`]), so the control event starts a block of its own.
     fn cut_with_signal(&mut self, reason: Reason, out: &mut Vec<u8>) -> Flow {
         self.cut = true;
         self.cut_reason = Some(reason);
+        self.rewriter.close_block(out);
         out.extend_from_slice(control_event(reason).as_bytes());
         Flow::CutReplayMismatch
+    }
+
+    /// Closes a block partly out so that no client dispatches it as a message
+    /// ([`Rewriter::close_block`]): a control event may follow. False when the output was at
+    /// a block boundary already. The stream takes no more input.
+    pub fn close_block(&mut self, out: &mut Vec<u8>) -> bool {
+        self.rewriter.close_block(out)
     }
 
     /// Events relayed since the last [`StreamState::clear_relayed`], for the records: (first
@@ -429,7 +432,8 @@ impl StreamState {
         taken
     }
 
-    /// True when the output so far ends inside an event, so nothing may be appended to it.
+    /// True when the output so far ends inside an event, so nothing may be appended to it
+    /// before [`StreamState::close_block`].
     pub fn output_mid_block(&self) -> bool {
         self.rewriter.output_mid_block()
     }

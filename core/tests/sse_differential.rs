@@ -16,7 +16,9 @@
 
 use base64::Engine as _;
 use mcp_resume_core::eventsource::{parse, Dispatch};
-use mcp_resume_core::sse::{IdAction, Rewriter};
+use mcp_resume_core::ownership::Reason;
+use mcp_resume_core::sse::{IdAction, Rewriter, DISCARDED_EVENT};
+use mcp_resume_core::stream::control_event;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -442,6 +444,55 @@ fn guard_output(bytes: &[u8], streaming: bool) -> Vec<u8> {
     out
 }
 
+/// Names of the guard's outputs that close a block partly sent, then signal.
+const CLOSED: &str = "guard-closed-";
+
+/// Partial blocks (after one whole event, `data: a`) a fresh stream streams out before its end or
+/// a cut: the guard closes each ([`Rewriter::close_block`]), then sends a control event.
+fn closed_outputs() -> Vec<(String, Vec<u8>)> {
+    let partials: [(&str, &[u8]); 12] = [
+        ("mid-data", b"data: par"),
+        ("mid-event", b"data: p\nevent: mess"),
+        ("mid-retry", b"data: p\nretry: 1"),
+        ("after-cr", b"data: p\r"),
+        ("after-lf", b"data: p\n"),
+        ("after-crlf", b"data: p\r\n"),
+        ("mid-field-name", b"data: p\nda"),
+        ("mid-event-name", b"data: p\neve"),
+        ("mid-retry-name", b"retr"),
+        ("mid-comment", b"data: p\n: com"),
+        ("multi-line-data", b"data: p\ndata: q\rdata: r\r\ndata: s"),
+        ("cut-utf8", b"data: \xE2\x82"),
+    ];
+    let signal = control_event(Reason::ResponseMissing);
+    let mut out = Vec::new();
+    for (name, partial) in partials {
+        for end in [false, true] {
+            let mut rw = Rewriter::streaming(1 << 16);
+            let mut bytes = Vec::new();
+            let input = [b"data: a\n\n".as_slice(), partial].concat();
+            rw.push(&input, &mut bytes, &mut |_, _| IdAction::Keep);
+            if end {
+                rw.finish(&mut bytes);
+            }
+            assert!(rw.close_block(&mut bytes), "{name}");
+            bytes.extend_from_slice(signal.as_bytes());
+            let how = if end { "end" } else { "cut" };
+            out.push((format!("{CLOSED}{how}-{name}"), bytes));
+        }
+    }
+    out
+}
+
+/// A closed block is no message to any client: `data: a`, maybe the closed block, the signal.
+fn closed_reading_ok(r: &Reading) -> bool {
+    let types: Vec<&str> = r.events.iter().map(|e| e.0.as_str()).collect();
+    let first = r.events.first().map(|e| e.1.as_str());
+    first == Some("a")
+        && (types == ["message", "mcp-resume"]
+            || types == ["message", DISCARDED_EVENT, "mcp-resume"])
+}
+
 fn cases() -> Vec<Case> {
     let mut rng = Rng(0x5EED_0029);
     let mut streams = corpus();
@@ -458,6 +509,8 @@ fn cases() -> Vec<Case> {
         })
         .collect();
     streams.extend(outputs);
+    // Last, so the earlier cases keep their recorded splits.
+    streams.extend(closed_outputs());
     streams
         .into_iter()
         .map(|(name, bytes)| Case {
@@ -515,6 +568,14 @@ fn repo() -> PathBuf {
 
 /// Runs one real parser over all (stream, splits) pairs.
 fn run_live(client: Client, runs: &[(&Case, &Vec<usize>)]) -> Vec<Answer> {
+    run_runner(client, runs)
+        .iter()
+        .map(|v| parse_answer(v).expect("runner answer"))
+        .collect()
+}
+
+/// The real parser's answers to `runs`, as its runner prints them.
+fn run_runner(client: Client, runs: &[(&Case, &Vec<usize>)]) -> Vec<Value> {
     let root = repo();
     let mut cmd = match client {
         Client::Ts => {
@@ -555,11 +616,9 @@ fn run_live(client: Client, runs: &[(&Case, &Vec<usize>)]) -> Vec<Answer> {
         out.status
     );
     let text = String::from_utf8(out.stdout).expect("runner output is UTF-8");
-    let answers: Vec<Answer> = text
+    let answers: Vec<Value> = text
         .lines()
-        .map(|l| {
-            parse_answer(&serde_json::from_str(l).expect("runner JSON")).expect("runner answer")
-        })
+        .map(|l| serde_json::from_str(l).expect("runner JSON"))
         .collect();
     assert_eq!(
         answers.len(),
@@ -726,6 +785,15 @@ fn the_model_reads_streams_as_the_sdk_parsers_do() {
                     client.name()
                 ));
             }
+            if case.name.starts_with(CLOSED) && !closed_reading_ok(&got) {
+                failures.push(format!(
+                    "{} split {:?} ({}): a closed block is read as a message, or no signal follows: {:?}",
+                    case.name,
+                    splits,
+                    client.name(),
+                    got.events
+                ));
+            }
             fired_all.extend(fired);
             readings.push(got);
         }
@@ -785,4 +853,39 @@ fn the_model_reads_streams_as_the_sdk_parsers_do() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Live only (the recorded answers keep no reconnection times): no closed block sets one in a real
+/// parser. A `retry:` line cut short (`retry: 1` of `retry: 10000`) must not become a valid one when
+/// the guard ends it.
+#[test]
+fn closed_blocks_set_no_reconnection_time_in_the_real_parsers() {
+    if !std::env::var("SSE_DIFF_LIVE").is_ok_and(|v| v == "1") {
+        println!("skipped: live only (make sse-diff)");
+        return;
+    }
+    let mut rng = Rng(0x5EED_0030);
+    let cases: Vec<Case> = closed_outputs()
+        .into_iter()
+        .map(|(name, bytes)| Case {
+            name,
+            splits: split_patterns(bytes.len(), &mut rng),
+            bytes,
+        })
+        .collect();
+    let runs: Vec<(&Case, &Vec<usize>)> = cases
+        .iter()
+        .flat_map(|c| c.splits.iter().map(move |s| (c, s)))
+        .collect();
+    for client in [Client::Ts, Client::Py] {
+        for (v, (case, splits)) in run_runner(client, &runs).iter().zip(&runs) {
+            assert_eq!(
+                v.get("retry"),
+                Some(&json!([])),
+                "{} split {splits:?} ({}): {v}",
+                case.name,
+                client.name()
+            );
+        }
+    }
 }

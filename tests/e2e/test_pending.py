@@ -435,3 +435,58 @@ def test_the_typescript_clients_call_is_settled_not_left_to_its_timeout(fresh, s
     assert call_["code"] == -32010, out
     assert call_["data"] == {"resumed": False, "reason": TS_REASON.get(shape, "response_missing")}, out
     assert call_["t_ms"] < 6000, out
+
+
+# ---- a fresh request stream that ends inside an event too long to hold ---------------------
+
+# Half of a 200 KB response event (over max_event_hold_bytes, so it streams out as it comes), then
+# the replica's clean end.
+HALF_EVENT = (b'data: {"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"'
+              + b"x" * 100_000)
+
+
+def test_a_fresh_request_stream_that_ends_inside_a_long_event_is_closed_and_settled(fresh, pending_envoy):
+    c = h.Client()
+    with AnswersNothing(PENDING_PORT, b"half-event", HALF_EVENT):
+        c.initialize()
+        s = call(c, "slow", {})
+        t0 = time.monotonic()
+        evs = s.read_all()
+        took = time.monotonic() - t0
+        s.close()
+    # The half event is closed as one of the guard's own type (no client takes it as a message),
+    # then the end says why, and the call ends with its own id: no reset.
+    assert [e.event for e in evs] == ["mcp-resume-discarded", "mcp-resume", "message"], evs
+    assert evs[0].data.startswith('{"jsonrpc"'), evs[0].data[:80]
+    assert evs[1].json() == {"resumed": False, "reason": "response_missing"}, evs
+    msg = evs[2].json()
+    assert msg["id"] == CALL_ID and msg["error"]["code"] == -32010, msg
+    assert all(e.id is None for e in evs), evs
+    assert took < MARGIN_S, took
+
+
+class AnswersNothingToAnSdk(AnswersNothing):
+    """AnswersNothing, its `initialize` result carrying the request's own id (an SDK client's)."""
+
+    def answer(self, method, headers, body, out):
+        if method == b"POST" and b'"initialize"' in body:
+            result = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"], "result": {
+                "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                "serverInfo": {"name": "nothing", "version": "0"}}}).encode()
+            out.write(closing(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: %s\r\n"
+                              b"content-length: %d\r\n\r\n%s" % (self.session, len(result), result)))
+            return False
+        return super().answer(method, headers, body, out)
+
+
+def test_the_typescript_sdks_call_on_a_stream_ending_inside_a_long_event_settles(fresh, pending_envoy):
+    # The real TypeScript SDK client: its call ends with the guard's error at once, not at its own
+    # request timeout (8 s here).
+    with AnswersNothingToAnSdk(PENDING_PORT, b"half-event-ts", HALF_EVENT):
+        out = interop.ts_client("call", "--timeout", "8000", "--hard-timeout", "20000", timeout=30.0)
+    assert "call" in out, out
+    call_ = out["call"]
+    assert call_["outcome"] == "error", out
+    assert call_["code"] == -32010, call_
+    assert (call_["data"] or {}).get("reason") == "response_missing", call_
+    assert call_["t_ms"] < 5000, call_

@@ -4,8 +4,8 @@ aiter_text(), exactly as mcp/client/streamable_http.py reads it (max_event_size 
 that from the ids printed here.)
 
 stdin: one case per line, {"b": base64 stream, "s": [split offsets, ascending]}.
-stdout: one line per case, {"events": [{"event", "data", "id"}]}: every ServerSentEvent the parser yields,
-in order, or {"error": "..."} when it raises.
+stdout: one line per case, {"events": [{"event", "data", "id"}], "retry": [ms]}: every ServerSentEvent the
+parser yields, in order, and the reconnection times they carry, or {"error": "..."} when it raises.
 """
 
 import asyncio
@@ -32,12 +32,15 @@ async def run(data: bytes, splits: list[int]) -> dict:
         request=httpx2.Request("GET", "http://127.0.0.1/mcp"),
     )
     events = []
+    retry = []
     try:
         async for sse in httpx2.EventSource(response, max_event_size=DEFAULT_MAX_SSE_EVENT_SIZE):
             events.append({"event": sse.event, "data": sse.data, "id": sse.id})
+            if sse.retry is not None:
+                retry.append(sse.retry)
     except httpx2.SSEError as exc:
         return {"error": str(exc)}
-    return {"events": events}
+    return {"events": events, "retry": retry}
 
 
 async def main() -> None:

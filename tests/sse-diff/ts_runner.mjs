@@ -3,8 +3,9 @@
 // -> eventsource-parser's EventSourceParserStream. (The SDK then keeps `if (event.id) lastEventId = event.id`;
 // core/tests/sse_differential.rs derives that from the ids printed here.)
 // stdin: one case per line, {"b": base64 stream, "s": [split offsets, ascending]}.
-// stdout: one line per case, {"events": [{"event", "data", "id"}]}: every event the parser yields, in order
-// (`event`/`id` null when the parser leaves them undefined).
+// stdout: one line per case, {"events": [{"event", "data", "id"}], "retry": [ms]}: every event the parser
+// yields, in order (`event`/`id` null when the parser leaves them undefined), and every reconnection time
+// it reported (onRetry), in order.
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
 import { dirname, join } from 'node:path';
@@ -28,9 +29,10 @@ async function run(bytes, splits) {
       controller.close();
     },
   });
+  const retry = [];
   const reader = source
     .pipeThrough(new TextDecoderStream())
-    .pipeThrough(new EventSourceParserStream({ onRetry: () => {} }))
+    .pipeThrough(new EventSourceParserStream({ onRetry: (ms) => retry.push(ms) }))
     .getReader();
   const events = [];
   for (;;) {
@@ -38,7 +40,7 @@ async function run(bytes, splits) {
     if (done) break;
     events.push({ event: event.event ?? null, data: event.data, id: event.id ?? null });
   }
-  return { events };
+  return { events, retry };
 }
 
 const lines = createInterface({ input: process.stdin, crlfDelay: Infinity });
