@@ -227,18 +227,30 @@ impl Branches {
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
     fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
-        let forked = self.kept.iter().any(|(h, b)| {
-            *h >= 1
-                && *h != g
-                && b.open
-                && (b.first.is_some()
-                    || now_ms.saturating_sub(b.registered_ms) <= REGISTRATION_GRACE_MS)
-        });
+        let forked = self
+            .rivals(g)
+            .any(|b| b.first.is_some() || b.in_grace(now_ms));
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.cut |= told && forked;
         }
         forked
+    }
+
+    /// Would `g`'s end be answered `forked` only on account of registrations that have
+    /// neither relayed nor ended yet, within their grace? Their guard's word (the owner's
+    /// answer, or an `abandoned` record) may be a flush away: the clean end waits for it
+    /// (`crate::resume::end_branch`), so a client's own dropped retry is not a reader.
+    fn unsettled(&self, g: u64, now_ms: u64) -> bool {
+        !self.rivals(g).any(|b| b.first.is_some()) && self.rivals(g).any(|b| b.in_grace(now_ms))
+    }
+
+    /// The open branches numbered 1 or more other than `g`.
+    fn rivals(&self, g: u64) -> impl Iterator<Item = &Branch> {
+        self.kept
+            .iter()
+            .filter(move |(h, b)| **h >= 1 && **h != g && b.open)
+            .map(|(_, b)| b)
     }
 
     /// Ends the open branch that `registration` registered and that never relayed; `false`
@@ -263,6 +275,12 @@ impl Branches {
 }
 
 impl Branch {
+    /// Registered at most [`REGISTRATION_GRACE_MS`] ago (its request may still be reaching
+    /// the replica).
+    fn in_grace(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.registered_ms) <= REGISTRATION_GRACE_MS
+    }
+
     /// Which branches a full table drops first (lowest): ended and not cut, then open and
     /// never relayed, then the rest.
     fn prune_class(&self) -> u8 {
@@ -886,6 +904,22 @@ impl Inner {
             .is_some_and(|b| b.end(branch, told, now_ms))
     }
 
+    /// `end_branch` (told), unless its answer waits on unsettled registrations (`None`,
+    /// nothing written).
+    fn end_branch_settled(
+        &mut self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Option<bool> {
+        let unsettled = self
+            .incarnation_mut(session, incarnation)
+            .and_then(|inc| inc.branches.as_ref())
+            .is_some_and(|b| b.unsettled(branch, now_ms));
+        (!unsettled).then(|| self.end_branch(session, incarnation, branch, true, now_ms))
+    }
+
     /// The next branch of an opened incarnation of an active session (`None` otherwise).
     fn open_branch(
         &mut self,
@@ -1189,6 +1223,18 @@ impl Store for MemoryStore {
         Ok(self
             .lock()
             .end_branch(session, incarnation, branch, true, now_ms))
+    }
+
+    async fn end_branch_settled(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        Ok(self
+            .lock()
+            .end_branch_settled(session, incarnation, branch, now_ms))
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

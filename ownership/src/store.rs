@@ -312,6 +312,17 @@ pub trait Store: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// [`Store::end_branch`], unless its answer would be `forked` only on account of open
+    /// branches that never relayed, within their grace: then `None`, nothing written (their
+    /// guard's word may be in flight; the caller waits for it, `crate::resume::end_branch`).
+    fn end_branch_settled(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Option<bool>, StoreError>> + Send;
+
     /// Atomically read the facts about one cursor, and touch the session's idle timer when
     /// it is active.
     fn snapshot(

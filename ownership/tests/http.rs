@@ -605,6 +605,15 @@ impl Store for DownStore {
     async fn end_branch(&self, _: &str, _: &str, _: u64, _: u64) -> Result<bool, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
+    async fn end_branch_settled(
+        &self,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
+    }
     fn changes(&self) -> watch::Receiver<u64> {
         self.0.subscribe()
     }
@@ -863,6 +872,15 @@ impl Store for Deaf {
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
         self.0.end_branch(s, i, b, now).await
     }
+    async fn end_branch_settled(
+        &self,
+        s: &str,
+        i: &str,
+        b: u64,
+        now: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        self.0.end_branch_settled(s, i, b, now).await
+    }
     fn changes(&self) -> watch::Receiver<u64> {
         // Sender dropped at once: `changed()` errors immediately, forever.
         watch::channel(0).1
@@ -1090,6 +1108,15 @@ impl Store for NoBranches {
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
         self.0.end_branch(s, i, b, now).await
+    }
+    async fn end_branch_settled(
+        &self,
+        s: &str,
+        i: &str,
+        b: u64,
+        now: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        self.0.end_branch_settled(s, i, b, now).await
     }
     fn changes(&self) -> watch::Receiver<u64> {
         self.0.changes()
