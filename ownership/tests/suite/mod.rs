@@ -14,7 +14,10 @@ use std::time::Duration;
 
 pub mod gateways;
 #[allow(unused_imports)] // used by the store_suite! cases, not by every test binary
-pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
+pub use gateways::{
+    a_dropped_resume_through_another_gateway_never_forks_the_real_one,
+    gateways_with_skewed_clocks_pick_the_newest_get_stream,
+};
 
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
@@ -2510,6 +2513,7 @@ macro_rules! store_suite {
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
             gateways_with_skewed_clocks_pick_the_newest_get_stream,
+            a_dropped_resume_through_another_gateway_never_forks_the_real_one,
             no_branch_table_no_arbitration,
             branch_table_goes_with_its_incarnation,
         );
