@@ -245,6 +245,19 @@ impl Branches {
         !self.rivals(g).any(|b| b.first.is_some()) && self.rivals(g).any(|b| b.in_grace(now_ms))
     }
 
+    /// [`Branches::end`] (told), or `None` while [`Branches::unsettled`]: `g` is ended at
+    /// once all the same (its replica ended it: it must not overtake the branch that may be
+    /// reading now), and cut only once the answer is `forked`.
+    fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
+        if !self.unsettled(g, now_ms) {
+            return Some(self.end(g, true, now_ms));
+        }
+        if let Some(b) = self.kept.get_mut(&g) {
+            b.open = false;
+        }
+        None
+    }
+
     /// The open branches numbered 1 or more other than `g`.
     fn rivals(&self, g: u64) -> impl Iterator<Item = &Branch> {
         self.kept
@@ -904,8 +917,8 @@ impl Inner {
             .is_some_and(|b| b.end(branch, told, now_ms))
     }
 
-    /// `end_branch` (told), unless its answer waits on unsettled registrations (`None`,
-    /// nothing written).
+    /// `end_branch` (told), except that an answer waiting on unsettled registrations is `None`:
+    /// the branch is ended all the same, not yet cut.
     fn end_branch_settled(
         &mut self,
         session: &str,
@@ -913,11 +926,13 @@ impl Inner {
         branch: u64,
         now_ms: u64,
     ) -> Option<bool> {
-        let unsettled = self
-            .incarnation_mut(session, incarnation)
-            .and_then(|inc| inc.branches.as_ref())
-            .is_some_and(|b| b.unsettled(branch, now_ms));
-        (!unsettled).then(|| self.end_branch(session, incarnation, branch, true, now_ms))
+        let Some(inc) = self.incarnation_mut(session, incarnation) else {
+            return Some(false);
+        };
+        inc.failed = None;
+        inc.branches
+            .as_mut()
+            .map_or(Some(false), |b| b.end_settled(branch, now_ms))
     }
 
     /// The next branch of an opened incarnation of an active session (`None` otherwise).

@@ -313,8 +313,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// [`Store::end_branch`], unless its answer would be `forked` only on account of open
-    /// branches that never relayed, within their grace: then `None`, nothing written (their
-    /// guard's word may be in flight; the caller waits for it, `crate::resume::end_branch`).
+    /// branches that never relayed, within their grace: then `None` (their guard's word may be
+    /// in flight; the caller waits for it and asks again, `crate::resume::end_branch`). The
+    /// branch is ended either way (its replica ended it: while the answer waits it must not
+    /// overtake the branch that may be reading now); it is cut once the answer is `forked`.
     fn end_branch_settled(
         &self,
         session: &str,

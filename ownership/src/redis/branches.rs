@@ -67,7 +67,8 @@ impl RedisStore {
         }
     }
 
-    /// `settle`: `None` (nothing written) while the answer waits on unsettled registrations.
+    /// `settle`: `None` (the branch ended, not cut) while the answer waits on unsettled
+    /// registrations.
     pub(super) async fn end_branch_inner(
         &self,
         session: &str,

@@ -657,8 +657,8 @@ return out
 /// Redis refused the write (maxmemory), -3 when the table was lost apart from the incarnation
 /// (now marked lost). `end`: marks `branch` ended; returns 1 when another branch numbered 1 or
 /// more is open and relaying, or when the table was lost (the end is signalled), else 0.
-/// `settle`: as `end`, but returns 2 and writes nothing when the answer would be 1 only on
-/// account of open branches that never relayed, within their grace.
+/// `settle`: as `end`, but when the answer would be 1 only on account of open branches that
+/// never relayed, within their grace, returns 2: the branch is ended, not cut.
 const BRANCH: &str = r#"
 local mode, inc = ARGV[4], ARGV[5]
 local ik, bk = ikey(inc), bkey(inc)
@@ -699,10 +699,19 @@ if mode == 'open' then
   redis.call('PEXPIRE', bk, keep_ms)
   return top
 end
--- `settle`: an end whose answer waits on unsettled registrations writes nothing yet.
+-- `settle`: an end whose answer waits on unsettled registrations ends the branch (its replica
+-- ended it: it must not overtake the branch that may be reading now) and leaves it uncut.
 if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
-  local t = branches(inc)
-  if t and unsettled(t, tonumber(ARGV[6])) then return 2 end
+  local t, g = branches(inc), tonumber(ARGV[6])
+  if t and unsettled(t, g) then
+    redis.call('HDEL', ik, 'ff', 'fl')
+    local b = t.kept[g]
+    if b and b.open then
+      b.open = false
+      put_branch(inc, g, b)
+    end
+    return 2
+  end
 end
 -- A clean end: the owner answered for the stream (a served continuation), a failure passed.
 redis.call('HDEL', ik, 'ff', 'fl')

@@ -2147,6 +2147,29 @@ pub async fn an_abandon_after_the_end_ask_never_forks_the_reader<S: Store>(
         end_branch_waiting(&s, inc, *reader, short, T0 + 10).await,
         "an unsettled registration within its grace still counts after the wait"
     );
+
+    // B: the replica answered the newer registration, then handed the stream to the older one
+    // and ended the newer, whose end waits; the newer one's answer lands after the older one's
+    // first events. Ended at once, the newer overtakes nobody, and is told `forked`.
+    apply(&s, &[req_stream(B), events(S1, B, 1, 3)]).await;
+    let older = continue_registered(&s, B, 1, "00000000000000e1", T0 + 1).await;
+    let newer = continue_registered(&s, B, 1, "00000000000000e2", T0 + 2).await;
+    let records = [
+        relayed(B, older, 2, 2),
+        answered(B, newer, 2),
+        relayed(B, older, 3, 3),
+    ];
+    let late = async {
+        tokio::time::sleep(soon).await;
+        refusals(&s, &records).await
+    };
+    let (forked, refused) = tokio::join!(end_branch_waiting(&s, B, newer, wait, T0 + 10), late);
+    assert!(forked, "the reader the replica chose took the stream");
+    assert_eq!(
+        refused,
+        [None, None, None],
+        "an end waiting for its answer overtakes nobody"
+    );
 }
 
 /// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
