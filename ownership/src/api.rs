@@ -20,7 +20,7 @@ use crate::auth::{Auth, OWNERS_GONE_PATH};
 use crate::clock::{system_clock, Clock};
 pub use crate::error::ApiError;
 use crate::metrics::{record_type, ErrorLabels, Metrics, OutcomeLabels, RequestLabels, TypeLabels};
-use crate::resume::{resolve, timed, ResumeOptions};
+use crate::resume::{end_branch, resolve, timed, ResumeOptions};
 use crate::store::{Applied, Store, STORE_FULL};
 
 /// Everything a handler needs. Cheap to clone (all shared).
@@ -322,18 +322,39 @@ pub async fn branch<S: Store>(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<BranchAnswer>, ApiError> {
     let q = parse_branch_query(&body)?;
+    let key = (q.session.as_str(), q.incarnation.as_str(), q.branch);
+    let ended = end_branch(&*st.store, key, &st.opts, &*st.clock, &st.metrics);
+    let forked = ended
+        .await
+        .map_err(|e| ApiError::store(st.store.name(), &e))?;
+    Ok(Json(branch_answer(&st, forked)))
+}
+
+/// One try of a clean end that does not wait: `None` while its answer waits on unsettled
+/// registrations (the branch is ended, not yet cut). The simulator drives the service's wait with it, on its
+/// own clock, as it re-asks a resume that records in flight could turn.
+pub async fn branch_settled<S: Store>(
+    State(st): State<AppState<S>>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Option<Json<BranchAnswer>>, ApiError> {
+    let q = parse_branch_query(&body)?;
     let ended = st
         .store
-        .end_branch(&q.session, &q.incarnation, q.branch, (st.clock)());
+        .end_branch_settled(&q.session, &q.incarnation, q.branch, (st.clock)());
     let forked = timed(&st.metrics, "end_branch", ended)
         .await
         .map_err(|e| ApiError::store(st.store.name(), &e))?;
+    Ok(forked.map(|f| Json(branch_answer(&st, f))))
+}
+
+/// The answer to a clean end, counted.
+fn branch_answer<S>(st: &AppState<S>, forked: bool) -> BranchAnswer {
     let outcome = if forked { "forked" } else { "not_forked" };
     st.metrics
         .branch_ends
         .get_or_create(&OutcomeLabels { outcome })
         .inc();
-    Ok(Json(BranchAnswer { forked }))
+    BranchAnswer { forked }
 }
 
 #[derive(Debug, Deserialize, Serialize)]

@@ -227,18 +227,43 @@ impl Branches {
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
     fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
-        let forked = self.kept.iter().any(|(h, b)| {
-            *h >= 1
-                && *h != g
-                && b.open
-                && (b.first.is_some()
-                    || now_ms.saturating_sub(b.registered_ms) <= REGISTRATION_GRACE_MS)
-        });
+        let forked = self
+            .rivals(g)
+            .any(|b| b.first.is_some() || b.in_grace(now_ms));
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.cut |= told && forked;
         }
         forked
+    }
+
+    /// Would `g`'s end be answered `forked` only on account of registrations that have
+    /// neither relayed nor ended yet, within their grace? Their guard's word (the owner's
+    /// answer, or an `abandoned` record) may be a flush away: the clean end waits for it
+    /// (`crate::resume::end_branch`), so a client's own dropped retry is not a reader.
+    fn unsettled(&self, g: u64, now_ms: u64) -> bool {
+        !self.rivals(g).any(|b| b.first.is_some()) && self.rivals(g).any(|b| b.in_grace(now_ms))
+    }
+
+    /// [`Branches::end`] (told), or `None` while [`Branches::unsettled`]: `g` is ended at
+    /// once all the same (its replica ended it: it must not overtake the branch that may be
+    /// reading now), and cut only once the answer is `forked`.
+    fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
+        if !self.unsettled(g, now_ms) {
+            return Some(self.end(g, true, now_ms));
+        }
+        if let Some(b) = self.kept.get_mut(&g) {
+            b.open = false;
+        }
+        None
+    }
+
+    /// The open branches numbered 1 or more other than `g`.
+    fn rivals(&self, g: u64) -> impl Iterator<Item = &Branch> {
+        self.kept
+            .iter()
+            .filter(move |(h, b)| **h >= 1 && **h != g && b.open)
+            .map(|(_, b)| b)
     }
 
     /// Ends the open branch that `registration` registered and that never relayed; `false`
@@ -263,6 +288,12 @@ impl Branches {
 }
 
 impl Branch {
+    /// Registered at most [`REGISTRATION_GRACE_MS`] ago (its request may still be reaching
+    /// the replica).
+    fn in_grace(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.registered_ms) <= REGISTRATION_GRACE_MS
+    }
+
     /// Which branches a full table drops first (lowest): ended and not cut, then open and
     /// never relayed, then the rest.
     fn prune_class(&self) -> u8 {
@@ -886,6 +917,24 @@ impl Inner {
             .is_some_and(|b| b.end(branch, told, now_ms))
     }
 
+    /// `end_branch` (told), except that an answer waiting on unsettled registrations is `None`:
+    /// the branch is ended all the same, not yet cut.
+    fn end_branch_settled(
+        &mut self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Option<bool> {
+        let Some(inc) = self.incarnation_mut(session, incarnation) else {
+            return Some(false);
+        };
+        inc.failed = None;
+        inc.branches
+            .as_mut()
+            .map_or(Some(false), |b| b.end_settled(branch, now_ms))
+    }
+
     /// The next branch of an opened incarnation of an active session (`None` otherwise).
     fn open_branch(
         &mut self,
@@ -1189,6 +1238,18 @@ impl Store for MemoryStore {
         Ok(self
             .lock()
             .end_branch(session, incarnation, branch, true, now_ms))
+    }
+
+    async fn end_branch_settled(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        Ok(self
+            .lock()
+            .end_branch_settled(session, incarnation, branch, now_ms))
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

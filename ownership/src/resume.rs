@@ -91,6 +91,38 @@ pub async fn resolve<S: Store>(
     }
 }
 
+/// A continuation's clean end (`POST /v1/branch`, docs/forks.md): the branch is marked ended,
+/// and the answer says whether another branch reads the stream. While it would be `forked`
+/// only on account of registrations that have neither relayed nor ended (a newer reader whose
+/// owner's answer is a record away, or a client's own dropped retry whose `abandoned` record
+/// is), it waits for their guards' word, as a resume waits for in-flight records, up to
+/// `record_wait`; past that it is answered as it stands (a signal, never a silent end).
+pub async fn end_branch<S: Store>(
+    store: &S,
+    (session, incarnation, branch): (&str, &str, u64),
+    opts: &ResumeOptions,
+    now_ms: &(dyn Fn() -> u64 + Send + Sync),
+    metrics: &Metrics,
+) -> Result<bool, StoreError> {
+    let deadline = Instant::now() + opts.record_wait;
+    let mut changes = store.changes();
+    loop {
+        if Instant::now() >= deadline {
+            let ended = store.end_branch(session, incarnation, branch, now_ms());
+            return timed(metrics, "end_branch", ended).await;
+        }
+        let ended = store.end_branch_settled(session, incarnation, branch, now_ms());
+        if let Some(forked) = timed(metrics, "end_branch", ended).await? {
+            return Ok(forked);
+        }
+        let wake = deadline.min(Instant::now() + RECHECK);
+        match tokio::time::timeout_at(wake, changes.changed()).await {
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(_)) => tokio::time::sleep_until(wake).await,
+        }
+    }
+}
+
 /// A continuation is a new branch of its incarnation: the store numbers it (docs/forks.md).
 /// A store that cannot never turns the continuation into a refusal: it goes on unarbitrated
 /// (no `branch`), and is counted.

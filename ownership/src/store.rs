@@ -312,6 +312,19 @@ pub trait Store: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// [`Store::end_branch`], unless its answer would be `forked` only on account of open
+    /// branches that never relayed, within their grace: then `None` (their guard's word may be
+    /// in flight; the caller waits for it and asks again, `crate::resume::end_branch`). The
+    /// branch is ended either way (its replica ended it: while the answer waits it must not
+    /// overtake the branch that may be reading now); it is cut once the answer is `forked`.
+    fn end_branch_settled(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Option<bool>, StoreError>> + Send;
+
     /// Atomically read the facts about one cursor, and touch the session's idle timer when
     /// it is active.
     fn snapshot(

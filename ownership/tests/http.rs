@@ -605,6 +605,15 @@ impl Store for DownStore {
     async fn end_branch(&self, _: &str, _: &str, _: u64, _: u64) -> Result<bool, StoreError> {
         Err(StoreError::Unavailable(DOWN_TEXT.into()))
     }
+    async fn end_branch_settled(
+        &self,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        Err(StoreError::Unavailable(DOWN_TEXT.into()))
+    }
     fn changes(&self) -> watch::Receiver<u64> {
         self.0.subscribe()
     }
@@ -863,6 +872,15 @@ impl Store for Deaf {
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
         self.0.end_branch(s, i, b, now).await
     }
+    async fn end_branch_settled(
+        &self,
+        s: &str,
+        i: &str,
+        b: u64,
+        now: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        self.0.end_branch_settled(s, i, b, now).await
+    }
     fn changes(&self) -> watch::Receiver<u64> {
         // Sender dropped at once: `changed()` errors immediately, forever.
         watch::channel(0).1
@@ -900,6 +918,73 @@ async fn resume_rechecks_without_change_feed() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(v["verdict"], "continue", "{v}");
     assert!(started.elapsed() < Duration::from_millis(1_000));
+}
+
+/// Red team 4's `abandon-race` through two gateways: a real continuation's clean end asks
+/// `POST /v1/branch` while a dropped copy of its resume, registered, has its `abandoned` record
+/// still on the way through another gateway and another instance of this service (a store
+/// whose change feed never fires). The answer waits for it, re-checking, and is the replica's
+/// own end; a registration nobody settles still counts once the wait is over.
+#[tokio::test]
+async fn branch_end_waits_for_an_abandon_through_another_instance() {
+    let state = AppState::new(Deaf(MemoryStore::new(Limits::default())), opts(2_000));
+    let app = router(state.clone());
+    assert_eq!(
+        post(&app, "/v1/records", setup_records()).await.0,
+        StatusCode::OK
+    );
+    let mut branches = Vec::new();
+    for reg in ["00000000000000a1", "00000000000000b1", "00000000000000b2"] {
+        let mut q = resume_body(A, 1);
+        q["registration"] = json!(reg);
+        let (st, v) = post(&app, "/v1/resume", q).await;
+        assert_eq!(
+            (st, &v["verdict"]),
+            (StatusCode::OK, &json!("continue")),
+            "{v}"
+        );
+        branches.push(v["branch"].as_u64().unwrap());
+    }
+    let relayed = json!({"records": [{"type": "events", "session": S1, "incarnation": A,
+        "first_seq": 2, "ids": ["e2", "e3"], "branch": branches[0]}]});
+    assert_eq!(post(&app, "/v1/records", relayed).await.0, StatusCode::OK);
+    let end = json!({"session": S1, "incarnation": A, "branch": branches[0]});
+    let waiter = {
+        let (app, end) = (app.clone(), end.clone());
+        tokio::spawn(async move { post(&app, "/v1/branch", end).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Straight into the store, as another instance would.
+    let abandoned = |reg: &str| Record::Abandoned {
+        session: S1.into(),
+        incarnation: A.into(),
+        registration: reg.into(),
+    };
+    let records = [abandoned("00000000000000b1"), abandoned("00000000000000b2")];
+    state.store.apply(&records, (state.clock)()).await.unwrap();
+    let started = std::time::Instant::now();
+    let (st, v) = waiter.await.unwrap();
+    assert_eq!((st, v), (StatusCode::OK, json!({"forked": false})));
+    assert!(started.elapsed() < Duration::from_millis(1_000));
+
+    // A registration whose guard never says a word: counted after the wait, as before.
+    let mut q = resume_body(A, 3);
+    q["registration"] = json!("00000000000000c1");
+    let (_, v) = post(&app, "/v1/resume", q).await;
+    assert_eq!(v["verdict"], "continue", "{v}");
+    let mut q = resume_body(A, 3);
+    q["registration"] = json!("00000000000000c2");
+    let (_, v) = post(&app, "/v1/resume", q).await;
+    let end = json!({"session": S1, "incarnation": A, "branch": v["branch"]});
+    let short = AppState {
+        opts: opts(100),
+        ..state.clone()
+    };
+    let app = router(short);
+    assert_eq!(
+        post(&app, "/v1/branch", end).await.1,
+        json!({"forked": true})
+    );
 }
 
 /// A full store refuses a new session by name (`store_full`, in `rejected` at its batch
@@ -1090,6 +1175,15 @@ impl Store for NoBranches {
     }
     async fn end_branch(&self, s: &str, i: &str, b: u64, now: u64) -> Result<bool, StoreError> {
         self.0.end_branch(s, i, b, now).await
+    }
+    async fn end_branch_settled(
+        &self,
+        s: &str,
+        i: &str,
+        b: u64,
+        now: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        self.0.end_branch_settled(s, i, b, now).await
     }
     fn changes(&self) -> watch::Receiver<u64> {
         self.0.changes()

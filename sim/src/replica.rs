@@ -50,13 +50,16 @@ pub enum Behaviour {
     /// A call's notifications before its response carry no id line at all (progress with
     /// nothing to resume from): a stream cut before its response leaves the client no cursor.
     IdlessProgress,
+    /// A resume is answered with its replay and then closed (SEP-1699 polling: the client
+    /// resumes again for more); the stream goes on being written with no reader.
+    Poll,
     /// Paces every stream from one replica-wide random stream, so one session's traffic shifts
     /// another's timing: not a fault of the guard; it proves invariant 4's check can fail.
     SharedPace,
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 18] = [
+    pub const ALL: [Behaviour; 19] = [
         Behaviour::Correct,
         Behaviour::FeedAll,
         Behaviour::RefuseSecond,
@@ -75,6 +78,7 @@ impl Behaviour {
         Behaviour::SharedPace,
         Behaviour::Blip,
         Behaviour::IdlessProgress,
+        Behaviour::Poll,
     ];
 
     pub fn name(self) -> &'static str {
@@ -97,6 +101,7 @@ impl Behaviour {
             Behaviour::SharedPace => "shared-pace",
             Behaviour::Blip => "blip",
             Behaviour::IdlessProgress => "idless-progress",
+            Behaviour::Poll => "poll",
         }
     }
 
@@ -385,6 +390,7 @@ impl Replica {
         let odd = self.has(Behaviour::OddType);
         let stall = self.has(Behaviour::Stall);
         let midway = self.has(Behaviour::StallMidway);
+        let poll = self.has(Behaviour::Poll);
         let (status, headers) = sse_headers(&mut Rng::new(draw), odd);
         let s = self.streams.get_mut(&uid)?;
         let after = usize::try_from(i - s.start).unwrap_or(0) + 1;
@@ -440,7 +446,7 @@ impl Replica {
         for e in s.entries.iter().skip(from) {
             body.extend_from_slice(&e.bytes);
         }
-        let eos = s.left == 0 && s.call_id.is_some();
+        let eos = poll || (s.left == 0 && s.call_id.is_some());
         if !eos {
             s.readers.push(conn);
         }
@@ -465,10 +471,10 @@ impl Replica {
     /// Whether `uid` is a stream a client may still resume here: held, and (a GET stream) not
     /// superseded by a newer one.
     /// Does the replica serve stream `uid`'s resumes as `correct` does (a `blip` replica once
-    /// its one 503 is spent)?
+    /// its one 503 is spent; a `poll` replica's replay is exact, it then ends it)?
     pub fn serves_correctly(&self, uid: u64) -> bool {
         match self.behaviours.as_slice() {
-            [Behaviour::Correct] => true,
+            [Behaviour::Correct] | [Behaviour::Poll] => true,
             [Behaviour::Blip] => self.streams.get(&uid).is_some_and(|s| s.blipped),
             _ => false,
         }

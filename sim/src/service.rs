@@ -4,7 +4,7 @@
 //! them; a Redis store's run to completion on a current-thread Tokio runtime, one `block_on` per
 //! request, so the simulation stays one thread and every call sees the simulated `now_ms`.
 //! Nothing here waits (`record_wait` is 0: the world re-asks a refusal that records in flight
-//! could turn, as the service's wait does).
+//! could turn, and a branch end that unsettled registrations hold, as the service's wait does).
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -193,6 +193,26 @@ impl Service {
                 block_on(call(st.clone(), path, body)).unwrap_or((503, Vec::new()))
             }
             Backend::Redis { state, rt, .. } => rt.block_on(call(state.clone(), path, body)),
+        }
+    }
+
+    /// One try of a branch's clean end that does not wait (`api::branch_settled`): `None`
+    /// while the answer waits on registrations that neither relayed nor ended (the world
+    /// asks again a little later, as the service's own wait re-checks).
+    pub fn branch_settled(&mut self, now_ms: u64, body: Vec<u8>) -> Option<Answer> {
+        self.clock.store(now_ms, Ordering::Relaxed);
+        let body = JsonBytes(Bytes::from(body));
+        let settled = |r: Result<Option<axum::Json<_>>, api::ApiError>| match r {
+            Ok(None) => None,
+            Ok(Some(j)) => Some(answer(Ok(j))),
+            Err(e) => Some(answer::<()>(Err(e))),
+        };
+        match &self.backend {
+            Backend::Memory(st) => block_on(api::branch_settled(State(st.clone()), body))
+                .map_or(Some((503, Vec::new())), settled),
+            Backend::Redis { state, rt, .. } => {
+                settled(rt.block_on(api::branch_settled(State(state.clone()), body)))
+            }
         }
     }
 

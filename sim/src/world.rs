@@ -5,7 +5,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use mcp_resume_core::config::Config;
 use mcp_resume_core::exchange::{Action, Exchange, MCP_RESUME_HEADER, OWNER_NOT_IN_CLUSTER};
-use mcp_resume_core::ownership::RESUME_PATH;
+use mcp_resume_core::ownership::{BRANCH_PATH, RESUME_PATH};
 
 use crate::client::{Client, ClientConn, Kind, Logical, Purpose, MAX_RETRIES};
 use crate::gateway::{Gateway, Out, ProxyStream, Waiter};

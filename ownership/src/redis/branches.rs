@@ -11,9 +11,11 @@ const NOT_OPENED: i64 = -1;
 const REFUSED: i64 = -2;
 /// What the `open` script answers when the table was lost apart from its incarnation.
 const TABLE_LOST: i64 = -3;
+/// What the `settle` script answers when the end waits on unsettled registrations.
+const UNSETTLED: i64 = 2;
 
 impl RedisStore {
-    /// One run of the branch script for (session, incarnation) in `mode` (`open`, `end`).
+    /// One run of the branch script for (session, incarnation) in `mode` (`open`, `end`, `settle`).
     async fn branch_run(
         &self,
         session: &str,
@@ -65,19 +67,24 @@ impl RedisStore {
         }
     }
 
+    /// `settle`: `None` (the branch ended, not cut) while the answer waits on unsettled
+    /// registrations.
     pub(super) async fn end_branch_inner(
         &self,
         session: &str,
         incarnation: &str,
         branch: u64,
+        settle: bool,
         now_ms: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<bool>, StoreError> {
+        let mode = if settle { "settle" } else { "end" };
         match self
-            .branch_run(session, incarnation, "end", branch, None, now_ms)
+            .branch_run(session, incarnation, mode, branch, None, now_ms)
             .await?
         {
-            0 => Ok(false),
-            1 => Ok(true),
+            0 => Ok(Some(false)),
+            1 => Ok(Some(true)),
+            UNSETTLED if settle => Ok(None),
             n => Err(corrupt("branch", format!("end answer {n}"))),
         }
     }

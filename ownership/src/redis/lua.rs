@@ -126,6 +126,18 @@ local function prune(inc, t, keep)
     n = n - 1
   end
 end
+-- Would g's end be answered forked only on account of open branches that never relayed,
+-- within their grace (their guard's word may be in flight: the end waits for it)?
+local function unsettled(t, g)
+  local waiting = false
+  for h, e in pairs(t.kept) do
+    if h >= 1 and h ~= g and e.open then
+      if e.first >= 0 then return false end
+      if now - e.at <= registration_grace then waiting = true end
+    end
+  end
+  return waiting
+end
 -- Are branch g's events refused: another open, newer branch relayed after g started, or g was
 -- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
 -- table no longer lists (it starts relaying now).
@@ -645,6 +657,8 @@ return out
 /// Redis refused the write (maxmemory), -3 when the table was lost apart from the incarnation
 /// (now marked lost). `end`: marks `branch` ended; returns 1 when another branch numbered 1 or
 /// more is open and relaying, or when the table was lost (the end is signalled), else 0.
+/// `settle`: as `end`, but when the answer would be 1 only on account of open branches that
+/// never relayed, within their grace, returns 2: the branch is ended, not cut.
 const BRANCH: &str = r#"
 local mode, inc = ARGV[4], ARGV[5]
 local ik, bk = ikey(inc), bkey(inc)
@@ -684,6 +698,20 @@ if mode == 'open' then
   end
   redis.call('PEXPIRE', bk, keep_ms)
   return top
+end
+-- `settle`: an end whose answer waits on unsettled registrations ends the branch (its replica
+-- ended it: it must not overtake the branch that may be reading now) and leaves it uncut.
+if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
+  local t, g = branches(inc), tonumber(ARGV[6])
+  if t and unsettled(t, g) then
+    redis.call('HDEL', ik, 'ff', 'fl')
+    local b = t.kept[g]
+    if b and b.open then
+      b.open = false
+      put_branch(inc, g, b)
+    end
+    return 2
+  end
 end
 -- A clean end: the owner answered for the stream (a served continuation), a failure passed.
 redis.call('HDEL', ik, 'ff', 'fl')

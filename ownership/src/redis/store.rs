@@ -12,7 +12,7 @@ use super::config::{self, NodeInfo};
 use super::connection::{lock, on_every_primary, pulsed, Conn};
 use super::pipeline::Placed;
 use super::reply::{as_string, as_u64};
-use super::{RedisStore, PROBE_EVERY, STATS_SAMPLE};
+use super::{corrupt, RedisStore, PROBE_EVERY, STATS_SAMPLE};
 use crate::store::{Applied, BranchOpen, Facts, SnapshotQuery, Store, StoreError, StoreStats};
 
 impl RedisStore {
@@ -195,12 +195,23 @@ impl Store for RedisStore {
         branch: u64,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
-        self.bounded(
-            "end_branch",
-            self.opts.op_timeout,
-            self.end_branch_inner(session, incarnation, branch, now_ms),
-        )
-        .await
+        let ended = self.end_branch_inner(session, incarnation, branch, false, now_ms);
+        let ended = self
+            .bounded("end_branch", self.opts.op_timeout, ended)
+            .await?;
+        ended.ok_or_else(|| corrupt("branch", "end unsettled"))
+    }
+
+    async fn end_branch_settled(
+        &self,
+        session: &str,
+        incarnation: &str,
+        branch: u64,
+        now_ms: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        let ended = self.end_branch_inner(session, incarnation, branch, true, now_ms);
+        self.bounded("end_branch", self.opts.op_timeout, ended)
+            .await
     }
 
     async fn snapshot(&self, query: SnapshotQuery<'_>, now_ms: u64) -> Result<Facts, StoreError> {

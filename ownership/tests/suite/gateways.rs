@@ -2,6 +2,10 @@
 //! clock), its records applied to the store under test, its callouts answered by `resolve`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::time::Duration;
+
+use mcp_ownership::metrics::Metrics;
+use mcp_ownership::resume::{end_branch, ResumeOptions};
 use mcp_ownership::store::{Limits, Store};
 use mcp_resume_core::config::Config;
 use mcp_resume_core::exchange::{Action, Exchange, Worker};
@@ -154,4 +158,77 @@ pub async fn gateways_with_skewed_clocks_pick_the_newest_get_stream<S: Store>(
             .any(|e| matches!(e, Effect::SetRequestHeader(k, _) if k == "last-event-id")),
         "the superseded cursor never reaches a replica"
     );
+}
+
+/// Red team 4's `abandon-race` through the real guard core on two gateways: a GET stream through
+/// one; a copy of its resume through the other, dropped while its verdict was pending (the
+/// store registered it; the `abandoned` record waits in that gateway's queue); then the real
+/// resume through the first, whose replica relays one event and ends. Its clean end asks the
+/// store while the other gateway's record is still queued: the ask waits for it
+/// (`resume::end_branch`, as the handler runs it), and the client sees the replica's own end,
+/// never `forked`.
+pub async fn a_dropped_resume_through_another_gateway_never_forks_the_real_one<S: Store>(
+    make: impl Fn(Limits) -> S,
+) {
+    let s = make(Limits::default());
+    let sid = "abandon-race-session";
+    let (mut real, mut other) = (Gateway::new(T0), Gateway::new(T0));
+    real.initialize(sid);
+    let (mut fresh, _) = real.get(sid, None);
+    let cursor = real.stream(&mut fresh, "e1");
+    real.flush(&s).await;
+
+    let (mut dropped, a) = other.get(sid, Some(&cursor));
+    assert_eq!(a, Action::Pause);
+    let (_, body) = other.host.last_dispatch().expect("a resume callout");
+    let q: ResumeQuery = serde_json::from_slice(body).unwrap();
+    // The store answers (and registers the branch); the client is gone before the answer.
+    resolve_branched(&s, &q, super::no_wait(), T0).await;
+    dropped.on_stream_end(&mut other.w, &mut other.host);
+
+    let (mut r, a) = real.get(sid, Some(&cursor));
+    assert_eq!(a, Action::Pause);
+    real.answer(&mut r, &s).await;
+    assert_eq!(real.host.stat(Stat::Continued), 1);
+    let resp = hdrs(&[(":status", "200"), ("content-type", "text/event-stream")]);
+    r.on_response_headers(&mut real.w, &mut real.host, Some(&resp), false);
+    real.host.take();
+    let chunk = b"id: e2\ndata: x\n\n";
+    r.on_response_body(&mut real.w, &mut real.host, Some(chunk), true);
+    let (token, body) = real
+        .host
+        .last_dispatch()
+        .expect("the clean end asks the store");
+    let end: serde_json::Value = serde_json::from_slice(body).unwrap();
+    let branch = end["branch"].as_u64().expect("a registered branch");
+    let key = end["incarnation"].as_str().unwrap().to_owned();
+    let session = end["session"].as_str().unwrap().to_owned();
+    let opts = ResumeOptions {
+        record_wait: Duration::from_millis(2_000),
+        max_expected: 256,
+    };
+    let clock = || T0 + 10;
+    let metrics = Metrics::new();
+    let ask = end_branch(&s, (&session, &key, branch), &opts, &clock, &metrics);
+    let late = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        other.flush(&s).await;
+    };
+    let (forked, ()) = tokio::join!(ask, late);
+    let answer = format!(r#"{{"forked":{}}}"#, forked.unwrap());
+    r.on_callout_response(
+        &mut real.w,
+        &mut real.host,
+        token,
+        Some(200),
+        Some(answer.as_bytes()),
+    );
+    r.on_stream_end(&mut real.w, &mut real.host);
+    let out = String::from_utf8_lossy(&real.host.body()).into_owned();
+    assert!(out.contains("data: x"), "{out}");
+    assert!(
+        !out.contains("mcp-resume"),
+        "the client's own dropped resume is no reader: {out}"
+    );
+    assert_eq!(real.host.stat(Stat::Forked), 0);
 }

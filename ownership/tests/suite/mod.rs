@@ -14,7 +14,10 @@ use std::time::Duration;
 
 pub mod gateways;
 #[allow(unused_imports)] // used by the store_suite! cases, not by every test binary
-pub use gateways::gateways_with_skewed_clocks_pick_the_newest_get_stream;
+pub use gateways::{
+    a_dropped_resume_through_another_gateway_never_forks_the_real_one,
+    gateways_with_skewed_clocks_pick_the_newest_get_stream,
+};
 
 use mcp_ownership::metrics::Metrics;
 use mcp_ownership::resume::{resolve, Resolution, ResumeOptions};
@@ -2054,6 +2057,121 @@ pub async fn abandoned_registrations_never_fork_the_reader<S: Store>(make: impl 
     );
 }
 
+/// A clean end as the handler runs it (`resume::end_branch`), waiting up to `wait` for
+/// registrations that neither relayed nor ended, at store time `now`.
+pub async fn end_branch_waiting<S: Store>(
+    s: &S,
+    inc: &str,
+    branch: u64,
+    wait: Duration,
+    now: u64,
+) -> bool {
+    let opts = ResumeOptions {
+        record_wait: wait,
+        max_expected: 256,
+    };
+    let clock = move || now;
+    mcp_ownership::resume::end_branch(s, (S1, inc, branch), &opts, &clock, &Metrics::new())
+        .await
+        .expect("end_branch")
+}
+
+/// `records` applied `after` from now, at store time `now`.
+pub async fn apply_later<S: Store>(s: &S, records: &[Record], after: Duration, now: u64) {
+    tokio::time::sleep(after).await;
+    apply_at(s, records, now).await;
+}
+
+/// Red team 4, `abandon-race`: a client drops retries of its resume while their verdicts are
+/// pending and at once resumes for real; the real continuation replays and its replica ends
+/// it cleanly before the dropped retries' `abandoned` records land (each guard, each Wasm
+/// worker, has its own queue: the record may come from another gateway, a flush later). The
+/// end waits for them and is the replica's own: never `forked` on account of a reader that
+/// never was. A newer registration that its owner answers in that wait still wins the fork
+/// (a replica that hands the stream over), and one that neither relays nor ends within the
+/// wait still counts (a signal, never a silent end).
+pub async fn an_abandon_after_the_end_ask_never_forks_the_reader<S: Store>(
+    make: impl Fn(Limits) -> S,
+) {
+    let s = make(Limits::default());
+    let incs = [A, C, D];
+    let mut setup = vec![open(S1)];
+    for inc in incs {
+        setup.extend([req_stream(inc), events(S1, inc, 1, 3)]);
+    }
+    apply(&s, &setup).await;
+    let wait = Duration::from_millis(2_000);
+    let soon = Duration::from_millis(30);
+    let mut readers = Vec::new();
+    for (i, inc) in incs.into_iter().enumerate() {
+        let dropped = format!("{:016x}", 0xb0 + i);
+        continue_registered(&s, inc, 1, &dropped, T0 + 1).await;
+        let reader = continue_registered(&s, inc, 1, &format!("{:016x}", 0xa0 + i), T0 + 2).await;
+        assert_eq!(refusals(&s, &[relayed(inc, reader, 2, 3)]).await, [None]);
+        // One more retry, dropped, registered after the real one.
+        let late = format!("{:016x}", 0xc0 + i);
+        let newer = continue_registered(&s, inc, 1, &late, T0 + 3).await;
+        readers.push((inc, reader, dropped, late, newer));
+    }
+
+    // A: both abandons land while the end waits.
+    let (inc, reader, dropped, late, _) = &readers[0];
+    let abandons = [abandoned(inc, dropped), abandoned(inc, late)];
+    let (forked, ()) = tokio::join!(
+        end_branch_waiting(&s, inc, *reader, wait, T0 + 10),
+        apply_later(&s, &abandons, soon, T0 + 20),
+    );
+    assert!(!forked, "the client's own dropped retries are no reader");
+    let q = query(S1, inc, StreamKind::Request, 3);
+    assert!(
+        matches!(
+            resolve_with(&s, &q, no_wait(), T0 + 30).await.verdict,
+            ResumeVerdict::Continue { .. }
+        ),
+        "its last cursor continues"
+    );
+
+    // C: the newer registration's owner answers it while the end waits: a hand-over.
+    let (inc, reader, dropped, _, newer) = &readers[1];
+    let records = [abandoned(inc, dropped), answered(inc, *newer, 4)];
+    let (forked, ()) = tokio::join!(
+        end_branch_waiting(&s, inc, *reader, wait, T0 + 10),
+        apply_later(&s, &records, soon, T0 + 20),
+    );
+    assert!(forked, "a newer reader its owner answered takes the stream");
+
+    // D: nobody's word comes within the wait: the registration counts, as it stands.
+    let (inc, reader, _, _, _) = &readers[2];
+    let short = Duration::from_millis(60);
+    assert!(
+        end_branch_waiting(&s, inc, *reader, short, T0 + 10).await,
+        "an unsettled registration within its grace still counts after the wait"
+    );
+
+    // B: the replica answered the newer registration, then handed the stream to the older one
+    // and ended the newer, whose end waits; the newer one's answer lands after the older one's
+    // first events. Ended at once, the newer overtakes nobody, and is told `forked`.
+    apply(&s, &[req_stream(B), events(S1, B, 1, 3)]).await;
+    let older = continue_registered(&s, B, 1, "00000000000000e1", T0 + 1).await;
+    let newer = continue_registered(&s, B, 1, "00000000000000e2", T0 + 2).await;
+    let records = [
+        relayed(B, older, 2, 2),
+        answered(B, newer, 2),
+        relayed(B, older, 3, 3),
+    ];
+    let late = async {
+        tokio::time::sleep(soon).await;
+        refusals(&s, &records).await
+    };
+    let (forked, refused) = tokio::join!(end_branch_waiting(&s, B, newer, wait, T0 + 10), late);
+    assert!(forked, "the reader the replica chose took the stream");
+    assert_eq!(
+        refused,
+        [None, None, None],
+        "an end waiting for its answer overtakes nobody"
+    );
+}
+
 /// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
 pub fn answered(inc: &str, branch: u64, next: u64) -> Record {
     Record::Events {
@@ -2412,11 +2530,13 @@ macro_rules! store_suite {
             oldest_branches_dropped,
             unused_registrations_never_fork_the_reader,
             abandoned_registrations_never_fork_the_reader,
+            an_abandon_after_the_end_ask_never_forks_the_reader,
             session_events_budget,
             an_answered_continuation_counts_as_relaying,
             divergent_events_refused,
             diverging_open_continuations_are_a_fork,
             gateways_with_skewed_clocks_pick_the_newest_get_stream,
+            a_dropped_resume_through_another_gateway_never_forks_the_real_one,
             no_branch_table_no_arbitration,
             branch_table_goes_with_its_incarnation,
         );

@@ -203,8 +203,26 @@ impl World {
         body: Vec<u8>,
         since: u64,
     ) {
+        // The service's wait on a clean end that registrations still unsettled would turn
+        // `forked` (`resume::end_branch`): asked again a little later, until the wait is over.
+        let settling = path == BRANCH_PATH && self.net.now + RECHECK_MS <= since + RECORD_WAIT_MS;
         let (status, answer) = if self.net.now < self.blip_until {
             (503, Vec::new())
+        } else if settling {
+            match self.service.branch_settled(self.net.now, body.clone()) {
+                Some(a) => a,
+                None => {
+                    let again = Event::AtService {
+                        gw,
+                        token,
+                        path,
+                        body,
+                        since,
+                    };
+                    self.net.after(RECHECK_MS, again);
+                    return;
+                }
+            }
         } else {
             self.service.handle(self.net.now, &path, body.clone())
         };
