@@ -778,12 +778,20 @@ impl Exchange {
             return false;
         };
         let (cursor, owner) = (cursor.clone(), owner.clone());
-        let ms = w.config.continuation_headers_timeout_ms;
         let replayed = self.stream.as_ref().map_or(0, StreamState::rewritten);
-        let what = match (self.stream.is_some(), self.awaiting_replay) {
-            (false, _) => "no response headers".to_owned(),
-            (true, true) => "its headers but no replayed event".to_owned(),
-            (true, false) => format!("{replayed} replayed event(s) but not the next one owed"),
+        let (what, ms) = match (self.stream.is_some(), self.awaiting_replay) {
+            (false, _) => (
+                "no response headers".to_owned(),
+                w.config.continuation_headers_timeout_ms,
+            ),
+            (true, true) => (
+                "its headers but no replayed event".to_owned(),
+                w.config.continuation_headers_timeout_ms,
+            ),
+            (true, false) => (
+                format!("{replayed} replayed event(s) but not the next one owed"),
+                w.config.replay_stall_timeout_ms,
+            ),
         };
         host.log(
             LogLevel::Warn,
@@ -1049,8 +1057,9 @@ impl Exchange {
     }
 
     /// After the first replayed event, while the records say the owner still owes events, each
-    /// wait for the next one is bounded by the same deadline, counted from the last one
-    /// checked and released (`replayed`: the count before this chunk). Comments, repeats and
+    /// wait for the next one is bounded by `replay_stall_timeout_ms`, counted from the last one
+    /// checked and released (`replayed`: the count before this chunk). It is longer than the
+    /// first event's bound: a client that stops reading holds the owner back too. Comments, repeats and
     /// the cursor's echo are no progress. None once the owed replay is complete (a tool may
     /// then be silent for minutes), or the body ended.
     fn pace_replay<H: Host>(&mut self, w: &Worker, host: &H, replayed: u64, eos: bool) {
@@ -1067,7 +1076,7 @@ impl Exchange {
         match owed {
             None => self.headers_due = None,
             Some(now_replayed) if now_replayed > replayed => {
-                let wait = w.config.continuation_headers_timeout_ms;
+                let wait = w.config.replay_stall_timeout_ms;
                 self.headers_due = Some(host.now_ms().saturating_add(wait));
             }
             Some(_) => {}
@@ -1595,10 +1604,24 @@ impl Exchange {
             Some(ResumeVerdict::Continue {
                 owner,
                 expected,
+                head,
                 resume_id,
                 branch,
-                ..
             }) => {
+                // `expected` lists seq+1 ..= head, cut short at the service's --max-expected: a
+                // replay past the list could not be checked, so it is never relayed.
+                let owed = head.saturating_sub(cursor.seq);
+                if owed > expected.len() as u64 {
+                    host.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "mcp-resume-guard: the ownership service listed {} of the {owed} \
+                             recorded events owed (truncated by its --max-expected): resume refused",
+                            expected.len()
+                        ),
+                    );
+                    return self.callout_failed(w, host, &cursor, CalloutFailure::Body);
+                }
                 // A long replica id is not in the cursor; the store keeps the newest ones.
                 let Some(replica_id) = cursor.replica_event_id.clone().or(resume_id) else {
                     let id = cursor.request_id.as_deref();
