@@ -499,6 +499,9 @@ pub struct Exchange {
     headers_due: Option<u64>,
     /// A replay is expected and its first event has not been checked yet: the deadline runs.
     awaiting_replay: bool,
+    /// The client's connection is above its write-buffer high watermark (hosts that report it):
+    /// the client is not reading, so a wait between owed events is not the owner's.
+    backpressured: bool,
     /// Meanwhile the owner's response headers are held (hosts that can, see
     /// [`Host::holds_headers_with_body`]): nothing reached the client, so the deadline can
     /// still answer locally.
@@ -535,6 +538,7 @@ impl Exchange {
             call: None,
             headers_due: None,
             awaiting_replay: false,
+            backpressured: false,
             holding: false,
             held: Vec::new(),
         }
@@ -747,8 +751,26 @@ impl Exchange {
     /// with each one. `None`: no deadline pending.
     pub fn deadline_ms(&self) -> Option<u64> {
         match self.phase {
-            Phase::Continuing { .. } => self.headers_due,
+            Phase::Continuing { .. } if !self.stalled_by_client() => self.headers_due,
             _ => None,
+        }
+    }
+
+    /// The mid-replay deadline is suspended: the headers are out and the client is not reading.
+    fn stalled_by_client(&self) -> bool {
+        self.backpressured && self.stream.is_some() && !self.awaiting_replay
+    }
+
+    /// The host reports the client's connection above its write-buffer high watermark (`true`)
+    /// or back below the low one. Meanwhile flow control holds the owner back, so the wait for
+    /// the next owed event is suspended; when the client reads again it restarts, whole. The
+    /// first replayed event's deadline is not (nothing reached the client yet).
+    pub fn on_downstream_backpressure<H: Host>(&mut self, w: &Worker, host: &H, above: bool) {
+        let was = self.stalled_by_client();
+        self.backpressured = above;
+        if was && !above && self.headers_due.is_some() {
+            let wait = w.config.replay_stall_timeout_ms;
+            self.headers_due = Some(host.now_ms().saturating_add(wait));
         }
     }
 

@@ -664,3 +664,34 @@ fn a_verdict_listing_fewer_events_than_owed_is_refused_before_forwarding() {
     assert!(local(&fx).is_none());
     assert_eq!(host.stat(Stat::Continued), 1);
 }
+
+#[test]
+fn a_client_above_its_write_watermark_suspends_the_wait_between_owed_events() {
+    for holds in [true, false] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
+        let stall = w.config.replay_stall_timeout_ms;
+        host.now_ms = start + 2000;
+        ex.on_downstream_backpressure(&w, &host, true);
+        assert_eq!(ex.deadline_ms(), None);
+        // Long past the bound: the client, not the owner, holds the replay back.
+        host.now_ms = start + 1000 + 3 * stall;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        assert!(!host.effects.contains(&Effect::ResetResponse));
+        // It reads again: the owner gets the whole bound from now.
+        let back = host.now_ms;
+        ex.on_downstream_backpressure(&w, &host, false);
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, back + stall);
+    }
+}
+
+#[test]
+fn backpressure_does_not_suspend_the_first_replayed_events_deadline() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let start = host.now_ms;
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    ex.on_downstream_backpressure(&w, &host, true);
+    assert_eq!(ex.deadline_ms(), Some(start + 5000));
+}

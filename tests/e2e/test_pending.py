@@ -451,6 +451,7 @@ SLOW_EVENTS = 200
 SLOW_SIZE = 40_000
 SLOW_PAUSE_S = 3.0
 STALL_BOUND_MS = 8000
+WATERMARK_STALL_MS = 2000
 
 
 def big_event(n: int) -> bytes:
@@ -493,22 +494,60 @@ def dechunk(data: bytes) -> bytes:
     return out
 
 
+def slow_reader_envoy_with(fresh, stall_ms: int):
+    """A short bound for the first replayed event, `stall_ms` between owed events."""
+    cfg = h.envoy_config(plugin_overrides={"retention": 0, "continuation_headers_timeout_ms": DEADLINE_MS,
+                                           "replay_stall_timeout_ms": stall_ms},
+                         upstreams=[(h.HOST, PENDING_PORT)])
+    return fresh.own_gateway("envoy-slow-reader", cfg)
+
+
 @pytest.fixture
 def slow_reader_envoy(fresh):
-    """A short bound for the first replayed event, a longer one between owed events."""
-    cfg = h.envoy_config(plugin_overrides={"retention": 0, "continuation_headers_timeout_ms": DEADLINE_MS,
-                                           "replay_stall_timeout_ms": STALL_BOUND_MS},
-                         upstreams=[(h.HOST, PENDING_PORT)])
-    with fresh.own_gateway("envoy-slow-reader", cfg) as env:
+    with slow_reader_envoy_with(fresh, STALL_BOUND_MS) as env:
         yield env
 
 
-def test_a_client_that_stops_reading_mid_replay_keeps_its_resume(fresh, slow_reader_envoy):
-    """The client reads 64 KiB of the replay, then nothing for longer than the first event's bound
-    (flow control holds the owner back meanwhile), then reads on: every owed event arrives, in
-    order, and the stream ends as the owner ended it (before `replay_stall_timeout_ms` the guard
-    reset it and recorded it lost)."""
+@pytest.fixture
+def watermark_envoy(fresh):
+    """The wait between owed events shorter than the client's pause."""
+    with slow_reader_envoy_with(fresh, WATERMARK_STALL_MS) as env:
+        yield env
+
+
+def read_replay_slowly(c: h.Client, cursor: str, pause_s: float) -> tuple[bytes, bool]:
+    """A resume from `cursor` on a raw socket with a small receive buffer: 64 KiB read, then
+    nothing for `pause_s`, then the rest. Returns the (dechunked) body and whether it ended as
+    the owner ended it."""
     import socket
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.settimeout(20)
+    sock.connect((h.HOST, h.ENVOY_PORT))
+    sock.sendall((f"GET /mcp HTTP/1.1\r\nhost: {h.HOST}\r\naccept: text/event-stream\r\n"
+                  f"mcp-session-id: {c.session}\r\nmcp-protocol-version: 2025-11-25\r\n"
+                  f"last-event-id: {cursor}\r\n\r\n").encode())
+    buf = b""
+    while len(buf) < 65536:
+        d = sock.recv(16384)
+        assert d, buf[:200]
+        buf += d
+    time.sleep(pause_s)
+    try:
+        while not buf.endswith(b"0\r\n\r\n"):
+            d = sock.recv(1 << 20)
+            if not d:
+                break
+            buf += d
+    except ConnectionResetError:
+        pass
+    sock.close()
+    head, _, chunked = buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return dechunk(chunked), buf.endswith(b"0\r\n\r\n")
+
+
+def assert_slow_reader_keeps_its_resume(pause_s: float) -> None:
     c = h.Client()
     with ReplaysBig(PENDING_PORT, b"slow-reader"):
         c.initialize()
@@ -517,32 +556,24 @@ def test_a_client_that_stops_reading_mid_replay_keeps_its_resume(fresh, slow_rea
         s.close()
         assert len(evs) == SLOW_EVENTS, len(evs)
         time.sleep(0.3)  # the records land
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-        sock.settimeout(20)
-        sock.connect((h.HOST, h.ENVOY_PORT))
-        sock.sendall((f"GET /mcp HTTP/1.1\r\nhost: {h.HOST}\r\naccept: text/event-stream\r\n"
-                      f"mcp-session-id: {c.session}\r\nmcp-protocol-version: 2025-11-25\r\n"
-                      f"last-event-id: {evs[0].id}\r\n\r\n").encode())
-        buf = b""
-        while len(buf) < 65536:
-            d = sock.recv(16384)
-            assert d, buf[:200]
-            buf += d
-        time.sleep(SLOW_PAUSE_S)
-        try:
-            while not buf.endswith(b"0\r\n\r\n"):
-                d = sock.recv(1 << 20)
-                if not d:
-                    break
-                buf += d
-        except ConnectionResetError:
-            pass
-        sock.close()
-    head, _, chunked = buf.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    body = dechunk(chunked)
+        body, whole = read_replay_slowly(c, evs[0].id, pause_s)
     assert b"mcp-resume" not in body
     got = re.findall(rb'"data": "(\d+):', body)
     assert got == [str(n).encode() for n in range(2, SLOW_EVENTS + 1)], (len(got), got[:3], got[-3:])
-    assert buf.endswith(b"0\r\n\r\n"), "the stream must end as the owner ended it"
+    assert whole, "the stream must end as the owner ended it"
+
+
+def test_a_client_that_stops_reading_mid_replay_keeps_its_resume(fresh, slow_reader_envoy):
+    """The client reads 64 KiB of the replay, then nothing for longer than the first event's bound
+    (flow control holds the owner back meanwhile), then reads on: every owed event arrives, in
+    order, and the stream ends as the owner ended it (before `replay_stall_timeout_ms` the guard
+    reset it and recorded it lost)."""
+    assert_slow_reader_keeps_its_resume(SLOW_PAUSE_S)
+
+
+@pytest.mark.skipif(h.BUILD != "native", reason="proxy-wasm reports no write-buffer watermark")
+def test_a_client_that_stops_reading_longer_than_the_stall_bound_keeps_its_resume_native(fresh, watermark_envoy):
+    """Native build: while Envoy reports the client's connection above its write-buffer high
+    watermark the wait between owed events is suspended, so even a pause longer than
+    `replay_stall_timeout_ms` keeps the resume."""
+    assert_slow_reader_keeps_its_resume(WATERMARK_STALL_MS / 1000 + 2.0)
