@@ -170,6 +170,11 @@ pub struct RawConfig {
     /// answers it itself (`owner_busy`): a hung or stalled owner must not hang the client.
     #[serde(default = "default_continuation_headers_timeout_ms")]
     pub continuation_headers_timeout_ms: u64,
+    /// How long an owed replay may wait for its next recorded event once the first one came.
+    /// Longer than the headers' bound: a client that stops reading holds the owner back (flow
+    /// control), and that wait is no hung owner. Past it the stream is reset and recorded lost.
+    #[serde(default = "default_replay_stall_timeout_ms")]
+    pub replay_stall_timeout_ms: u64,
     /// SSE `retry:` (ms) the guard puts at the head of every request stream it relays, so a
     /// client whose call's stream breaks reconnects after this delay instead of its SDK's
     /// default; 0 (default) = none.
@@ -201,6 +206,9 @@ fn default_true() -> bool {
 fn default_continuation_headers_timeout_ms() -> u64 {
     5000
 }
+fn default_replay_stall_timeout_ms() -> u64 {
+    30_000
+}
 fn default_max_retry_ms() -> u64 {
     10_000
 }
@@ -221,6 +229,7 @@ pub struct Config {
     pub suppress_cursor_echo: bool,
     pub contiguity: Contiguity,
     pub continuation_headers_timeout_ms: u64,
+    pub replay_stall_timeout_ms: u64,
     /// The `retry:` hint for request streams (ms); `None`: off.
     pub client_retry_ms: Option<u64>,
     /// The bound on the `retry:` (ms) clients get; `None`: off.
@@ -385,6 +394,12 @@ impl Config {
                 "must be between 100 and 300000",
             ));
         }
+        if !(100..=600_000).contains(&raw.replay_stall_timeout_ms) {
+            return Err(err(
+                "replay_stall_timeout_ms",
+                "must be between 100 and 600000",
+            ));
+        }
         if raw.client_retry_ms > 60_000 {
             return Err(err("client_retry_ms", "must be between 0 (off) and 60000"));
         }
@@ -411,6 +426,7 @@ impl Config {
             suppress_cursor_echo: raw.suppress_cursor_echo,
             contiguity: raw.contiguity,
             continuation_headers_timeout_ms: raw.continuation_headers_timeout_ms,
+            replay_stall_timeout_ms: raw.replay_stall_timeout_ms,
             client_retry_ms: (raw.client_retry_ms > 0).then_some(raw.client_retry_ms),
             max_retry_ms,
             from_env,
@@ -721,6 +737,19 @@ mod tests {
         );
         assert_eq!(
             field_of(&json(r#","continuation_headers_timeout_ms":300001"#)),
+            field
+        );
+    }
+
+    #[test]
+    fn replay_stall_timeout_has_a_bounded_default() {
+        let c = Config::from_json(json("").as_bytes());
+        assert_eq!(c.map(|c| c.replay_stall_timeout_ms).ok(), Some(30_000));
+        let field = "replay_stall_timeout_ms";
+        assert_eq!(field_of(&json(r#","replay_stall_timeout_ms":100"#)), "ok");
+        assert_eq!(field_of(&json(r#","replay_stall_timeout_ms":99"#)), field);
+        assert_eq!(
+            field_of(&json(r#","replay_stall_timeout_ms":600001"#)),
             field
         );
     }

@@ -499,6 +499,9 @@ pub struct Exchange {
     headers_due: Option<u64>,
     /// A replay is expected and its first event has not been checked yet: the deadline runs.
     awaiting_replay: bool,
+    /// The client's connection is above its write-buffer high watermark (hosts that report it):
+    /// the client is not reading, so a wait between owed events is not the owner's.
+    backpressured: bool,
     /// Meanwhile the owner's response headers are held (hosts that can, see
     /// [`Host::holds_headers_with_body`]): nothing reached the client, so the deadline can
     /// still answer locally.
@@ -535,6 +538,7 @@ impl Exchange {
             call: None,
             headers_due: None,
             awaiting_replay: false,
+            backpressured: false,
             holding: false,
             held: Vec::new(),
         }
@@ -747,8 +751,26 @@ impl Exchange {
     /// with each one. `None`: no deadline pending.
     pub fn deadline_ms(&self) -> Option<u64> {
         match self.phase {
-            Phase::Continuing { .. } => self.headers_due,
+            Phase::Continuing { .. } if !self.stalled_by_client() => self.headers_due,
             _ => None,
+        }
+    }
+
+    /// The mid-replay deadline is suspended: the headers are out and the client is not reading.
+    fn stalled_by_client(&self) -> bool {
+        self.backpressured && self.stream.is_some() && !self.awaiting_replay
+    }
+
+    /// The host reports the client's connection above its write-buffer high watermark (`true`)
+    /// or back below the low one. Meanwhile flow control holds the owner back, so the wait for
+    /// the next owed event is suspended; when the client reads again it restarts, whole. The
+    /// first replayed event's deadline is not (nothing reached the client yet).
+    pub fn on_downstream_backpressure<H: Host>(&mut self, w: &Worker, host: &H, above: bool) {
+        let was = self.stalled_by_client();
+        self.backpressured = above;
+        if was && !above && self.headers_due.is_some() {
+            let wait = w.config.replay_stall_timeout_ms;
+            self.headers_due = Some(host.now_ms().saturating_add(wait));
         }
     }
 
@@ -778,12 +800,20 @@ impl Exchange {
             return false;
         };
         let (cursor, owner) = (cursor.clone(), owner.clone());
-        let ms = w.config.continuation_headers_timeout_ms;
         let replayed = self.stream.as_ref().map_or(0, StreamState::rewritten);
-        let what = match (self.stream.is_some(), self.awaiting_replay) {
-            (false, _) => "no response headers".to_owned(),
-            (true, true) => "its headers but no replayed event".to_owned(),
-            (true, false) => format!("{replayed} replayed event(s) but not the next one owed"),
+        let (what, ms) = match (self.stream.is_some(), self.awaiting_replay) {
+            (false, _) => (
+                "no response headers".to_owned(),
+                w.config.continuation_headers_timeout_ms,
+            ),
+            (true, true) => (
+                "its headers but no replayed event".to_owned(),
+                w.config.continuation_headers_timeout_ms,
+            ),
+            (true, false) => (
+                format!("{replayed} replayed event(s) but not the next one owed"),
+                w.config.replay_stall_timeout_ms,
+            ),
         };
         host.log(
             LogLevel::Warn,
@@ -1048,8 +1078,9 @@ impl Exchange {
     }
 
     /// After the first replayed event, while the records say the owner still owes events, each
-    /// wait for the next one is bounded by the same deadline, counted from the last one
-    /// checked and released (`replayed`: the count before this chunk). Comments, repeats and
+    /// wait for the next one is bounded by `replay_stall_timeout_ms`, counted from the last one
+    /// checked and released (`replayed`: the count before this chunk). It is longer than the
+    /// first event's bound: a client that stops reading holds the owner back too. Comments, repeats and
     /// the cursor's echo are no progress. None once the owed replay is complete (a tool may
     /// then be silent for minutes), or the body ended.
     fn pace_replay<H: Host>(&mut self, w: &Worker, host: &H, replayed: u64, eos: bool) {
@@ -1066,7 +1097,7 @@ impl Exchange {
         match owed {
             None => self.headers_due = None,
             Some(now_replayed) if now_replayed > replayed => {
-                let wait = w.config.continuation_headers_timeout_ms;
+                let wait = w.config.replay_stall_timeout_ms;
                 self.headers_due = Some(host.now_ms().saturating_add(wait));
             }
             Some(_) => {}
@@ -1573,10 +1604,24 @@ impl Exchange {
             Some(ResumeVerdict::Continue {
                 owner,
                 expected,
+                head,
                 resume_id,
                 branch,
-                ..
             }) => {
+                // `expected` lists seq+1 ..= head, cut short at the service's --max-expected: a
+                // replay past the list could not be checked, so it is never relayed.
+                let owed = head.saturating_sub(cursor.seq);
+                if owed > expected.len() as u64 {
+                    host.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "mcp-resume-guard: the ownership service listed {} of the {owed} \
+                             recorded events owed (truncated by its --max-expected): resume refused",
+                            expected.len()
+                        ),
+                    );
+                    return self.callout_failed(w, host, &cursor, CalloutFailure::Body);
+                }
                 // A long replica id is not in the cursor; the store keeps the newest ones.
                 let Some(replica_id) = cursor.replica_event_id.clone().or(resume_id) else {
                     let id = cursor.request_id.as_deref();

@@ -502,8 +502,9 @@ fn an_owner_that_stalls_after_its_first_replayed_event_is_reset_and_recorded_los
         let mut w = worker();
         let mut host = MockHost::new();
         let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
-        // Counted from the release of `e4`, not from forwarding.
-        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 6000);
+        // Counted from the release of `e4`, not from forwarding, by its own bound.
+        let stall = w.config.replay_stall_timeout_ms;
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 1000 + stall);
     }
 }
 
@@ -525,13 +526,14 @@ fn blocks_that_dispatch_nothing_are_no_progress_in_an_owed_replay() {
         .iter()
         .enumerate()
         {
-            host.now_ms = start + 2000 + 500 * i as u64;
+            host.now_ms = start + 2000 + 5000 * i as u64;
             bd(&mut ex, &mut w, &mut host, chunk.as_bytes(), false);
         }
         let out = body_str(&host);
         assert!(ids_in(out.as_bytes()).is_empty(), "{out}");
         host.take();
-        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 6000);
+        let stall = w.config.replay_stall_timeout_ms;
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 1000 + stall);
     }
 }
 
@@ -542,11 +544,12 @@ fn a_slow_but_steady_replay_is_never_cut_and_a_complete_one_has_no_deadline() {
         let mut host = MockHost::new();
         let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
         // Each owed event just inside the deadline counted from the one before.
-        host.now_ms = start + 5999;
+        let stall = w.config.replay_stall_timeout_ms;
+        host.now_ms = start + 999 + stall;
         assert!(!ex.on_deadline(&mut w, &mut host));
         bd(&mut ex, &mut w, &mut host, b"id: e5\ndata: {}\n\n", false);
-        assert_eq!(ex.deadline_ms(), Some(start + 10_999));
-        host.now_ms = start + 10_998;
+        assert_eq!(ex.deadline_ms(), Some(start + 999 + 2 * stall));
+        host.now_ms = start + 998 + 2 * stall;
         assert!(!ex.on_deadline(&mut w, &mut host));
         bd(&mut ex, &mut w, &mut host, b"id: e6\ndata: {}\n\n", false);
         // The owed replay is complete: the tool may be silent for as long as it runs.
@@ -573,4 +576,124 @@ fn an_owed_replay_whose_body_ends_early_has_no_deadline() {
         assert!(!ex.on_deadline(&mut w, &mut host));
         assert!(!host.effects.contains(&Effect::ResetResponse));
     }
+}
+
+/// The worker's config with `extra` JSON fields.
+fn worker_with(extra: &str) -> Worker {
+    Worker::new(config(extra))
+}
+
+#[test]
+fn a_reader_slower_than_the_first_events_bound_keeps_its_owed_replay() {
+    // The client stops reading mid-replay: flow control holds the owner back for longer than
+    // the first event's bound. Only `replay_stall_timeout_ms` gives the stream up.
+    for holds in [true, false] {
+        let mut w = worker_with(
+            r#","continuation_headers_timeout_ms":5000,"replay_stall_timeout_ms":30000"#,
+        );
+        let mut host = MockHost::new();
+        let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
+        host.now_ms = start + 1000 + 8000;
+        assert!(!ex.on_deadline(&mut w, &mut host), "8 s of a slow reader");
+        assert!(!host.effects.contains(&Effect::ResetResponse));
+        bd(&mut ex, &mut w, &mut host, b"id: e5\ndata: {}\n\n", false);
+        assert_eq!(ids_in(body_str(&host).as_bytes()).len(), 1);
+        host.take();
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, start + 9000 + 30_000);
+    }
+}
+
+/// A request stream's continuation at seq 3 whose owner answers `body` and ends.
+fn continuation_answering(body: &str) -> (MockHost, String) {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let (mut ex, _) = continue_request(&mut w, &mut host, &[]);
+    host.take();
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
+    let out = body_str(&host);
+    (host, out)
+}
+
+#[test]
+fn a_continuation_answered_with_only_a_dataless_reset_settles_its_call() {
+    // The TypeScript SDK drops an id-only block's id and would resume into the same answer
+    // until its own timeout: the reset is dropped, so the continuation relayed no event.
+    for body in ["id:\n\n", "id\n\n", ": x\nid:\n\n"] {
+        let (host, out) = continuation_answering(body);
+        assert!(ids_in(out.as_bytes()).is_empty(), "{body:?}: {out}");
+        let msgs = messages(&out);
+        assert_eq!(msgs.len(), 1, "{body:?}: {out}");
+        assert_eq!(
+            msgs[0]["error"]["data"]["reason"], "replay_missing",
+            "{out}"
+        );
+        assert_eq!(host.stat(Stat::Refused(Reason::ReplayMissing)), 1);
+    }
+}
+
+#[test]
+fn a_fresh_request_stream_ending_on_a_dataless_reset_settles_its_call() {
+    let (host, out) =
+        fresh_post_ending("id: e1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\nid:\n\n");
+    assert_eq!(ids_in(out.as_bytes()).len(), 1, "{out}");
+    assert_eq!(settled_ids(&out), [serde_json::json!(9)], "{out}");
+    assert_eq!(host.stat(Stat::Refused(Reason::ResponseMissing)), 1);
+}
+
+#[test]
+fn a_verdict_listing_fewer_events_than_owed_is_refused_before_forwarding() {
+    // The service cut its list short (--max-expected): events past it could not be checked.
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let c = req_cursor(&w, 42, 3, "e3", Some(REQ_ID));
+    let truncated = serde_json::json!({
+        "verdict": "continue", "owner": OWNER, "expected": ["e4", "e5"], "head": 6,
+    })
+    .to_string();
+    let (ex, fx) = resume(&mut w, &mut host, &c, &truncated);
+    assert_settles(&fx, Reason::OwnershipUnavailable, serde_json::json!(7));
+    assert_eq!(ex.deadline_ms(), None);
+    assert!(!fx
+        .iter()
+        .any(|e| matches!(e, Effect::SetRequestHeader(k, _) if k == "last-event-id")));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Log(_, l) if l.contains("--max-expected"))));
+    // The whole list (head - seq entries) continues.
+    let mut host = MockHost::new();
+    let (_, fx) = continue_request(&mut w, &mut host, &["e4", "e5", "e6"]);
+    assert!(local(&fx).is_none());
+    assert_eq!(host.stat(Stat::Continued), 1);
+}
+
+#[test]
+fn a_client_above_its_write_watermark_suspends_the_wait_between_owed_events() {
+    for holds in [true, false] {
+        let mut w = worker();
+        let mut host = MockHost::new();
+        let (mut ex, start) = replaying_first_of_three(&mut w, &mut host, holds);
+        let stall = w.config.replay_stall_timeout_ms;
+        host.now_ms = start + 2000;
+        ex.on_downstream_backpressure(&w, &host, true);
+        assert_eq!(ex.deadline_ms(), None);
+        // Long past the bound: the client, not the owner, holds the replay back.
+        host.now_ms = start + 1000 + 3 * stall;
+        assert!(!ex.on_deadline(&mut w, &mut host));
+        assert!(!host.effects.contains(&Effect::ResetResponse));
+        // It reads again: the owner gets the whole bound from now.
+        let back = host.now_ms;
+        ex.on_downstream_backpressure(&w, &host, false);
+        assert_reset_lost_at(&mut ex, &mut w, &mut host, back + stall);
+    }
+}
+
+#[test]
+fn backpressure_does_not_suspend_the_first_replayed_events_deadline() {
+    let mut w = worker();
+    let mut host = MockHost::new();
+    let start = host.now_ms;
+    let (mut ex, _) = continue_expecting(&mut w, &mut host);
+    ex.on_downstream_backpressure(&w, &host, true);
+    assert_eq!(ex.deadline_ms(), Some(start + 5000));
 }

@@ -145,6 +145,12 @@ pub trait OnId {
     /// the block's [`content_digest`].
     fn on_id(&mut self, id: &str, digest: u64) -> IdAction;
 
+    /// A block whose id is a bare reset and that has no `data` field: a client dispatches
+    /// nothing, the reset only clears its last id. By default an [`OnId::on_id`] with "".
+    fn on_dataless_reset(&mut self, digest: u64) -> IdAction {
+        self.on_id("", digest)
+    }
+
     /// After [`IdAction::Write`] for `id`: appends the block's new id to `out`, without
     /// `id: ` and line end. CR and LF in it are dropped; if it appends nothing, the id is kept.
     fn write_id(&mut self, id: &str, out: &mut Vec<u8>);
@@ -920,7 +926,11 @@ impl Rewriter {
         let id = utf8_lossy(&block_id);
         let action = if self.block_id_state == BlockId::Value {
             self.stats.ids += 1;
-            Some(on_id.on_id(&id, self.content.digest(chunk)))
+            let digest = self.content.digest(chunk);
+            Some(match id.is_empty() && !self.has_data {
+                true => on_id.on_dataless_reset(digest),
+                false => on_id.on_id(&id, digest),
+            })
         } else if self.has_data {
             // Dispatched under the client's earlier id: only suppressing or cutting it is
             // possible, anything else goes out as it is.

@@ -123,7 +123,8 @@ struct IdMap {
     seen: VecDeque<(u64, u64)>,
     /// A continuation: repeats are judged (its blocks are held, so one can be dropped whole).
     continuation: bool,
-    /// The last cursor written is a reset cursor ([`IdMap::on_reset`]).
+    /// The last id was a reset: a reset cursor written ([`IdMap::on_reset`]) or a dataless
+    /// reset dropped ([`IdMap::on_dataless_reset`]).
     last_reset: bool,
 }
 
@@ -136,6 +137,10 @@ struct Minter<'a> {
 impl OnId for Minter<'_> {
     fn on_id(&mut self, id: &str, digest: u64) -> IdAction {
         self.ids.on_id(id, digest)
+    }
+
+    fn on_dataless_reset(&mut self, _: u64) -> IdAction {
+        self.ids.on_dataless_reset()
     }
 
     fn write_id(&mut self, id: &str, out: &mut Vec<u8>) {
@@ -454,8 +459,9 @@ impl StreamState {
         self.rewriter.stats().ids_kept
     }
 
-    /// The last cursor written is a reset cursor: a client that holds it cannot resume (a
-    /// WHATWG client holds it; an SDK may hold an earlier one only past an id-only block).
+    /// The last id is a reset: a reset cursor, which a client that holds it cannot resume from,
+    /// or a dataless reset dropped (every client holds the cursor before it, but the replica
+    /// named no place to resume after it).
     pub fn ends_on_reset(&self) -> bool {
         self.ids.last_reset
     }
@@ -691,7 +697,7 @@ impl IdMap {
         IdAction::Write
     }
 
-    /// A bare `id:` resets a WHATWG client's last event id: the replica names no place after
+    /// A bare `id:` on a block with data resets a WHATWG client's last event id: the replica names no place after
     /// this event, so a client must never resume past it as if from the cursor before (the
     /// replica would replay what it dispatched since). The block gets a reset cursor (its
     /// replica id embedded empty), which the guard refuses at once (`id_reset`). It is
@@ -710,6 +716,16 @@ impl IdMap {
         self.mint("", digest);
         self.last_reset = true;
         IdAction::Write
+    }
+
+    /// A bare `id:` on a block without data dispatches nothing, so nothing after it could be
+    /// dispatched twice; its only effect would be to clear a WHATWG client's last id, which the
+    /// SDKs ignore. Its id line is dropped: every client keeps the cursor it had. It is no
+    /// recorded event (a replay skips it too), but a request stream whose last id was one
+    /// still ends on a reset: the replica names no place to resume after it.
+    fn on_dataless_reset(&mut self) -> IdAction {
+        self.last_reset = true;
+        IdAction::Omit
     }
 
     /// Numbers the event being relayed (its cursor's seq is `minted`) and keeps it for the records.
@@ -1181,11 +1197,11 @@ mod tests {
             s.take_relayed().map(|(f, r)| (f, r[1].clone())),
             Some((1, ("".into(), b)))
         );
-        // An id-only reset too (a WHATWG client resets on it); a real id clears the flag.
-        let (out, _) = run(&mut s, &k, "id\n\nid: e4\ndata: c\n\n");
-        assert_eq!(replica(&out), [reset(3), (4, Some("e4".into()))], "{out:?}");
+        // A real id clears the flag.
+        let (out, _) = run(&mut s, &k, "id: e3\ndata: c\n\n");
+        assert_eq!(replica(&out), [(3, Some("e3".into()))], "{out:?}");
         assert!(!s.ends_on_reset());
-        assert_eq!(s.rewritten(), 4);
+        assert_eq!(s.rewritten(), 3);
         // After a continuation's replay too.
         let expected = vec!["e8".to_string()];
         let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
@@ -1200,6 +1216,36 @@ mod tests {
             (Flow::Open, vec![reset(8)]),
             "{out:?}"
         );
+    }
+
+    #[test]
+    fn a_dataless_reset_is_dropped_and_no_event() {
+        // A bare id on a block without data (`id`, `id:`, with an event name or a comment)
+        // dispatches nothing: no reset cursor, no seq, nothing recorded, every client keeps its
+        // cursor. The stream still ends on a reset (the replica names no place after it).
+        let k = keys();
+        for block in ["id\n\n", "id:\n\n", "event: x\nid:\n\n", ": c\nid:\r\n\r\n"] {
+            let mut s = StreamState::fresh([1; 8], 1, StreamKind::Request, 4096);
+            let (out, _) = run(&mut s, &k, &format!("id: e1\ndata: a\n\n{block}"));
+            assert_eq!(ids_of(&out).len(), 1, "{block:?}: {out:?}");
+            assert!(!out.contains("id:\n") && !out.contains("id\n"), "{out:?}");
+            assert_eq!(s.rewritten(), 1, "{block:?}");
+            assert!(s.ends_on_reset(), "{block:?}");
+            assert_eq!(s.take_relayed().map(|(_, r)| r.len()), Some(1));
+            // A continuation answered with only one relays no id at all.
+            let mut s = StreamState::continuation(&cursor_at(7, "e7"), vec![], true, 4096);
+            let (out, flow) = run(&mut s, &k, block);
+            assert_eq!(flow, Flow::Open, "{out:?}");
+            assert!(ids_of(&out).is_empty(), "{block:?}: {out:?}");
+            assert_eq!(s.rewritten(), 0);
+            // Inside a replay it is skipped: the recorded next event still comes next.
+            let expected = vec![recorded("e8", "8")];
+            let mut s = StreamState::continuation(&cursor_at(7, "e7"), expected, true, 4096);
+            let (out, flow) = run(&mut s, &k, &format!("{block}id: e8\ndata: 8\n\n"));
+            assert_eq!(flow, Flow::Open, "{block:?}: {out:?}");
+            assert_eq!(ids_of(&out).len(), 1, "{out:?}");
+            assert!(!s.owes_replay());
+        }
     }
 
     #[test]

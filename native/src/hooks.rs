@@ -322,7 +322,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     abi::LOCAL_REPLY_CONTINUE
 }
 
-// Streamed callouts, per-route config and watermarks are not used; Envoy
+// Streamed callouts and per-route config are not used; Envoy
 // looks the hooks up when it loads the filter.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
@@ -369,15 +369,21 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
 ) {
 }
 
+/// The client stopped reading (its connection's write buffer is above the high watermark): a
+/// continuation's wait between owed events is suspended until it reads again.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
 ) {
+    // SAFETY: `f` is this stream's filter.
+    unsafe { with_filter("watermark", e, f, (), |f| f.backpressure(e, true)) }
 }
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-    _e: HttpFilterEnvoyPtr,
-    _f: *const c_void,
+    e: HttpFilterEnvoyPtr,
+    f: *const c_void,
 ) {
+    // SAFETY: `f` is this stream's filter.
+    unsafe { with_filter("watermark", e, f, (), |f| f.backpressure(e, false)) }
 }

@@ -286,6 +286,8 @@ pub struct Filter {
     ended: Cell<bool>,
     /// This stream's scheduler, made when its exchange first waited for a deadline.
     scheduler: Cell<Option<EnvoyPtr>>,
+    /// A watermark crossing reported while the exchange was busy: applied at the next chance.
+    watermark: Cell<Option<bool>>,
 }
 
 thread_local! {
@@ -316,6 +318,7 @@ impl Filter {
             end_owed: Cell::new(false),
             ended: Cell::new(false),
             scheduler: Cell::new(None),
+            watermark: Cell::new(None),
         }
     }
 
@@ -361,11 +364,38 @@ impl Filter {
         };
         let mut h = self.host(envoy, false);
         let mut w = self.guard().worker(self.worker);
+        if let Some(above) = self.watermark.take() {
+            ex.on_downstream_backpressure(&w, &h, above);
+        }
         ex.on_deadline(&mut w, &mut h);
         drop(w);
         // The deadline moved on (a replay that progresses): fired once more, when it is due.
         if let (Some(due), Some(s)) = (ex.deadline_ms(), self.scheduler.get()) {
             lock(&self.guard().deadlines).push((due, s));
+        }
+    }
+
+    /// The client's write buffer crossed a watermark: the exchange suspends (or restarts) its
+    /// wait between owed events; a restarted deadline is put back on the list.
+    pub fn backpressure(&self, envoy: HttpFilterEnvoyPtr, above: bool) {
+        let Ok(mut ex) = self.exchange.try_borrow_mut() else {
+            // Inside another hook: the scheduled event applies it at the next tick.
+            self.watermark.set(Some(above));
+            if let Some(s) = self.scheduler.get() {
+                lock(&self.guard().deadlines).push((0, s));
+            }
+            return;
+        };
+        self.watermark.set(None);
+        let h = self.host(envoy, false);
+        let w = self.guard().worker(self.worker);
+        let before = ex.deadline_ms();
+        ex.on_downstream_backpressure(&w, &h, above);
+        drop(w);
+        if let (Some(due), Some(s)) = (ex.deadline_ms(), self.scheduler.get()) {
+            if before != Some(due) {
+                lock(&self.guard().deadlines).push((due, s));
+            }
         }
     }
 

@@ -22,7 +22,8 @@ mod defaults {
     pub const SESSION_IDLE_TTL_SECS: u64 = 3600;
     pub const MAX_INCARNATIONS_PER_SESSION: usize = 64;
     pub const MAX_WINDOW: usize = 4096;
-    pub const MAX_EXPECTED: usize = 256;
+    /// The window's size: a continue verdict never owes more, so its list is never cut short.
+    pub const MAX_EXPECTED: usize = MAX_WINDOW;
     pub const MAX_SESSIONS: usize = 100_000;
     pub const MAX_PENDING_SESSIONS: usize = 10_000;
     pub const OWNER_FAILURE_WINDOW_MS: u64 = 30_000;
@@ -158,7 +159,9 @@ struct Cli {
     #[arg(long, env = "MCP_OWNERSHIP_ADMIN_TOKEN_FILE", value_name = "PATH")]
     admin_token_file: Option<PathBuf>,
 
-    /// Expected event ids returned by a resume.
+    /// Expected event ids returned by a resume. Below --max-window, a resume owing more
+    /// recorded events than this is refused by the guard (`ownership_unavailable`): it cannot
+    /// check a replay past the list.
     #[arg(long, env = "MCP_OWNERSHIP_MAX_EXPECTED", value_name = "N",
           default_value_t = defaults::MAX_EXPECTED, value_parser = count(0, 100_000), allow_negative_numbers = true)]
     max_expected: usize,
@@ -267,6 +270,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(w) = expected_warning(&cli) {
+        eprintln!("{w}");
+    }
     let auth = match load_auth(&cli) {
         Ok(a) => a,
         Err(e) => {
@@ -285,6 +291,19 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(run(cli, store, auth))
+}
+
+/// A verdict's `expected` list shorter than the window makes the guard refuse every resume
+/// that owes more (it never relays a replay it cannot check).
+fn expected_warning(cli: &Cli) -> Option<String> {
+    (cli.max_expected < cli.max_window).then(|| {
+        format!(
+            "mcp-ownership: WARNING: --max-expected {} is below --max-window {}: a resume owing \
+             more than {} recorded events is refused by the guard (ownership_unavailable) \
+             instead of continued",
+            cli.max_expected, cli.max_window, cli.max_expected
+        )
+    })
 }
 
 fn load_auth(cli: &Cli) -> Result<Auth, String> {
@@ -492,7 +511,14 @@ mod tests {
         assert!(matches!(store_spec(&c.store), Ok(StoreSpec::Memory)));
         assert_eq!(
             (c.record_wait_ms, c.max_window, c.max_expected),
-            (150, 4096, 256)
+            (150, 4096, 4096)
+        );
+        assert_eq!(expected_warning(&c), None);
+        let low = parse(&["--max-expected", "256"]).unwrap();
+        let w = expected_warning(&low).unwrap_or_default();
+        assert!(
+            w.contains("--max-expected 256") && w.contains("--max-window 4096"),
+            "{w}"
         );
         let c = parse(&[
             "--listen=0.0.0.0:1",

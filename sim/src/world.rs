@@ -150,11 +150,12 @@ pub struct Stats {
 }
 
 /// The gateways' guard configuration: the shipped defaults, a small hold so large events are
-/// cheap to make.
+/// cheap to make, and a mid-replay stall bound as short as the first event's (the sim's clients
+/// always read, so only a stalled owner waits there; `stall-midway` runs with a 15 s bound).
 pub fn guard_config() -> Config {
     let json = r#"{"mcp_paths":["/mcp"],"ownership":{"cluster":"mcp_ownership"},
         "keys":[{"id":1,"secret":"CrQq8kW6A9UQeBDCHpoc1FZ68OUEs76V3D2tOzS7iNU=","active":true}],
-        "max_event_hold_bytes":4096}"#;
+        "max_event_hold_bytes":4096,"replay_stall_timeout_ms":5000}"#;
     match Config::from_json(json.as_bytes()) {
         Ok(c) => c,
         Err(e) => unreachable!("the simulator's fixed config: {e}"),

@@ -164,7 +164,8 @@ RESTARTED = {
 @pytest.fixture
 def pending_envoy(fresh):
     """Envoy whose only replica is this test's upstream (the ownership service stays real)."""
-    cfg = h.envoy_config(plugin_overrides={"retention": 0, "continuation_headers_timeout_ms": DEADLINE_MS},
+    cfg = h.envoy_config(plugin_overrides={"retention": 0, "continuation_headers_timeout_ms": DEADLINE_MS,
+                                           "replay_stall_timeout_ms": DEADLINE_MS},
                          upstreams=[(h.HOST, PENDING_PORT)])
     with fresh.own_gateway("envoy-pending", cfg) as env:
         yield env
@@ -382,7 +383,13 @@ TS_SHAPES = {
     # A cursor and an hour's retry: the resume comes after the bound, and is settled.
     "bigretry-cur": b"retry: 3600000\nid: e1\ndata: " + PROGRESS_ONE + b"\n\n",
 }
-TS_REASON = {"bigretry-cur": "replay_missing"}
+# An id-only reset (`id:` and no data) ending the call's stream: a fresh stream is settled at its
+# end; a continuation answered with only one relayed no event and settles (red team 5).
+TS_SHAPES["fresh-idonly-reset"] = b"id: e1\ndata: " + PROGRESS_ONE + b"\n\nid:\n\n"
+TS_SHAPES["idonly-reset-loop"] = b"id: e1\ndata: " + PROGRESS_ONE + b"\n\n"
+# How a resume of the shape is answered (default: an empty stream).
+TS_RESUMES = {"idonly-reset-loop": b"id:\n\n"}
+TS_REASON = {"bigretry-cur": "replay_missing", "idonly-reset-loop": "replay_missing"}
 RETRY_BOUND_MS = 1000
 
 
@@ -390,9 +397,10 @@ class AnswersAs(Upstream):
     """A replica answering a call's stream with `shape`, and a resume of it with an empty stream
     (it does not know the stream); a standalone GET is not offered (405)."""
 
-    def __init__(self, port: int, session: bytes, shape: bytes):
+    def __init__(self, port: int, session: bytes, shape: bytes, resume: bytes = b""):
         self.session = session
         self.shape = shape
+        self.resume = resume
         super().__init__(port)
 
     def answer(self, method, headers, body, out):
@@ -406,7 +414,7 @@ class AnswersAs(Upstream):
         elif msg.get("method") == "tools/call":
             send_sse(out, self.shape.replace(b"{ID}", json.dumps(msg["id"]).encode()))
         elif method == b"GET" and b"last-event-id" in headers:
-            send_sse(out, b"")
+            send_sse(out, self.resume)
         elif method == b"GET":
             out.write(http_answer("405 Method Not Allowed", None, b""))
         else:
@@ -427,7 +435,7 @@ def shapes_envoy(fresh):
 @pytest.mark.parametrize("shape", list(TS_SHAPES))
 def test_the_typescript_clients_call_is_settled_not_left_to_its_timeout(fresh, shapes_envoy, shape):
     interop.require_sdks(python=False)
-    with AnswersAs(PENDING_PORT, b"shapes-" + shape.encode(), TS_SHAPES[shape]):
+    with AnswersAs(PENDING_PORT, b"shapes-" + shape.encode(), TS_SHAPES[shape], TS_RESUMES.get(shape, b"")):
         out = interop.ts_client("call", "--timeout", "8000")
     call_ = out["call"]
     # Not the SDK's own timeout (-32001 at 8 s): the guard's answer, naming why, within a bound.
@@ -490,3 +498,137 @@ def test_the_typescript_sdks_call_on_a_stream_ending_inside_a_long_event_settles
     assert call_["code"] == -32010, call_
     assert (call_["data"] or {}).get("reason") == "response_missing", call_
     assert call_["t_ms"] < 5000, call_
+
+
+# ---- a client that stops reading in the middle of a replay (red team 5, slowreader) -----------
+
+SLOW_EVENTS = 200
+SLOW_SIZE = 40_000
+SLOW_PAUSE_S = 3.0
+STALL_BOUND_MS = 8000
+WATERMARK_STALL_MS = 2000
+
+
+def big_event(n: int) -> bytes:
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                       "params": {"level": "info", "data": f"{n}:" + "x" * SLOW_SIZE}}).encode()
+    return b"id: b%d\ndata: %s\n\n" % (n, note)
+
+
+class ReplaysBig(Upstream):
+    """The owner of a call's stream of `SLOW_EVENTS` large events (`b1` ..), which it sends whole
+    and ends; a resume is answered with every event after the cursor at once, then the end."""
+
+    def __init__(self, port: int, session: bytes):
+        self.session = session
+        self.events = [big_event(n) for n in range(1, SLOW_EVENTS + 1)]
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        if b"last-event-id" in headers:
+            after = int(headers[b"last-event-id"][1:])
+            send_sse(out, b"".join(self.events[after:]))
+        elif method == b"POST" and b'"initialize"' in body:
+            out.write(closing(initialize_answer("big", self.session)))
+        elif method == b"POST" and b'"tools/call"' in body:
+            send_sse(out, b"".join(self.events))
+        else:
+            out.write(closing(ACCEPTED))
+        return False
+
+
+def dechunk(data: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's content, as far as it is whole."""
+    out, at = b"", 0
+    while (eol := data.find(b"\r\n", at)) >= 0:
+        size = int(data[at:eol].split(b";")[0], 16)
+        if size == 0:
+            break
+        out += data[eol + 2:eol + 2 + size]
+        at = eol + 2 + size + 2
+    return out
+
+
+def slow_reader_envoy_with(fresh, stall_ms: int):
+    """A short bound for the first replayed event, `stall_ms` between owed events."""
+    cfg = h.envoy_config(plugin_overrides={"retention": 0, "continuation_headers_timeout_ms": DEADLINE_MS,
+                                           "replay_stall_timeout_ms": stall_ms},
+                         upstreams=[(h.HOST, PENDING_PORT)])
+    return fresh.own_gateway("envoy-slow-reader", cfg)
+
+
+@pytest.fixture
+def slow_reader_envoy(fresh):
+    with slow_reader_envoy_with(fresh, STALL_BOUND_MS) as env:
+        yield env
+
+
+@pytest.fixture
+def watermark_envoy(fresh):
+    """The wait between owed events shorter than the client's pause."""
+    with slow_reader_envoy_with(fresh, WATERMARK_STALL_MS) as env:
+        yield env
+
+
+def read_replay_slowly(c: h.Client, cursor: str, pause_s: float) -> tuple[bytes, bool]:
+    """A resume from `cursor` on a raw socket with a small receive buffer: 64 KiB read, then
+    nothing for `pause_s`, then the rest. Returns the (dechunked) body and whether it ended as
+    the owner ended it."""
+    import socket
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.settimeout(20)
+    sock.connect((h.HOST, h.ENVOY_PORT))
+    sock.sendall((f"GET /mcp HTTP/1.1\r\nhost: {h.HOST}\r\naccept: text/event-stream\r\n"
+                  f"mcp-session-id: {c.session}\r\nmcp-protocol-version: 2025-11-25\r\n"
+                  f"last-event-id: {cursor}\r\n\r\n").encode())
+    buf = b""
+    while len(buf) < 65536:
+        d = sock.recv(16384)
+        assert d, buf[:200]
+        buf += d
+    time.sleep(pause_s)
+    try:
+        while not buf.endswith(b"0\r\n\r\n"):
+            d = sock.recv(1 << 20)
+            if not d:
+                break
+            buf += d
+    except ConnectionResetError:
+        pass
+    sock.close()
+    head, _, chunked = buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return dechunk(chunked), buf.endswith(b"0\r\n\r\n")
+
+
+def assert_slow_reader_keeps_its_resume(pause_s: float) -> None:
+    c = h.Client()
+    with ReplaysBig(PENDING_PORT, b"slow-reader"):
+        c.initialize()
+        s = call(c, "big", {})
+        evs = s.read_all()
+        s.close()
+        assert len(evs) == SLOW_EVENTS, len(evs)
+        time.sleep(0.3)  # the records land
+        body, whole = read_replay_slowly(c, evs[0].id, pause_s)
+    assert b"mcp-resume" not in body
+    got = re.findall(rb'"data": "(\d+):', body)
+    assert got == [str(n).encode() for n in range(2, SLOW_EVENTS + 1)], (len(got), got[:3], got[-3:])
+    assert whole, "the stream must end as the owner ended it"
+
+
+def test_a_client_that_stops_reading_mid_replay_keeps_its_resume(fresh, slow_reader_envoy):
+    """The client reads 64 KiB of the replay, then nothing for longer than the first event's bound
+    (flow control holds the owner back meanwhile), then reads on: every owed event arrives, in
+    order, and the stream ends as the owner ended it (before `replay_stall_timeout_ms` the guard
+    reset it and recorded it lost)."""
+    assert_slow_reader_keeps_its_resume(SLOW_PAUSE_S)
+
+
+@pytest.mark.skipif(h.BUILD != "native", reason="proxy-wasm reports no write-buffer watermark")
+def test_a_client_that_stops_reading_longer_than_the_stall_bound_keeps_its_resume_native(fresh, watermark_envoy):
+    """Native build: while Envoy reports the client's connection above its write-buffer high
+    watermark the wait between owed events is suspended, so even a pause longer than
+    `replay_stall_timeout_ms` keeps the resume."""
+    assert_slow_reader_keeps_its_resume(WATERMARK_STALL_MS / 1000 + 2.0)

@@ -567,7 +567,8 @@ pub fn a_stalled_replay_is_answered_at_the_deadline<P: Proxy>() {
 /// are out, in either adapter. Each replayed event moves the deadline on (the native adapter's
 /// scheduled event finds it moved and waits again).
 pub fn a_replay_that_stalls_midway_is_reset_at_the_deadline<P: Proxy>() {
-    let mut p = match P::start(&config_with(r#","continuation_headers_timeout_ms":100"#)) {
+    let cfg = r#","continuation_headers_timeout_ms":100,"replay_stall_timeout_ms":100"#;
+    let mut p = match P::start(&config_with(cfg)) {
         Ok(p) => p,
         Err(e) => unreachable!("the filter refused its config: {e}"),
     };
