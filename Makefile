@@ -140,8 +140,11 @@ rules: prometheus
 	promtool check rules $(RULES)/mcp-resume-guard.rules.yaml
 	cd $(RULES) && promtool test rules mcp-resume-guard.rules.test.yaml
 
+# The native build's own behaviour (write-buffer watermarks, which proxy-wasm does not report) runs
+# in e2e-native only.
+NATIVE_ONLY := tests/e2e/test_pending.py::test_a_client_that_stops_reading_longer_than_the_stall_bound_keeps_its_resume_native
 e2e: venv interop-deps build native
-	$(VENV)/bin/pytest -q tests/e2e tests/static
+	$(VENV)/bin/pytest -q tests/e2e tests/static --deselect $(NATIVE_ONLY)
 
 # The contiguity adapters' own tests (adapters/), against the SDKs installed for tests/interop.
 adapters-test: interop-deps
@@ -151,7 +154,7 @@ adapters-test: interop-deps
 
 # The failure scenarios (test_seed_scenarios.py) and guard rules again, against the native build.
 e2e-native: venv build native
-	E2E_BUILD=native $(VENV)/bin/pytest -q tests/e2e/test_native.py tests/e2e/test_seed_scenarios.py tests/e2e/test_guard_rules.py
+	E2E_BUILD=native $(VENV)/bin/pytest -q tests/e2e/test_native.py tests/e2e/test_seed_scenarios.py tests/e2e/test_guard_rules.py $(NATIVE_ONLY)
 
 # A one-off build keeps no incremental caches (about 1.8 GB in target/debug/incremental).
 test: export CARGO_INCREMENTAL ?= 0
