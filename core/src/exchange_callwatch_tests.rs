@@ -9,21 +9,7 @@ const PROGRESS: &str =
 
 /// A fresh POST of [`CALL`] answered `200 text/event-stream`, whose body is `body` then ends.
 fn fresh_ending(body: &str) -> (MockHost, String) {
-    let mut w = worker();
-    let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    let post = hdrs(&[
-        (":method", "POST"),
-        (":path", "/mcp"),
-        ("mcp-session-id", SID),
-    ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(Some(CALL.as_bytes()), true);
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
-    bd(&mut ex, &mut w, &mut host, body.as_bytes(), false);
-    bd(&mut ex, &mut w, &mut host, b"", true);
-    let out = body_str(&host);
-    (host, out)
+    fresh_call_chunks(CALL, &[body, ""])
 }
 
 /// The ids of the guard's settling errors after its `response_missing` signal.

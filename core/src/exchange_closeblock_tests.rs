@@ -27,31 +27,7 @@ fn types(out: &str) -> Vec<String> {
 /// A fresh POST (request id 9) answered `200 text/event-stream` with `chunks`, the last one
 /// ending it.
 fn fresh_post(chunks: &[&str]) -> (MockHost, String) {
-    let mut w = worker();
-    let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    let post = hdrs(&[
-        (":method", "POST"),
-        (":path", "/mcp"),
-        ("mcp-session-id", SID),
-    ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(
-        Some(br#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#),
-        true,
-    );
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
-    for (i, chunk) in chunks.iter().enumerate() {
-        bd(
-            &mut ex,
-            &mut w,
-            &mut host,
-            chunk.as_bytes(),
-            i + 1 == chunks.len(),
-        );
-    }
-    let out = body_str(&host);
-    (host, out)
+    fresh_call_chunks(r#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#, chunks)
 }
 
 #[test]

@@ -12,37 +12,6 @@ fn fresh_call_ending(call: &str, body: &str) -> (MockHost, String) {
     fresh_call_chunks(call, &[body, ""])
 }
 
-/// A fresh POST of `call` answered `200 text/event-stream`, whose body is `chunks`, the last
-/// one ending it.
-fn fresh_call_chunks(call: &str, chunks: &[&str]) -> (MockHost, String) {
-    fresh_call_under(worker(), call, chunks)
-}
-
-/// [`fresh_call_chunks`] through the guard of worker `w`.
-fn fresh_call_under(mut w: Worker, call: &str, chunks: &[&str]) -> (MockHost, String) {
-    let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    let post = hdrs(&[
-        (":method", "POST"),
-        (":path", "/mcp"),
-        ("mcp-session-id", SID),
-    ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(Some(call.as_bytes()), true);
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
-    for (i, chunk) in chunks.iter().enumerate() {
-        bd(
-            &mut ex,
-            &mut w,
-            &mut host,
-            chunk.as_bytes(),
-            i + 1 == chunks.len(),
-        );
-    }
-    let out = body_str(&host);
-    (host, out)
-}
-
 #[test]
 fn a_fresh_request_stream_that_ends_with_nothing_settles_its_call() {
     for body in ["", ": keep-alive\n\n", "retry: 1000\n\n", "event: x\n\n"] {

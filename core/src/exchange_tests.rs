@@ -1313,6 +1313,37 @@ mod abandoned;
 #[path = "exchange_retry_tests.rs"]
 mod retry_hint;
 
+/// A fresh POST of `call` answered `200 text/event-stream`, whose body is `chunks`, the last
+/// one ending it.
+fn fresh_call_chunks(call: &str, chunks: &[&str]) -> (MockHost, String) {
+    fresh_call_under(worker(), call, chunks)
+}
+
+/// [`fresh_call_chunks`] through the guard of worker `w`.
+fn fresh_call_under(mut w: Worker, call: &str, chunks: &[&str]) -> (MockHost, String) {
+    let mut host = MockHost::new();
+    let mut ex = Exchange::new();
+    let post = hdrs(&[
+        (":method", "POST"),
+        (":path", "/mcp"),
+        ("mcp-session-id", SID),
+    ]);
+    rq(&mut ex, &mut w, &mut host, &post);
+    ex.on_request_body(Some(call.as_bytes()), true);
+    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    for (i, chunk) in chunks.iter().enumerate() {
+        bd(
+            &mut ex,
+            &mut w,
+            &mut host,
+            chunk.as_bytes(),
+            i + 1 == chunks.len(),
+        );
+    }
+    let out = body_str(&host);
+    (host, out)
+}
+
 #[path = "exchange_branch_end_tests.rs"]
 mod branch_end;
 
