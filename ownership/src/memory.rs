@@ -227,9 +227,7 @@ impl Branches {
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
     fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
-        let forked = self
-            .rivals(g)
-            .any(|b| b.first.is_some() || b.in_grace(now_ms));
+        let forked = self.would_fork(g, now_ms);
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.cut |= told && forked;
@@ -237,19 +235,21 @@ impl Branches {
         forked
     }
 
-    /// Would `g`'s end be answered `forked` only on account of registrations that have
-    /// neither relayed nor ended yet, within their grace? Their guard's word (the owner's
-    /// answer, or an `abandoned` record) may be a flush away: the clean end waits for it
-    /// (`crate::resume::end_branch`), so a client's own dropped retry is not a reader.
-    fn unsettled(&self, g: u64, now_ms: u64) -> bool {
-        !self.rivals(g).any(|b| b.first.is_some()) && self.rivals(g).any(|b| b.in_grace(now_ms))
+    /// Would `g`'s end be answered `forked` now? Every open rival's guard may have its word a
+    /// flush away: the owner's answer of a newer reader, or the end of a branch whose client
+    /// went (an `abandoned` record, or the `branch_end` of a resume it reset after its owner
+    /// answered). The clean end waits for it (`crate::resume::end_branch`), so a client's own
+    /// dropped retry is never a reader; a rival still open after the wait is one.
+    fn would_fork(&self, g: u64, now_ms: u64) -> bool {
+        self.rivals(g)
+            .any(|b| b.first.is_some() || b.in_grace(now_ms))
     }
 
-    /// [`Branches::end`] (told), or `None` while [`Branches::unsettled`]: `g` is ended at
+    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`]: `g` is ended at
     /// once all the same (its replica ended it: it must not overtake the branch that may be
     /// reading now), and cut only once the answer is `forked`.
     fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
-        if !self.unsettled(g, now_ms) {
+        if !self.would_fork(g, now_ms) {
             return Some(self.end(g, true, now_ms));
         }
         if let Some(b) = self.kept.get_mut(&g) {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import re
 import socket
 import struct
@@ -56,6 +57,34 @@ class ClosingReplica(Upstream):
         else:
             out.write(ACCEPTED.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1))
         return False
+
+
+class HoldingReplica(ClosingReplica):
+    """As ClosingReplica, except that the first resume of each session is answered with headers
+    and held open (a comment every 20 ms) until its client goes: its owner answered, so its branch
+    relays, and only its end tells the store it is gone."""
+
+    def __init__(self, port: int):
+        self.held: set[bytes] = set()
+        self.answered = threading.Event()
+        super().__init__(port)
+
+    def answer(self, method, headers, body, out):
+        sid = headers.get(b"mcp-session-id")
+        if method == b"GET" and headers.get(b"last-event-id") and sid not in self.held:
+            self.held.add(sid)
+            out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+            out.flush()
+            self.answered.set()
+            try:
+                for _ in range(100):
+                    out.write(b": held\n\n")
+                    out.flush()
+                    time.sleep(0.02)
+            except OSError:
+                pass
+            return False
+        return super().answer(method, headers, body, out)
 
 
 @pytest.fixture
@@ -100,6 +129,17 @@ def dechunk(answer: bytes) -> tuple[bytes, bytes]:
     return head, out
 
 
+def fresh_stream(json_h: dict, init: str) -> tuple[dict, bytes]:
+    """A new session's GET headers and the first cursor of its fresh g1..g3 stream, recorded."""
+    sid = re.search(rb"(?im)^mcp-session-id: *(\S+)", raw("POST", json_h, init.encode())).group(1)
+    get = {"accept": "text/event-stream", "mcp-session-id": sid.decode(), "mcp-protocol-version": "2025-06-18"}
+    _, body = dechunk(raw("GET", get))
+    ids = re.findall(rb"(?m)^id: *(\S+)", body)
+    assert len(ids) == 3, body
+    time.sleep(SETTLE_S)
+    return get, ids[0]
+
+
 def test_dropped_resumes_never_end_the_real_one_forked(fresh, closing_envoy):
     rng = random.Random(4)
     json_h = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -121,6 +161,32 @@ def test_dropped_resumes_never_end_the_real_one_forked(fresh, closing_envoy):
                 time.sleep(rng.uniform(0, 0.002))
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 s.close()
+            head, body = dechunk(raw("GET", resume))
+            events = re.findall(rb"(?m)^data: *(.*)", body)
+            clean = (head.startswith(b"HTTP/1.1 200") and b"mcp-resume" not in head.lower()
+                     and b"event: mcp-resume" not in body and events == [NOTE, NOTE])
+            if not clean:
+                bad.append((r, head.split(b"\r\n")[0], body[-300:]))
+    assert not bad, f"{len(bad)}/{ROUNDS} real resumes were not a clean replay: {bad[:3]}"
+
+
+def test_a_dropped_resume_its_owner_answered_never_ends_the_real_one_forked(fresh, closing_envoy):
+    """The dropped resume got its verdict and its owner's answer (so its branch relays) before its
+    client reset it; its end is a record a flush behind the real resume's clean end."""
+    json_h = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    init = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    with HoldingReplica(REPLICA_PORT) as rep:
+        bad = []
+        for r in range(ROUNDS):
+            get, cursor = fresh_stream(json_h, init)
+            resume = {**get, "last-event-id": cursor.decode()}
+            rep.answered.clear()
+            s = raw("GET", resume, read=False)
+            assert rep.answered.wait(5.0)
+            time.sleep(0.03)  # the owner's answer reaches the store (flush_ms 10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
             head, body = dechunk(raw("GET", resume))
             events = re.findall(rb"(?m)^data: *(.*)", body)
             clean = (head.startswith(b"HTTP/1.1 200") and b"mcp-resume" not in head.lower()

@@ -126,17 +126,15 @@ local function prune(inc, t, keep)
     n = n - 1
   end
 end
--- Would g's end be answered forked only on account of open branches that never relayed,
--- within their grace (their guard's word may be in flight: the end waits for it)?
-local function unsettled(t, g)
-  local waiting = false
+-- Would g's end be answered forked now (an open rival that relayed, or registered within its
+-- grace)? Its guard's word may be in flight: the end waits for it.
+local function would_fork(t, g)
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open then
-      if e.first >= 0 then return false end
-      if now - e.at <= registration_grace then waiting = true end
+    if h >= 1 and h ~= g and e.open and (e.first >= 0 or now - e.at <= registration_grace) then
+      return true
     end
   end
-  return waiting
+  return false
 end
 -- Are branch g's events refused: another open, newer branch relayed after g started, or g was
 -- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
@@ -156,12 +154,7 @@ end
 -- told: the guard asked at the branch's end and tells its client `forked` on a yes: that branch
 -- lost a fork, so it is cut (its records give way to the survivor's).
 local function end_branch(inc, t, g, told)
-  local forked = false
-  for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open and (e.first >= 0 or now - e.at <= registration_grace) then
-      forked = true
-    end
-  end
+  local forked = would_fork(t, g)
   local b = t.kept[g]
   if b and (b.open or (told and forked and not b.cut)) then
     b.open = false
@@ -699,11 +692,11 @@ if mode == 'open' then
   redis.call('PEXPIRE', bk, keep_ms)
   return top
 end
--- `settle`: an end whose answer waits on unsettled registrations ends the branch (its replica
+-- `settle`: an end whose answer would be forked ends the branch (its replica
 -- ended it: it must not overtake the branch that may be reading now) and leaves it uncut.
 if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
   local t, g = branches(inc), tonumber(ARGV[6])
-  if t and unsettled(t, g) then
+  if t and would_fork(t, g) then
     redis.call('HDEL', ik, 'ff', 'fl')
     local b = t.kept[g]
     if b and b.open then

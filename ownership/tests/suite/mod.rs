@@ -2172,6 +2172,48 @@ pub async fn an_abandon_after_the_end_ask_never_forks_the_reader<S: Store>(
     );
 }
 
+/// A client resets a resume after its owner answered it (so that branch relays) and at once
+/// resumes for real; the real continuation replays and ends before the reset branch's
+/// `branch_end` record lands (a flush behind, maybe through another gateway). The end waits for
+/// it and is the replica's own. A relaying rival that is still open after the wait is a reader
+/// (`forked`, a signal).
+pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
+    make: impl Fn(Limits) -> S,
+) {
+    let s = make(Limits::default());
+    apply(&s, &[open(S1)]).await;
+    let mut readers = Vec::new();
+    for (i, inc) in [A, C].into_iter().enumerate() {
+        apply(&s, &[req_stream(inc), events(S1, inc, 1, 3)]).await;
+        let (r1, r2) = (format!("{:016x}", 0xd0 + i), format!("{:016x}", 0xe0 + i));
+        let reset = continue_registered(&s, inc, 1, &r1, T0 + 1).await;
+        assert_eq!(refusals(&s, &[answered(inc, reset, 2)]).await, [None]);
+        let reader = continue_registered(&s, inc, 1, &r2, T0 + 2).await;
+        assert_eq!(refusals(&s, &[relayed(inc, reader, 2, 3)]).await, [None]);
+        readers.push((inc, reset, reader));
+    }
+    let (inc, reset, reader) = readers[0];
+    let end = [branch_end(S1, inc, reset)];
+    let (forked, ()) = tokio::join!(
+        end_branch_waiting(&s, inc, reader, Duration::from_millis(2_000), T0 + 10),
+        apply_later(&s, &end, Duration::from_millis(30), T0 + 20),
+    );
+    assert!(!forked, "a resume its client reset is no reader");
+    let q = query(S1, inc, StreamKind::Request, 3);
+    assert!(
+        matches!(
+            resolve_with(&s, &q, no_wait(), T0 + 30).await.verdict,
+            ResumeVerdict::Continue { .. }
+        ),
+        "its last cursor continues"
+    );
+    let (inc, _, reader) = readers[1];
+    assert!(
+        end_branch_waiting(&s, inc, reader, Duration::from_millis(60), T0 + 10).await,
+        "a relaying rival still open after the wait is a reader"
+    );
+}
+
 /// `events` of `branch` without ids: its owner answered it (the continuation's response opened).
 pub fn answered(inc: &str, branch: u64, next: u64) -> Record {
     Record::Events {
@@ -2531,6 +2573,7 @@ macro_rules! store_suite {
             unused_registrations_never_fork_the_reader,
             abandoned_registrations_never_fork_the_reader,
             an_abandon_after_the_end_ask_never_forks_the_reader,
+            a_reset_resume_its_owner_answered_never_forks_the_reader,
             session_events_budget,
             an_answered_continuation_counts_as_relaying,
             divergent_events_refused,
