@@ -228,6 +228,7 @@ sim: redis
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS) $(SIM_GREEN)
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 120000 --menu correct,feed-all,echo-cursor,5xx --attack 1 --interference 1
 	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 20 --steps 200000 --menu correct,feed-all,echo-cursor,5xx --check-continue 1
+	cargo run -q $(SIM_PROFILE) -p mcp-sim -- --seed $(SIM_SEED) --seeds 30 --steps 100000 --menu correct,feed-all,poll,echo-cursor --check-continue 1 --drop 100 --drop-pending 300 --drop-pending-race 500 --drop-late 500
 	@command -v redis-server >/dev/null || { echo "make sim: redis-server is missing (make redis)"; exit 1; }
 	@port=$(SIM_REDIS_PORT); store="--store redis://127.0.0.1:$$port"; \
 	redis-server --port $$port --bind 127.0.0.1 --save '' --appendonly no --daemonize no --loglevel warning >/dev/null & rp=$$!; \
@@ -238,6 +239,7 @@ sim: redis
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 --menu correct,blip --check-continue 1; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 --menu blip --check-continue 1 --reconnect-after-ms 31000 --bound-ms 600000; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps $(SIM_REDIS_STEPS) $$store --differential 1 --menu correct --check-continue 1 --drop-pending 300 --reconnect-after-ms 3500 --bound-ms 600000; \
+	$(SIM_RUN) --seed $(SIM_SEED) --seeds $(SIM_REDIS_SEEDS) --steps 20000 $$store --differential 1 --menu correct,poll --check-continue 1 --drop-pending-race 500 --drop-late 500; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds 4 --steps $(SIM_REDIS_STEPS) $$store --menu correct,feed-all,echo-cursor --lose-branches 5; \
 	$(SIM_RUN) --seed $(SIM_SEED) --seeds 4 --steps $(SIM_REDIS_STEPS) $$store --menu correct --check-continue 1 --service-restart 5
 

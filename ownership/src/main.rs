@@ -94,8 +94,8 @@ struct Cli {
           default_value_t = defaults::OWNER_FAILURE_WINDOW_MS, value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_negative_numbers = true)]
     owner_failure_window_ms: u64,
 
-    /// How long a resume waits for records still in flight, and a clean branch end for the word on
-    /// registrations that neither relayed nor ended (docs/forks.md).
+    /// How long a resume waits for records still in flight, and a clean branch end that would be
+    /// `forked` for its rivals' guards' word (docs/forks.md).
     #[arg(long, env = "MCP_OWNERSHIP_RECORD_WAIT_MS", value_name = "MS",
           default_value_t = defaults::RECORD_WAIT_MS, value_parser = clap::value_parser!(u64).range(0..=60_000), allow_negative_numbers = true)]
     record_wait_ms: u64,

@@ -92,11 +92,11 @@ pub async fn resolve<S: Store>(
 }
 
 /// A continuation's clean end (`POST /v1/branch`, docs/forks.md): the branch is marked ended,
-/// and the answer says whether another branch reads the stream. While it would be `forked`
-/// only on account of registrations that have neither relayed nor ended (a newer reader whose
-/// owner's answer is a record away, or a client's own dropped retry whose `abandoned` record
-/// is), it waits for their guards' word, as a resume waits for in-flight records, up to
-/// `record_wait`; past that it is answered as it stands (a signal, never a silent end).
+/// and the answer says whether another branch reads the stream. While it would be `forked`, it
+/// waits for the rivals' guards' word (a newer reader's owner's answer, or the `abandoned` or
+/// `branch_end` record of a resume its client dropped or reset, each a flush away, maybe through
+/// another gateway), as a resume waits for in-flight records, up to `record_wait`; past that it
+/// is answered as it stands (a signal, never a silent end).
 pub async fn end_branch<S: Store>(
     store: &S,
     (session, incarnation, branch): (&str, &str, u64),

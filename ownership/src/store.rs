@@ -312,9 +312,9 @@ pub trait Store: Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// [`Store::end_branch`], unless its answer would be `forked` only on account of open
-    /// branches that never relayed, within their grace: then `None` (their guard's word may be
-    /// in flight; the caller waits for it and asks again, `crate::resume::end_branch`). The
+    /// [`Store::end_branch`], unless its answer would be `forked`: then `None` (the rivals'
+    /// guards' word may be in flight, an owner's answer, an `abandoned` or a `branch_end`
+    /// record; the caller waits for it and asks again, `crate::resume::end_branch`). The
     /// branch is ended either way (its replica ended it: while the answer waits it must not
     /// overtake the branch that may be reading now); it is cut once the answer is `forked`.
     fn end_branch_settled(

@@ -42,6 +42,9 @@ pub struct Options {
     /// The same, the dropped copies sent along with the resume (they may reach the service
     /// after it).
     pub drop_pending_race: u64,
+    /// Chance (per mille) that such a copy is dropped late, 10-80 ms after it reached its
+    /// gateway: its owner may have answered it (its branch relays) before its client reset it.
+    pub drop_late: u64,
     /// Clients reconnect this long (up to 1 s more) after a stream ends or they drop it
     /// (0: after 50 ms to 1 s).
     pub reconnect_after_ms: u64,
@@ -84,6 +87,7 @@ impl Default for Options {
             store_max_session_events: 0,
             drop_pending_per_mille: 0,
             drop_pending_race: 0,
+            drop_late: 0,
             reconnect_after_ms: 0,
             skew_ms: 0,
             service_latency_ms: 1,
@@ -148,6 +152,7 @@ impl Options {
             "--store-max-session-events" => self.store_max_session_events = num()? as usize,
             "--drop-pending" => self.drop_pending_per_mille = num()?,
             "--drop-pending-race" => self.drop_pending_race = num()?,
+            "--drop-late" => self.drop_late = num()?,
             "--reconnect-after-ms" => self.reconnect_after_ms = num()?,
             "--skew-ms" => self.skew_ms = num()?,
             "--service-latency-ms" => self.service_latency_ms = num()?,
@@ -167,9 +172,9 @@ impl Options {
             .map(|set| set.iter().map(|b| b.name()).collect::<Vec<_>>().join("+"))
             .collect();
         format!(
-            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --drop-pending {} --drop-pending-race {} --reconnect-after-ms {} --callout-loss {} --store {} --store-max-bytes {} --store-max-session-events {} --store-blip {} --store-wipe {} --service-restart {} --lose-branches {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
+            "--seed {} --steps {} --clients {} --gateways {} --replicas {} --menu {} --odd-ids {} --bound-ms {} --drop {} --drop-pending {} --drop-pending-race {} --drop-late {} --reconnect-after-ms {} --callout-loss {} --store {} --store-max-bytes {} --store-max-session-events {} --store-blip {} --store-wipe {} --service-restart {} --lose-branches {} --skew-ms {} --service-latency-ms {} --service-jitter-ms {} --attack {} --check-continue {}",
             self.seed, self.steps, self.clients, self.gateways, self.replicas, menu.join(","),
-            self.odd_ids, self.bound_ms, self.drop_per_mille, self.drop_pending_per_mille, self.drop_pending_race, self.reconnect_after_ms,
+            self.odd_ids, self.bound_ms, self.drop_per_mille, self.drop_pending_per_mille, self.drop_pending_race, self.drop_late, self.reconnect_after_ms,
             self.callout_loss_per_mille, self.store.name(), self.store_max_bytes,
             self.store_max_session_events, self.store_blip_per_mille, self.store_wipe_per_mille,
             self.service_restart_per_mille, self.lose_branches_per_mille, self.skew_ms,

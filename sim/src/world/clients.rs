@@ -183,13 +183,19 @@ impl World {
         self.clients[c].logicals[l].retry_at = Some(at);
     }
 
-    /// Resumes a stream it reads with the same cursor again (the first stays half-open).
+    /// Resumes a stream it reads with the same cursor again (the first stays half-open). As
+    /// with drops, only a connection that has its answer's headers: a client waiting for them
+    /// waits (one that left every attempt before the guard's headers deadline could hear nothing).
     pub(super) fn resume_twice(&mut self, c: usize) {
         let pick: Vec<usize> = self.clients[c]
             .logicals
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.conn.is_some() && !l.last_id.is_empty() && l.wanted())
+            .filter(|(_, l)| {
+                l.conn.is_some_and(|k| self.conns[k].cc.status != 0)
+                    && !l.last_id.is_empty()
+                    && l.wanted()
+            })
             .map(|(i, _)| i)
             .collect();
         if pick.is_empty() {
@@ -272,9 +278,21 @@ impl World {
         let conn = self.open(c, purpose, "GET", Some(cursor), Vec::new(), None);
         self.clients[c].logicals[l].conn = None;
         self.conns[conn].cc.gone = true;
-        let gone = self.conns[conn].latency + self.clients[c].rng.range(1, 4);
+        // Drawn only when asked for, so runs without late drops draw as before.
+        let late = self.opts.drop_late > 0 && self.clients[c].rng.chance(self.opts.drop_late);
+        let after = if late {
+            self.clients[c].rng.range(10, 80)
+        } else {
+            self.clients[c].rng.range(1, 4)
+        };
+        let gone = self.conns[conn].latency + after;
         self.log(c, Some(l), || {
-            format!("client drops conn {conn} of #{l} before its verdict")
+            let when = if late {
+                "maybe after its owner answered"
+            } else {
+                "before its verdict"
+            };
+            format!("client drops conn {conn} of #{l} {when}")
         });
         self.net.after(gone, Event::ClientGone(conn));
     }
