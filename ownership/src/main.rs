@@ -18,12 +18,12 @@ mod defaults {
     pub const STORE: &str = "memory";
     pub const STORE_TIMEOUT_MS: u64 = 150;
     pub const REDIS_PREFIX: &str = "mrg:";
-    pub const RECORD_WAIT_MS: u64 = 150;
+    pub const RECORD_WAIT_MS: u64 = mcp_ownership::resume::DEFAULT_RECORD_WAIT_MS;
     pub const SESSION_IDLE_TTL_SECS: u64 = 3600;
     pub const MAX_INCARNATIONS_PER_SESSION: usize = 64;
-    pub const MAX_WINDOW: usize = 4096;
-    /// The window's size: a continue verdict never owes more, so its list is never cut short.
-    pub const MAX_EXPECTED: usize = MAX_WINDOW;
+    pub const MAX_EXPECTED: usize = mcp_ownership::resume::DEFAULT_MAX_EXPECTED;
+    /// A continue verdict never owes more than the window, so its list is never cut short.
+    pub const MAX_WINDOW: usize = MAX_EXPECTED;
     pub const MAX_SESSIONS: usize = 100_000;
     pub const MAX_PENDING_SESSIONS: usize = 10_000;
     pub const OWNER_FAILURE_WINDOW_MS: u64 = 30_000;

@@ -13,6 +13,11 @@ use crate::store::{BranchOpen, CursorId, Facts, SnapshotQuery, Store, StoreError
 /// Longest pause between two snapshots while waiting for in-flight records.
 const RECHECK: Duration = Duration::from_millis(50);
 
+/// The service's defaults (`--record-wait-ms`, `--max-expected`): a continue verdict's list
+/// holds as many events as the store's window (`--max-window`), so it is never cut short.
+pub const DEFAULT_RECORD_WAIT_MS: u64 = 150;
+pub const DEFAULT_MAX_EXPECTED: usize = 4096;
+
 #[derive(Debug, Clone, Copy)]
 pub struct ResumeOptions {
     /// How long to wait for records that have not landed yet (0 = never wait).
@@ -24,8 +29,8 @@ pub struct ResumeOptions {
 impl Default for ResumeOptions {
     fn default() -> Self {
         ResumeOptions {
-            record_wait: Duration::from_millis(150),
-            max_expected: 256,
+            record_wait: Duration::from_millis(DEFAULT_RECORD_WAIT_MS),
+            max_expected: DEFAULT_MAX_EXPECTED,
         }
     }
 }
