@@ -2082,6 +2082,30 @@ pub async fn apply_later<S: Store>(s: &S, records: &[Record], after: Duration, n
     apply_at(s, records, now).await;
 }
 
+/// `branch`'s clean end (at seq 3 of `inc`) waits while `records` land 30 ms later through
+/// another instance: it is the replica's own (`why`), and its last cursor continues.
+async fn end_is_the_replicas_own<S: Store>(
+    s: &S,
+    inc: &str,
+    branch: u64,
+    records: &[Record],
+    why: &str,
+) {
+    let (forked, ()) = tokio::join!(
+        end_branch_waiting(s, inc, branch, Duration::from_millis(2_000), T0 + 10),
+        apply_later(s, records, Duration::from_millis(30), T0 + 20),
+    );
+    assert!(!forked, "{why}");
+    let q = query(S1, inc, StreamKind::Request, 3);
+    assert!(
+        matches!(
+            resolve_with(s, &q, no_wait(), T0 + 30).await.verdict,
+            ResumeVerdict::Continue { .. }
+        ),
+        "its last cursor continues"
+    );
+}
+
 /// Red team 4, `abandon-race`: a client drops retries of its resume while their verdicts are
 /// pending and at once resumes for real; the real continuation replays and its replica ends
 /// it cleanly before the dropped retries' `abandoned` records land (each guard, each Wasm
@@ -2117,19 +2141,8 @@ pub async fn an_abandon_after_the_end_ask_never_forks_the_reader<S: Store>(
     // A: both abandons land while the end waits.
     let (inc, reader, dropped, late, _) = &readers[0];
     let abandons = [abandoned(inc, dropped), abandoned(inc, late)];
-    let (forked, ()) = tokio::join!(
-        end_branch_waiting(&s, inc, *reader, wait, T0 + 10),
-        apply_later(&s, &abandons, soon, T0 + 20),
-    );
-    assert!(!forked, "the client's own dropped retries are no reader");
-    let q = query(S1, inc, StreamKind::Request, 3);
-    assert!(
-        matches!(
-            resolve_with(&s, &q, no_wait(), T0 + 30).await.verdict,
-            ResumeVerdict::Continue { .. }
-        ),
-        "its last cursor continues"
-    );
+    let why = "the client's own dropped retries are no reader";
+    end_is_the_replicas_own(&s, inc, *reader, &abandons, why).await;
 
     // C: the newer registration's owner answers it while the end waits: a hand-over.
     let (inc, reader, dropped, _, newer) = &readers[1];
@@ -2194,19 +2207,14 @@ pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
     }
     let (inc, reset, reader) = readers[0];
     let end = [branch_end(S1, inc, reset)];
-    let (forked, ()) = tokio::join!(
-        end_branch_waiting(&s, inc, reader, Duration::from_millis(2_000), T0 + 10),
-        apply_later(&s, &end, Duration::from_millis(30), T0 + 20),
-    );
-    assert!(!forked, "a resume its client reset is no reader");
-    let q = query(S1, inc, StreamKind::Request, 3);
-    assert!(
-        matches!(
-            resolve_with(&s, &q, no_wait(), T0 + 30).await.verdict,
-            ResumeVerdict::Continue { .. }
-        ),
-        "its last cursor continues"
-    );
+    end_is_the_replicas_own(
+        &s,
+        inc,
+        reader,
+        &end,
+        "a resume its client reset is no reader",
+    )
+    .await;
     let (inc, _, reader) = readers[1];
     assert!(
         end_branch_waiting(&s, inc, reader, Duration::from_millis(60), T0 + 10).await,
