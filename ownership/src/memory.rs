@@ -117,6 +117,11 @@ struct Branch {
     registered_ms: u64,
     /// The guard's token for the resume that registered it (`ResumeQuery.registration`).
     registration: Option<String>,
+    /// Its clean end asked and its answer is held (`Branches::end_settled`).
+    waiting: bool,
+    /// While it waited, a rival fed after it started ended cleanly: the replica ended this
+    /// one for that reader, so the answer is `forked` whatever follows.
+    beaten: bool,
 }
 
 impl Branches {
@@ -129,6 +134,8 @@ impl Branches {
             latest: None,
             registered_ms: 0,
             registration: None,
+            waiting: false,
+            beaten: false,
         };
         Branches {
             top: 0,
@@ -148,6 +155,8 @@ impl Branches {
             latest: None,
             registered_ms: now_ms,
             registration: registration.map(str::to_owned),
+            waiting: false,
+            beaten: false,
         };
         self.kept.insert(self.top, b);
         self.prune(self.top);
@@ -209,6 +218,8 @@ impl Branches {
                 latest: None,
                 registered_ms: 0,
                 registration: None,
+                waiting: false,
+                beaten: false,
             };
             self.kept.insert(g, b);
             self.prune(g);
@@ -219,51 +230,72 @@ impl Branches {
         }
     }
 
-    /// Mark `g` ended; is another branch numbered 1 or more open and relaying? A registered
-    /// branch that never relayed counts only within [`REGISTRATION_GRACE_MS`] of its
-    /// registration (its request may still be reaching the replica); past it (its guard never
-    /// used the answer) it takes the stream from nobody.
+    /// Mark `g` ended; would it be answered `forked` ([`Branches::would_fork`])?
     ///
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
     /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
+    /// A told end is the replica's: a branch that relayed beats every branch still waiting
+    /// for its answer that it was fed after (their replica ended them for it).
     fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
         let forked = self.would_fork(g, now_ms);
+        let mut beat = None;
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
+            b.waiting = false;
+            b.beaten = false;
             b.cut |= told && forked;
+            beat = (told && b.first.is_some()).then_some(b.latest);
+        }
+        if let Some(latest) = beat {
+            for (h, w) in self.kept.iter_mut().filter(|(h, w)| **h != g && w.waiting) {
+                w.beaten |= g > *h || fed_after(latest, w.first);
+            }
         }
         forked
     }
 
-    /// Would `g`'s end be answered `forked` now? Every open rival's guard may have its word a
-    /// flush away: the owner's answer of a newer reader, or the end of a branch whose client
-    /// went (an `abandoned` record, or the `branch_end` of a resume it reset after its owner
-    /// answered). The clean end waits for it (`crate::resume::end_branch`), so a client's own
-    /// dropped retry is never a reader; a rival still open after the wait is one.
+    /// Would `g`'s end be answered `forked` now? Yes when it was beaten, or when an open rival
+    /// is a reader the replica may have chosen over it: a newer branch that relayed, or any
+    /// fed after `g` started (every one while `g`'s own events have not landed), or one
+    /// registered within [`REGISTRATION_GRACE_MS`] that has not relayed yet (its request may
+    /// still be reaching the replica). An older rival fed only before `g` started is not (a
+    /// half-open old connection never locks its client out); nor a registration past its grace
+    /// (its guard never used the answer). Every such rival's guard may have its word a flush away: the
+    /// owner's answer of a newer reader, or the end of a branch whose client went (an
+    /// `abandoned` record, or the `branch_end` of a resume it reset after its owner answered).
+    /// The clean end waits for it (`crate::resume::end_branch`), so a client's own dropped
+    /// retry is never a reader; a rival still open after the wait is one.
     fn would_fork(&self, g: u64, now_ms: u64) -> bool {
-        self.rivals(g)
-            .any(|b| b.first.is_some() || b.in_grace(now_ms))
+        let me = self.kept.get(&g);
+        let first = me.and_then(|b| b.first);
+        me.is_some_and(|b| b.beaten)
+            || self.rivals(g).any(|(h, b)| match b.first {
+                Some(_) => h > g || fed_after(b.latest, first),
+                None => b.in_grace(now_ms),
+            })
     }
 
-    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`]: `g` is ended at
-    /// once all the same (its replica ended it: it must not overtake the branch that may be
-    /// reading now), and cut only once the answer is `forked`.
+    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`] may still turn: `g`
+    /// is ended at once all the same (its replica ended it: it must not overtake the branch that
+    /// may be reading now), and cut only once the answer is `forked`.
     fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
-        if !self.would_fork(g, now_ms) {
+        let beaten = self.kept.get(&g).is_some_and(|b| b.beaten);
+        if beaten || !self.would_fork(g, now_ms) {
             return Some(self.end(g, true, now_ms));
         }
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
+            b.waiting = !b.cut;
         }
         None
     }
 
-    /// The open branches numbered 1 or more other than `g`.
-    fn rivals(&self, g: u64) -> impl Iterator<Item = &Branch> {
+    /// The open branches numbered 1 or more other than `g`, with their numbers.
+    fn rivals(&self, g: u64) -> impl Iterator<Item = (u64, &Branch)> {
         self.kept
             .iter()
             .filter(move |(h, b)| **h >= 1 && **h != g && b.open)
-            .map(|(_, b)| b)
+            .map(|(h, b)| (*h, b))
     }
 
     /// Ends the open branch that `registration` registered and that never relayed; `false`
@@ -284,6 +316,15 @@ impl Branches {
             }
             None => false,
         }
+    }
+}
+
+/// Was a branch whose latest events landed at store order `latest` fed after one that started
+/// relaying at `first`? Unknown orders count as after (the records may be a flush away).
+fn fed_after(latest: Option<u64>, first: Option<u64>) -> bool {
+    match (latest, first) {
+        (Some(l), Some(f)) => l > f,
+        _ => true,
     }
 }
 

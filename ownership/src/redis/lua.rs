@@ -60,7 +60,7 @@ local function branches(inc)
       t.writer = tonumber(v)
     elseif k ~= 't' and k ~= 'a' then
       local o, f, l, r, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*) ?(%x*)$')
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reg = g} end
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', waiting = o == '3' or o == '4', beaten = o == '4', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reg = g} end
     end
   end
   if not t.top then return nil end
@@ -77,7 +77,8 @@ local function table_lost(inc)
 end
 local function put_branch(inc, g, b)
   local o = '0'
-  if b.open then o = '1' elseif b.cut then o = '2' end
+  -- 0 ended, 1 open, 2 cut, 3 ended with its answer held (waiting), 4 that and beaten.
+  if b.open then o = '1' elseif b.cut then o = '2' elseif b.beaten then o = '4' elseif b.waiting then o = '3' end
   local reg = ''
   if b.reg and b.reg ~= '' then reg = ' ' .. b.reg end
   redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0) .. reg)
@@ -126,12 +127,29 @@ local function prune(inc, t, keep)
     n = n - 1
   end
 end
--- Would g's end be answered forked now (an open rival that relayed, or registered within its
--- grace)? Its guard's word may be in flight: the end waits for it.
+-- Was a branch whose latest events landed at order `latest` fed after one that started at
+-- `first`? Unknown orders (-1) count as after (the records may be a flush away).
+local function fed_after(latest, first)
+  return latest < 0 or first < 0 or latest > first
+end
+-- Would g's end be answered forked now: g was beaten, or an open rival that relayed and is newer
+-- or was fed after g started, or registered within its grace and not relayed yet (as the memory
+-- store's `would_fork`)? Its
+-- guard's word may be in flight: the end waits for it.
 local function would_fork(t, g)
+  local b = t.kept[g]
+  local first = -1
+  if b then
+    if b.beaten then return true end
+    first = b.first
+  end
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.open and (e.first >= 0 or now - e.at <= registration_grace) then
-      return true
+    if h >= 1 and h ~= g and e.open then
+      if e.first >= 0 then
+        if h > g or fed_after(e.latest, first) then return true end
+      elseif now - e.at <= registration_grace then
+        return true
+      end
     end
   end
   return false
@@ -149,17 +167,25 @@ local function overtaken(t, g)
   end
   return false
 end
--- Mark g ended; is another branch numbered 1 or more open and relaying? A registered branch
--- that never relayed counts only within registration_grace ms of its registration (`at`).
--- told: the guard asked at the branch's end and tells its client `forked` on a yes: that branch
--- lost a fork, so it is cut (its records give way to the survivor's).
+-- Mark g ended; would it be answered forked (would_fork)? told: the guard asked at the
+-- branch's end and tells its client `forked` on a yes: that branch lost a fork, so it is cut
+-- (its records give way to the survivor's). A told end is the replica's: a branch that relayed
+-- beats every branch still waiting for its answer that it was fed after.
 local function end_branch(inc, t, g, told)
   local forked = would_fork(t, g)
   local b = t.kept[g]
-  if b and (b.open or (told and forked and not b.cut)) then
-    b.open = false
+  if b and (b.open or b.waiting or (told and forked and not b.cut)) then
+    b.open, b.waiting, b.beaten = false, false, false
     if told and forked then b.cut = true end
     put_branch(inc, g, b)
+  end
+  if told and b and b.first >= 0 then
+    for h, e in pairs(t.kept) do
+      if h ~= g and e.waiting and not e.beaten and (g > h or fed_after(b.latest, e.first)) then
+        e.beaten = true
+        put_branch(inc, h, e)
+      end
+    end
   end
   return forked
 end
@@ -696,11 +722,11 @@ end
 -- ended it: it must not overtake the branch that may be reading now) and leaves it uncut.
 if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
   local t, g = branches(inc), tonumber(ARGV[6])
-  if t and would_fork(t, g) then
+  local b = t and t.kept[g]
+  if t and not (b and b.beaten) and would_fork(t, g) then
     redis.call('HDEL', ik, 'ff', 'fl')
-    local b = t.kept[g]
-    if b and b.open then
-      b.open = false
+    if b and not b.cut and (b.open or not b.waiting) then
+      b.open, b.waiting = false, true
       put_branch(inc, g, b)
     end
     return 2

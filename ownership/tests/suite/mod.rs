@@ -2187,25 +2187,30 @@ pub async fn an_abandon_after_the_end_ask_never_forks_the_reader<S: Store>(
 
 /// A client resets a resume after its owner answered it (so that branch relays) and at once
 /// resumes for real; the real continuation replays and ends before the reset branch's
-/// `branch_end` record lands (a flush behind, maybe through another gateway). The end waits for
-/// it and is the replica's own. A relaying rival that is still open after the wait is a reader
-/// (`forked`, a signal).
+/// `branch_end` record lands (a flush behind, maybe through another gateway, which may also have
+/// registered it after the real one). The end waits for it and is the replica's own. A newer
+/// relaying rival still open after the wait is a reader (`forked`, a signal); an older one fed
+/// only before this branch started is not (a half-open old connection never locks its client
+/// out), with no wait. And a real fork loser whose newer reader ends cleanly while the loser's
+/// answer waits still hears `forked` (red team 6, `loser-silent`).
 pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
     make: impl Fn(Limits) -> S,
 ) {
     let s = make(Limits::default());
     apply(&s, &[open(S1)]).await;
-    let mut readers = Vec::new();
-    for (i, inc) in [A, C].into_iter().enumerate() {
+    // The real continuation registers and relays; then the other one, answered by its owner.
+    let mut pairs = Vec::new();
+    for (i, inc) in [A, C, D, "00000000000000ee"].into_iter().enumerate() {
         apply(&s, &[req_stream(inc), events(S1, inc, 1, 3)]).await;
         let (r1, r2) = (format!("{:016x}", 0xd0 + i), format!("{:016x}", 0xe0 + i));
-        let reset = continue_registered(&s, inc, 1, &r1, T0 + 1).await;
-        assert_eq!(refusals(&s, &[answered(inc, reset, 2)]).await, [None]);
-        let reader = continue_registered(&s, inc, 1, &r2, T0 + 2).await;
+        let reader = continue_registered(&s, inc, 1, &r1, T0 + 1).await;
         assert_eq!(refusals(&s, &[relayed(inc, reader, 2, 3)]).await, [None]);
-        readers.push((inc, reset, reader));
+        let other = continue_registered(&s, inc, 1, &r2, T0 + 2).await;
+        assert_eq!(refusals(&s, &[answered(inc, other, 2)]).await, [None]);
+        pairs.push((inc, reader, other));
     }
-    let (inc, reset, reader) = readers[0];
+    // A: the newer one was reset; its end lands while the real one's end waits.
+    let (inc, reader, reset) = pairs[0];
     let end = [branch_end(S1, inc, reset)];
     end_is_the_replicas_own(
         &s,
@@ -2215,10 +2220,44 @@ pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
         "a resume its client reset is no reader",
     )
     .await;
-    let (inc, _, reader) = readers[1];
+    // C: the newer one stays open: a reader the replica may have handed the stream to.
+    let (inc, reader, _) = pairs[1];
+    let short = Duration::from_millis(60);
     assert!(
-        end_branch_waiting(&s, inc, reader, Duration::from_millis(60), T0 + 10).await,
-        "a relaying rival still open after the wait is a reader"
+        end_branch_waiting(&s, inc, reader, short, T0 + 10).await,
+        "a newer relaying rival still open after the wait is a reader"
+    );
+    // D: the older one is open and quiet (half-open), fed only before the newer started.
+    let (inc, _, newer) = pairs[2];
+    assert_eq!(refusals(&s, &[relayed(inc, newer, 4, 4)]).await, [None]);
+    let started = std::time::Instant::now();
+    assert!(
+        !end_branch_waiting(&s, inc, newer, Duration::from_millis(2_000), T0 + 10).await,
+        "an older rival fed only before is no reader"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "nor waited for"
+    );
+    // E: the replica hands the stream from the older reader to the newer and ends both; the
+    // newer's clean end comes while the older's answer waits.
+    let (inc, older, newer) = pairs[3];
+    let newer_ends = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(refusals(&s, &[relayed(inc, newer, 4, 4)]).await, [None]);
+        s.end_branch(S1, inc, newer, T0 + 20).await.unwrap()
+    };
+    let (older_forked, newer_forked) = tokio::join!(
+        end_branch_waiting(&s, inc, older, Duration::from_millis(2_000), T0 + 10),
+        newer_ends,
+    );
+    assert!(
+        !newer_forked,
+        "the reader the replica chose ends as its own"
+    );
+    assert!(
+        older_forked,
+        "the fork loser hears it, though its rival ended first"
     );
 }
 
