@@ -119,9 +119,10 @@ struct Branch {
     registration: Option<String>,
     /// Its clean end asked and its answer is held (`Branches::end_settled`).
     waiting: bool,
-    /// While it waited, a rival fed after it started ended cleanly: the replica ended this
-    /// one for that reader, so the answer is `forked` whatever follows.
-    beaten: bool,
+    /// The highest seq it relayed (whatever its state: records land after ends).
+    reach: Option<u64>,
+    /// When its replica ended it cleanly (store time of a told end not answered `forked`).
+    clean_end_ms: Option<u64>,
 }
 
 impl Branches {
@@ -135,7 +136,8 @@ impl Branches {
             registered_ms: 0,
             registration: None,
             waiting: false,
-            beaten: false,
+            reach: None,
+            clean_end_ms: None,
         };
         Branches {
             top: 0,
@@ -156,7 +158,8 @@ impl Branches {
             registered_ms: now_ms,
             registration: registration.map(str::to_owned),
             waiting: false,
-            beaten: false,
+            reach: None,
+            clean_end_ms: None,
         };
         self.kept.insert(self.top, b);
         self.prune(self.top);
@@ -203,11 +206,13 @@ impl Branches {
         }
     }
 
-    /// Branch `g`'s events were accepted at store order `tick` (`wrote`: with ids; without,
-    /// its owner answered it: a continuation's response opened). It relays from then: an ended
-    /// branch keeps its order; a handed-out branch the table no longer lists comes back, open.
-    fn relayed(&mut self, g: u64, tick: u64, wrote: bool) {
-        if wrote {
+    /// Branch `g`'s events up to seq `reach` were accepted at store order `tick` (no `reach`:
+    /// without ids, its owner answered it: a continuation's response opened). It relays from
+    /// then: an ended branch keeps its order (one whose answer waits still takes its records'
+    /// order: they tell what it relayed before its end); a handed-out branch the table no
+    /// longer lists comes back, open.
+    fn relayed(&mut self, g: u64, tick: u64, reach: Option<u64>) {
+        if reach.is_some() {
             self.writer = Some(g);
         }
         if (1..=self.top).contains(&g) && !self.kept.contains_key(&g) {
@@ -219,36 +224,34 @@ impl Branches {
                 registered_ms: 0,
                 registration: None,
                 waiting: false,
-                beaten: false,
+                reach: None,
+                clean_end_ms: None,
             };
             self.kept.insert(g, b);
             self.prune(g);
         }
-        if let Some(b) = self.kept.get_mut(&g).filter(|b| b.open) {
-            b.first.get_or_insert(tick);
-            b.latest = Some(tick);
+        if let Some(b) = self.kept.get_mut(&g) {
+            b.reach = b.reach.max(reach);
+            if b.open || b.waiting {
+                b.first.get_or_insert(tick);
+                b.latest = Some(tick);
+            }
         }
     }
 
     /// Mark `g` ended; would it be answered `forked` ([`Branches::would_fork`])?
     ///
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
-    /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
-    /// A told end is the replica's: a branch that relayed beats every branch still waiting
-    /// for its answer that it was fed after (their replica ended them for it).
+    /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`);
+    /// on a no, its replica ended it cleanly (see `beaten`).
     fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
         let forked = self.would_fork(g, now_ms);
-        let mut beat = None;
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.waiting = false;
-            b.beaten = false;
             b.cut |= told && forked;
-            beat = (told && b.first.is_some()).then_some(b.latest);
-        }
-        if let Some(latest) = beat {
-            for (h, w) in self.kept.iter_mut().filter(|(h, w)| **h != g && w.waiting) {
-                w.beaten |= g > *h || fed_after(latest, w.first);
+            if told && !forked {
+                b.clean_end_ms = Some(now_ms);
             }
         }
         forked
@@ -260,27 +263,45 @@ impl Branches {
     /// registered within [`REGISTRATION_GRACE_MS`] that has not relayed yet (its request may
     /// still be reaching the replica). An older rival fed only before `g` started is not (a
     /// half-open old connection never locks its client out); nor a registration past its grace
-    /// (its guard never used the answer). Every such rival's guard may have its word a flush away: the
-    /// owner's answer of a newer reader, or the end of a branch whose client went (an
+    /// (its guard never used the answer). Every such rival's guard may have its word a flush
+    /// away: the owner's answer of a newer reader, or the end of a branch whose client went (an
     /// `abandoned` record, or the `branch_end` of a resume it reset after its owner answered).
     /// The clean end waits for it (`crate::resume::end_branch`), so a client's own dropped
     /// retry is never a reader; a rival still open after the wait is one.
     fn would_fork(&self, g: u64, now_ms: u64) -> bool {
-        let me = self.kept.get(&g);
-        let first = me.and_then(|b| b.first);
-        me.is_some_and(|b| b.beaten)
+        let Some(me) = self.kept.get(&g) else {
+            return self
+                .rivals(g)
+                .any(|(_, b)| b.first.is_some() || b.in_grace(now_ms));
+        };
+        self.beaten(g, me)
             || self.rivals(g).any(|(h, b)| match b.first {
-                Some(_) => h > g || fed_after(b.latest, first),
+                Some(_) => h > g || fed_after(b.latest, me.first),
                 None => b.in_grace(now_ms),
             })
     }
 
-    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`] may still turn: `g`
-    /// is ended at once all the same (its replica ended it: it must not overtake the branch that
-    /// may be reading now), and cut only once the answer is `forked`.
+    /// Did the replica end `g` for another reader that has ended since? A branch newer than
+    /// `g`, or fed after `g` started, that its replica ended cleanly after `g` was registered,
+    /// having relayed further than `g` (events `g` never got: a hand-over, red team 6's
+    /// `loser-silent`). Rivals that relayed no further (a client's own resumes, each given the
+    /// same replay, then ended) are not; nor while `g`'s own records may be a flush away, as
+    /// long as they come within the wait.
+    fn beaten(&self, g: u64, me: &Branch) -> bool {
+        self.kept.iter().any(|(h, b)| {
+            *h >= 1
+                && *h != g
+                && b.clean_end_ms.is_some_and(|t| t >= me.registered_ms)
+                && b.reach.is_some_and(|r| me.reach.is_none_or(|m| r > m))
+                && (*h > g || fed_after(b.latest, me.first))
+        })
+    }
+
+    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`]: `g` is ended at once
+    /// all the same (its replica ended it: it must not overtake the branch that may be reading
+    /// now), and cut only once the answer is `forked`.
     fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
-        let beaten = self.kept.get(&g).is_some_and(|b| b.beaten);
-        if beaten || !self.would_fork(g, now_ms) {
+        if !self.would_fork(g, now_ms) {
             return Some(self.end(g, true, now_ms));
         }
         if let Some(b) = self.kept.get_mut(&g) {
@@ -847,7 +868,8 @@ impl Inner {
                     return Err(refused);
                 }
                 if let Some(b) = &mut inc.branches {
-                    b.relayed(*branch, tick, !ids.is_empty());
+                    let reach = (!ids.is_empty()).then(|| *first_seq + ids.len() as u64 - 1);
+                    b.relayed(*branch, tick, reach);
                 }
                 // The owner answered for the stream again: an earlier failure passed.
                 inc.failed = None;

@@ -48,7 +48,8 @@ end
 
 /// An incarnation's branch table (docs/forks.md), for the scripts that arbitrate with it.
 const BRANCHES: &str = r#"
--- The table of `inc`, or nil: {top, kept = {[number] = {open, first, latest}}}.
+-- The table of `inc`, or nil: {top, kept = {[number] = {open, cut, waiting, first, latest, at,
+-- reach, ce, reg}}}.
 local function branches(inc)
   local raw = redis.call('HGETALL', bkey(inc))
   local t = {kept = {}}
@@ -59,8 +60,10 @@ local function branches(inc)
     elseif k == 'w' then
       t.writer = tonumber(v)
     elseif k ~= 't' and k ~= 'a' then
-      local o, f, l, r, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*) ?(%x*)$')
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', waiting = o == '3' or o == '4', beaten = o == '4', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reg = g} end
+      -- "o first latest at reach clean_end [registration]"; written before reach: "o first latest [at] [registration]".
+      local o, f, l, r, x, c, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) (%d+) (%-?%d+) (%-?%d+) ?(%x*)$')
+      if not o then o, f, l, r, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*) ?(%x*)$') end
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', waiting = o == '3', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reach = tonumber(x) or -1, ce = tonumber(c) or -1, reg = g} end
     end
   end
   if not t.top then return nil end
@@ -77,11 +80,12 @@ local function table_lost(inc)
 end
 local function put_branch(inc, g, b)
   local o = '0'
-  -- 0 ended, 1 open, 2 cut, 3 ended with its answer held (waiting), 4 that and beaten.
-  if b.open then o = '1' elseif b.cut then o = '2' elseif b.beaten then o = '4' elseif b.waiting then o = '3' end
+  -- 0 ended, 1 open, 2 cut, 3 ended with its answer held (waiting).
+  if b.open then o = '1' elseif b.cut then o = '2' elseif b.waiting then o = '3' end
   local reg = ''
   if b.reg and b.reg ~= '' then reg = ' ' .. b.reg end
-  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0) .. reg)
+  redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0)
+    .. ' ' .. fmt(b.reach or -1) .. ' ' .. fmt(b.ce or -1) .. reg)
 end
 -- `abandoned` records that came before their registration (field `a`: "<registration>:<ms>"
 -- entries, oldest first), those within registration_grace; and whether the field exists.
@@ -132,15 +136,26 @@ end
 local function fed_after(latest, first)
   return latest < 0 or first < 0 or latest > first
 end
--- Would g's end be answered forked now: g was beaten, or an open rival that relayed and is newer
--- or was fed after g started, or registered within its grace and not relayed yet (as the memory
--- store's `would_fork`)? Its
--- guard's word may be in flight: the end waits for it.
+-- Did the replica end g for another reader that has ended since: a branch newer than g, or fed
+-- after g started, ended cleanly (ce) after g was registered, having relayed further than g (as
+-- the memory store's `beaten`)?
+local function beaten(t, g, b)
+  for h, e in pairs(t.kept) do
+    if h >= 1 and h ~= g and e.ce >= 0 and e.ce >= b.at and e.reach >= 0
+        and (b.reach < 0 or e.reach > b.reach) and (h > g or fed_after(e.latest, b.first)) then
+      return true
+    end
+  end
+  return false
+end
+-- Would g's end be answered forked now: g was beaten, or an open rival that relayed and is
+-- newer or was fed after g started, or registered within its grace and not relayed yet (as the
+-- memory store's `would_fork`)? Its guard's word may be in flight: the end waits for it.
 local function would_fork(t, g)
   local b = t.kept[g]
   local first = -1
   if b then
-    if b.beaten then return true end
+    if beaten(t, g, b) then return true end
     first = b.first
   end
   for h, e in pairs(t.kept) do
@@ -169,23 +184,15 @@ local function overtaken(t, g)
 end
 -- Mark g ended; would it be answered forked (would_fork)? told: the guard asked at the
 -- branch's end and tells its client `forked` on a yes: that branch lost a fork, so it is cut
--- (its records give way to the survivor's). A told end is the replica's: a branch that relayed
--- beats every branch still waiting for its answer that it was fed after.
+-- (its records give way to the survivor's); on a no, its replica ended it cleanly (`ce`).
 local function end_branch(inc, t, g, told)
   local forked = would_fork(t, g)
   local b = t.kept[g]
-  if b and (b.open or b.waiting or (told and forked and not b.cut)) then
-    b.open, b.waiting, b.beaten = false, false, false
+  if b and (b.open or b.waiting or (told and (not forked or not b.cut))) then
+    b.open, b.waiting = false, false
     if told and forked then b.cut = true end
+    if told and not forked then b.ce = now end
     put_branch(inc, g, b)
-  end
-  if told and b and b.first >= 0 then
-    for h, e in pairs(t.kept) do
-      if h ~= g and e.waiting and not e.beaten and (g > h or fed_after(b.latest, e.first)) then
-        e.beaten = true
-        put_branch(inc, h, e)
-      end
-    end
   end
   return forked
 end
@@ -487,15 +494,21 @@ elseif typ == 'ev' then
     -- no longer lists comes back, open, relaying from now).
     local b = table_.kept[branch]
     if not b and branch >= 1 and branch <= table_.top then
-      b = {open = true, cut = false, first = -1, latest = -1, at = 0}
+      b = {open = true, cut = false, first = -1, latest = -1, at = 0, reach = -1, ce = -1}
       table_.kept[branch] = b
       prune(inc, table_, branch)
     end
-    if b and b.open then
-      local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
-      if b.first < 0 then b.first = tick end
-      b.latest = tick
-      put_branch(inc, branch, b)
+    if b then
+      -- Its reach whatever its state (records land after ends); its order while open or while
+      -- its end's answer waits (they tell what it relayed before that end).
+      local reached = n > 0 and first + n - 1 > b.reach
+      if reached then b.reach = first + n - 1 end
+      if b.open or b.waiting then
+        local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
+        if b.first < 0 then b.first = tick end
+        b.latest = tick
+      end
+      if reached or b.open or b.waiting then put_branch(inc, branch, b) end
     end
   end
   evict(inc)
@@ -710,7 +723,7 @@ if mode == 'open' then
     end
     reg = ' ' .. reg
   end
-  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. reg)
+  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. ' -1 -1' .. reg)
   if top > kept then
     local t = branches(inc)
     if t then prune(inc, t, top) end
@@ -723,7 +736,7 @@ end
 if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
   local t, g = branches(inc), tonumber(ARGV[6])
   local b = t and t.kept[g]
-  if t and not (b and b.beaten) and would_fork(t, g) then
+  if t and would_fork(t, g) then
     redis.call('HDEL', ik, 'ff', 'fl')
     if b and not b.cut and (b.open or not b.waiting) then
       b.open, b.waiting = false, true
