@@ -306,6 +306,10 @@ enum Lf {
 /// How far the current line reads as a `retry` field (`retry:`, one optional space, digits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RetryField {
+    /// A `retry` field whose value is not plain digits: WHATWG clients ignore it, but Python's
+    /// SDK reads it with `int()` (signs, inner underscores, surrounding whitespace, Unicode
+    /// digits), so it may set any time: the bound follows it.
+    Odd,
     No,
     /// The first `n` bytes of `retry:` matched.
     Name(u8),
@@ -746,7 +750,7 @@ impl Rewriter {
     }
 
     /// Reads on in a line that may be a `retry` field (WHATWG: the value after one optional
-    /// space, only ASCII digits, at least one).
+    /// space, only ASCII digits, at least one; anything else after `retry:` is [`RetryField::Odd`]).
     fn read_retry(&mut self, bytes: &[u8]) {
         for &b in bytes {
             let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'));
@@ -762,16 +766,21 @@ impl Rewriter {
                 (RetryField::Value(ms), Some(d)) => {
                     RetryField::Value(ms.saturating_mul(10).saturating_add(d))
                 }
-                _ => RetryField::No,
+                (
+                    RetryField::Colon | RetryField::Space | RetryField::Value(_) | RetryField::Odd,
+                    _,
+                ) => RetryField::Odd,
             };
         }
     }
 
     /// The current line ended: a `retry` field above the bound marks the block.
     fn end_retry_line(&mut self) {
-        if let (RetryField::Value(ms), Some(max)) = (self.retry_field, self.max_retry) {
-            // The block's last `retry` is the one its client keeps.
-            self.retry_over = ms > max;
+        // The block's last `retry` is the one its client keeps.
+        match (self.retry_field, self.max_retry) {
+            (RetryField::Value(ms), Some(max)) => self.retry_over = ms > max,
+            (RetryField::Odd, Some(_)) => self.retry_over = true,
+            _ => {}
         }
         self.retry_field = RetryField::No;
     }
@@ -1843,10 +1852,25 @@ pub(crate) mod tests {
                 b"retry: 900\rdata: a\r\r",
                 b"retry: 900\rdata: a\rretry: 50\r\n\r\n",
             ),
-            // At or under the bound, not a retry field, or a later one in the block under it.
+            // Not plain digits: browsers ignore it, Python's `int()` may read any time in it
+            // (red team 6, `retry-pyint`).
+            (b"retry:  900\n\n", b"retry:  900\nretry: 50\n\n"),
+            (b"retry: +900\n\n", b"retry: +900\nretry: 50\n\n"),
+            (b"retry: 9_00\n\n", b"retry: 9_00\nretry: 50\n\n"),
+            (b"retry: 900 \n\n", b"retry: 900 \nretry: 50\n\n"),
+            (b"retry:\t900\n\n", b"retry:\t900\nretry: 50\n\n"),
+            (
+                "retry: \u{ff13}00\n\n".as_bytes(),
+                "retry: \u{ff13}00\nretry: 50\n\n".as_bytes(),
+            ),
+            (b"retry: 9x9\n\n", b"retry: 9x9\nretry: 50\n\n"),
+            (b"retry: +9\nretry: 7\n\n", b"retry: +9\nretry: 7\n\n"),
+            // At or under the bound, no value, not a retry field, or a later one in the block
+            // under it.
             (b"retry: 50\n\n", b"retry: 50\n\n"),
-            (b"retry:  900\n\n", b"retry:  900\n\n"),
-            (b"retry: 9x9\n\n", b"retry: 9x9\n\n"),
+            (b"retry:\n\n", b"retry:\n\n"),
+            (b"retry: \n\n", b"retry: \n\n"),
+            (b"retry\n\n", b"retry\n\n"),
             (b"retryx: 900\n\n", b"retryx: 900\n\n"),
             (b"data: retry: 900\n\n", b"data: retry: 900\n\n"),
             (b"retry: 900\nretry: 7\n\n", b"retry: 900\nretry: 7\n\n"),

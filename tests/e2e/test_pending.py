@@ -445,6 +445,25 @@ def test_the_typescript_clients_call_is_settled_not_left_to_its_timeout(fresh, s
     assert call_["t_ms"] < 6000, out
 
 
+# `retry` values that are not plain digits: browsers ignore them, Python's SDK reads them with
+# `int()` and would wait an hour before resuming (red team 6, `retry-pyint`).
+PY_ODD_RETRIES = [b"retry: +3600000", b"retry:  3600000", b"retry: 3_600_000", b"retry: 3600000 ",
+                  "retry: \uff13600000".encode()]
+
+
+@pytest.mark.parametrize("line", PY_ODD_RETRIES, ids=["plus", "two-spaces", "underscore", "trailing", "fullwidth"])
+def test_the_python_clients_call_is_settled_whatever_retry_its_parser_reads(fresh, shapes_envoy, line):
+    interop.require_sdks(node=False)
+    shape = line + b"\nid: e1\ndata: " + PROGRESS_ONE + b"\n\n"
+    with AnswersAs(PENDING_PORT, b"pyretry-%d" % PY_ODD_RETRIES.index(line), shape):
+        out = interop.py_client("call", "--timeout", "8")
+    call_ = out["call"]
+    assert call_["outcome"] == "error", out
+    assert call_["code"] == -32010, out
+    assert call_["data"] == {"resumed": False, "reason": "replay_missing"}, out
+    assert call_["elapsed_ms"] < 6000, out
+
+
 # ---- a fresh request stream that ends inside an event too long to hold ---------------------
 
 # Half of a 200 KB response event (over max_event_hold_bytes, so it streams out as it comes), then
