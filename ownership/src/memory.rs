@@ -121,7 +121,8 @@ struct Branch {
     waiting: bool,
     /// The highest seq it relayed (whatever its state: records land after ends).
     reach: Option<u64>,
-    /// When its replica ended it cleanly (store time of a told end not answered `forked`).
+    /// When its replica ended it cleanly (store time of a told end, while its answer waits or
+    /// once it is not `forked`).
     clean_end_ms: Option<u64>,
 }
 
@@ -250,8 +251,8 @@ impl Branches {
             b.open = false;
             b.waiting = false;
             b.cut |= told && forked;
-            if told && !forked {
-                b.clean_end_ms = Some(now_ms);
+            if told {
+                b.clean_end_ms = (!forked).then_some(b.clean_end_ms.unwrap_or(now_ms));
             }
         }
         forked
@@ -269,44 +270,79 @@ impl Branches {
     /// The clean end waits for it (`crate::resume::end_branch`), so a client's own dropped
     /// retry is never a reader; a rival still open after the wait is one.
     fn would_fork(&self, g: u64, now_ms: u64) -> bool {
-        let Some(me) = self.kept.get(&g) else {
-            return self
-                .rivals(g)
-                .any(|(_, b)| b.first.is_some() || b.in_grace(now_ms));
-        };
-        self.beaten(g, me)
-            || self.rivals(g).any(|(h, b)| match b.first {
-                Some(_) => h > g || fed_after(b.latest, me.first),
-                None => b.in_grace(now_ms),
-            })
+        let me = self.kept.get(&g);
+        let beaten = me.is_some_and(|me| {
+            self.ended_for(g, me)
+                .any(|b| b.reach.is_some_and(|r| me.reach.is_none_or(|m| r > m)))
+        });
+        beaten || self.open_rival(g, me.and_then(|b| b.first), now_ms)
     }
 
-    /// Did the replica end `g` for another reader that has ended since? A branch newer than
-    /// `g`, or fed after `g` started, that its replica ended cleanly after `g` was registered,
-    /// having relayed further than `g` (events `g` never got: a hand-over, red team 6's
-    /// `loser-silent`). Rivals that relayed no further (a client's own resumes, each given the
-    /// same replay, then ended) are not; nor while `g`'s own records may be a flush away, as
-    /// long as they come within the wait.
-    fn beaten(&self, g: u64, me: &Branch) -> bool {
-        self.kept.iter().any(|(h, b)| {
-            *h >= 1
-                && *h != g
-                && b.clean_end_ms.is_some_and(|t| t >= me.registered_ms)
-                && b.reach.is_some_and(|r| me.reach.is_none_or(|m| r > m))
-                && (*h > g || fed_after(b.latest, me.first))
+    /// An open rival that may be a reader the replica chose over a branch that started
+    /// relaying at `first` (see [`Branches::would_fork`]).
+    fn open_rival(&self, g: u64, first: Option<u64>, now_ms: u64) -> bool {
+        self.rivals(g).any(|(h, b)| match b.first {
+            Some(_) => h > g || fed_after(b.latest, first),
+            None => b.in_grace(now_ms),
         })
     }
 
-    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`]: `g` is ended at once
-    /// all the same (its replica ended it: it must not overtake the branch that may be reading
-    /// now), and cut only once the answer is `forked`.
+    /// The branches the replica may have ended `g` for that have ended since: newer than `g`,
+    /// or fed after `g` started, and ended cleanly after `g` was registered. One that relayed
+    /// further than `g` (events `g` never got: a hand-over, red team 6's `loser-silent`) beat
+    /// it; one that relayed no further (a client's own resumes, each given the same replay,
+    /// then ended) did not.
+    fn ended_for<'a>(&'a self, g: u64, me: &'a Branch) -> impl Iterator<Item = &'a Branch> {
+        self.kept
+            .iter()
+            .filter(move |(h, b)| {
+                **h >= 1
+                    && **h != g
+                    && b.clean_end_ms.is_some_and(|t| t >= me.registered_ms)
+                    && (**h > g || fed_after(b.latest, me.first))
+            })
+            .map(|(_, b)| b)
+    }
+
+    /// Was `g` beaten ([`Branches::ended_for`])? `None` while the records that tell may be a
+    /// flush away: the reach of such a branch, or `g`'s own (past the wait, a branch that
+    /// reached somewhere beats one that reached nowhere).
+    fn beaten(&self, g: u64, me: &Branch) -> Option<bool> {
+        let mut open = false;
+        for b in self.ended_for(g, me) {
+            match (b.reach, me.reach) {
+                (Some(r), Some(m)) if r > m => return Some(true),
+                (Some(_), Some(_)) => {}
+                _ => open = true,
+            }
+        }
+        (!open).then_some(false)
+    }
+
+    /// [`Branches::end`] (told), or `None` while its answer may still turn (an open rival, or
+    /// records still to tell whether `g` was beaten): `g` is ended at once all the same (its
+    /// replica ended it: it must not overtake the branch that may be reading now), and cut only
+    /// once the answer is `forked`.
     fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
-        if !self.would_fork(g, now_ms) {
+        let wait = match self.kept.get(&g) {
+            None => self.open_rival(g, None, now_ms),
+            Some(me) => match self.beaten(g, me) {
+                Some(true) => false,
+                Some(false) => self.open_rival(g, me.first, now_ms),
+                None => true,
+            },
+        };
+        if !wait {
             return Some(self.end(g, true, now_ms));
         }
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
             b.waiting = !b.cut;
+            // Its replica ended it cleanly: a rival's end asked meanwhile weighs it as such
+            // (a hand-over ends both, and their asks may come in either order).
+            if !b.cut {
+                b.clean_end_ms.get_or_insert(now_ms);
+            }
         }
         None
     }

@@ -136,28 +136,30 @@ end
 local function fed_after(latest, first)
   return latest < 0 or first < 0 or latest > first
 end
--- Did the replica end g for another reader that has ended since: a branch newer than g, or fed
--- after g started, ended cleanly (ce) after g was registered, having relayed further than g (as
--- the memory store's `beaten`)?
+-- The branches the replica may have ended g for that have ended since: newer than g, or fed
+-- after g started, ended cleanly (ce) after g was registered (as the memory store's `ended_for`).
+local function ended_for(g, b, h, e)
+  return h >= 1 and h ~= g and e.ce >= 0 and e.ce >= b.at and (h > g or fed_after(e.latest, b.first))
+end
+-- Was g beaten (one of those relayed further)? true, false, or nil while the records that tell
+-- may be a flush away (as the memory store's `beaten`).
 local function beaten(t, g, b)
+  local open = false
   for h, e in pairs(t.kept) do
-    if h >= 1 and h ~= g and e.ce >= 0 and e.ce >= b.at and e.reach >= 0
-        and (b.reach < 0 or e.reach > b.reach) and (h > g or fed_after(e.latest, b.first)) then
-      return true
+    if ended_for(g, b, h, e) then
+      if e.reach >= 0 and b.reach >= 0 then
+        if e.reach > b.reach then return true end
+      else
+        open = true
+      end
     end
   end
+  if open then return nil end
   return false
 end
--- Would g's end be answered forked now: g was beaten, or an open rival that relayed and is
--- newer or was fed after g started, or registered within its grace and not relayed yet (as the
--- memory store's `would_fork`)? Its guard's word may be in flight: the end waits for it.
-local function would_fork(t, g)
-  local b = t.kept[g]
-  local first = -1
-  if b then
-    if beaten(t, g, b) then return true end
-    first = b.first
-  end
+-- An open rival that relayed and is newer or was fed after g started (at `first`), or
+-- registered within its grace and not relayed yet (as the memory store's `open_rival`).
+local function open_rival(t, g, first)
   for h, e in pairs(t.kept) do
     if h >= 1 and h ~= g and e.open then
       if e.first >= 0 then
@@ -168,6 +170,29 @@ local function would_fork(t, g)
     end
   end
   return false
+end
+-- Would g's end be answered forked now (past the wait: a branch that reached somewhere beats
+-- one that reached nowhere)? As the memory store's `would_fork`.
+local function would_fork(t, g)
+  local b = t.kept[g]
+  local first = -1
+  if b then
+    for h, e in pairs(t.kept) do
+      if ended_for(g, b, h, e) and e.reach >= 0 and (b.reach < 0 or e.reach > b.reach) then return true end
+    end
+    first = b.first
+  end
+  return open_rival(t, g, first)
+end
+-- May g's answer still turn (an open rival, or records still to tell whether it was beaten)?
+-- As the memory store's `end_settled`.
+local function answer_waits(t, g)
+  local b = t.kept[g]
+  if not b then return open_rival(t, g, -1) end
+  local x = beaten(t, g, b)
+  if x == nil then return true end
+  if x then return false end
+  return open_rival(t, g, b.first)
 end
 -- Are branch g's events refused: another open, newer branch relayed after g started, or g was
 -- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
@@ -191,7 +216,7 @@ local function end_branch(inc, t, g, told)
   if b and (b.open or b.waiting or (told and (not forked or not b.cut))) then
     b.open, b.waiting = false, false
     if told and forked then b.cut = true end
-    if told and not forked then b.ce = now end
+    if told and forked then b.ce = -1 elseif told and b.ce < 0 then b.ce = now end
     put_branch(inc, g, b)
   end
   return forked
@@ -731,15 +756,17 @@ if mode == 'open' then
   redis.call('PEXPIRE', bk, keep_ms)
   return top
 end
--- `settle`: an end whose answer would be forked ends the branch (its replica
--- ended it: it must not overtake the branch that may be reading now) and leaves it uncut.
+-- `settle`: an end whose answer may still turn ends the branch (its replica ended it: it must
+-- not overtake the branch that may be reading now) and leaves it uncut.
 if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
   local t, g = branches(inc), tonumber(ARGV[6])
   local b = t and t.kept[g]
-  if t and would_fork(t, g) then
+  if t and answer_waits(t, g) then
     redis.call('HDEL', ik, 'ff', 'fl')
     if b and not b.cut and (b.open or not b.waiting) then
       b.open, b.waiting = false, true
+      -- Its replica ended it cleanly: a rival's end asked meanwhile weighs it as such.
+      if b.ce < 0 then b.ce = now end
       put_branch(inc, g, b)
     end
     return 2

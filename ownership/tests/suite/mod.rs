@@ -2200,7 +2200,8 @@ pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
     apply(&s, &[open(S1)]).await;
     // The real continuation registers and relays; then the other one, answered by its owner.
     let mut pairs = Vec::new();
-    for (i, inc) in [A, C, D, "00000000000000ee"].into_iter().enumerate() {
+    let incs = [A, C, D, "00000000000000ee", "00000000000000ef"];
+    for (i, inc) in incs.into_iter().enumerate() {
         apply(&s, &[req_stream(inc), events(S1, inc, 1, 3)]).await;
         let (r1, r2) = (format!("{:016x}", 0xd0 + i), format!("{:016x}", 0xe0 + i));
         let reader = continue_registered(&s, inc, 1, &r1, T0 + 1).await;
@@ -2258,6 +2259,56 @@ pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
     assert!(
         older_forked,
         "the fork loser hears it, though its rival ended first"
+    );
+    // F: the same, the newer one's records landing only after its clean end (a flush behind).
+    let (inc, older, newer) = pairs[4];
+    let newer_ends = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let forked = s.end_branch(S1, inc, newer, T0 + 20).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(refusals(&s, &[relayed(inc, newer, 4, 4)]).await, [None]);
+        forked
+    };
+    let (older_forked, newer_forked) = tokio::join!(
+        end_branch_waiting(&s, inc, older, Duration::from_millis(2_000), T0 + 10),
+        newer_ends,
+    );
+    assert!(
+        !newer_forked,
+        "the reader the replica chose ends as its own"
+    );
+    assert!(
+        older_forked,
+        "the fork loser hears it, though its rival's records came last"
+    );
+    // G: the same, the newer one's end asked first, before any of its records landed (so it
+    // waits on the older one, still open), then the older one's.
+    let inc = "00000000000000f0";
+    apply(&s, &[req_stream(inc), events(S1, inc, 1, 3)]).await;
+    let older = continue_registered(&s, inc, 1, "00000000000000f1", T0 + 1).await;
+    assert_eq!(refusals(&s, &[relayed(inc, older, 2, 3)]).await, [None]);
+    let newer = continue_registered(&s, inc, 1, "00000000000000f2", T0 + 2).await;
+    let wait = Duration::from_millis(2_000);
+    let older_ends = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let forked = end_branch_waiting(&s, inc, older, wait, T0 + 20);
+        let records = async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            assert_eq!(refusals(&s, &[relayed(inc, newer, 2, 4)]).await, [None]);
+        };
+        tokio::join!(forked, records).0
+    };
+    let (newer_forked, older_forked) = tokio::join!(
+        end_branch_waiting(&s, inc, newer, wait, T0 + 10),
+        older_ends,
+    );
+    assert!(
+        !newer_forked,
+        "the reader the replica chose ends as its own"
+    );
+    assert!(
+        older_forked,
+        "the fork loser hears it, whichever end asked first"
     );
 }
 
