@@ -113,6 +113,9 @@ struct Branch {
     first: Option<u64>,
     /// Store order of its latest accepted events.
     latest: Option<u64>,
+    /// Store time of its latest accepted events (records only land after they happened, so a
+    /// branch whose latest landed before another was registered was fed before that one began).
+    latest_ms: Option<u64>,
     /// When it was registered (store time; 0: branch 0, or back in the table by relaying).
     registered_ms: u64,
     /// The guard's token for the resume that registered it (`ResumeQuery.registration`).
@@ -134,6 +137,7 @@ impl Branches {
             cut: false,
             first: Some(0),
             latest: None,
+            latest_ms: None,
             registered_ms: 0,
             registration: None,
             waiting: false,
@@ -156,6 +160,7 @@ impl Branches {
             cut: false,
             first: None,
             latest: None,
+            latest_ms: None,
             registered_ms: now_ms,
             registration: registration.map(str::to_owned),
             waiting: false,
@@ -212,7 +217,7 @@ impl Branches {
     /// then: an ended branch keeps its order (one whose answer waits still takes its records'
     /// order: they tell what it relayed before its end); a handed-out branch the table no
     /// longer lists comes back, open.
-    fn relayed(&mut self, g: u64, tick: u64, reach: Option<u64>) {
+    fn relayed(&mut self, g: u64, tick: u64, reach: Option<u64>, now_ms: u64) {
         if reach.is_some() {
             self.writer = Some(g);
         }
@@ -222,6 +227,7 @@ impl Branches {
                 cut: false,
                 first: None,
                 latest: None,
+                latest_ms: None,
                 registered_ms: 0,
                 registration: None,
                 waiting: false,
@@ -236,6 +242,7 @@ impl Branches {
             if b.open || b.waiting {
                 b.first.get_or_insert(tick);
                 b.latest = Some(tick);
+                b.latest_ms = Some(now_ms);
             }
         }
     }
@@ -259,12 +266,13 @@ impl Branches {
     }
 
     /// Would `g`'s end be answered `forked` now? Yes when it was beaten, or when an open rival
-    /// is a reader the replica may have chosen over it: a newer branch that relayed, or any
-    /// fed after `g` started (every one while `g`'s own events have not landed), or one
-    /// registered within [`REGISTRATION_GRACE_MS`] that has not relayed yet (its request may
-    /// still be reaching the replica). An older rival fed only before `g` started is not (a
-    /// half-open old connection never locks its client out); nor a registration past its grace
-    /// (its guard never used the answer). Every such rival's guard may have its word a flush
+    /// is a reader the replica may have chosen over it: a newer branch that relayed, or any fed
+    /// since `g` was registered, or one registered within [`REGISTRATION_GRACE_MS`] that has not
+    /// relayed yet (its request may still be reaching the replica). An older rival whose latest
+    /// events landed before `g` was registered is not (a half-open old connection never locks
+    /// its client out: red team 6, `olderopen`); records only land after they happened, so no
+    /// flush makes a reader the replica chose over `g` look that old. Nor a registration past
+    /// its grace (its guard never used the answer). Every such rival's guard may have its word a flush
     /// away: the owner's answer of a newer reader, or the end of a branch whose client went (an
     /// `abandoned` record, or the `branch_end` of a resume it reset after its owner answered).
     /// The clean end waits for it (`crate::resume::end_branch`), so a client's own dropped
@@ -275,20 +283,20 @@ impl Branches {
             self.ended_for(g, me)
                 .any(|b| b.reach.is_some_and(|r| me.reach.is_none_or(|m| r > m)))
         });
-        beaten || self.open_rival(g, me.and_then(|b| b.first), now_ms)
+        beaten || self.open_rival(g, me, now_ms)
     }
 
-    /// An open rival that may be a reader the replica chose over a branch that started
-    /// relaying at `first` (see [`Branches::would_fork`]).
-    fn open_rival(&self, g: u64, first: Option<u64>, now_ms: u64) -> bool {
+    /// An open rival that may be a reader the replica chose over `g` (`me`: its entry, if the
+    /// table still lists it; see [`Branches::would_fork`]).
+    fn open_rival(&self, g: u64, me: Option<&Branch>, now_ms: u64) -> bool {
         self.rivals(g).any(|(h, b)| match b.first {
-            Some(_) => h > g || fed_after(b.latest, first),
+            Some(_) => h > g || fed_since(b, me),
             None => b.in_grace(now_ms),
         })
     }
 
     /// The branches the replica may have ended `g` for that have ended since: newer than `g`,
-    /// or fed after `g` started, and ended cleanly after `g` was registered. One that relayed
+    /// or fed since `g` was registered, and ended cleanly after that. One that relayed
     /// further than `g` (events `g` never got: a hand-over, red team 6's `loser-silent`) beat
     /// it; one that relayed no further (a client's own resumes, each given the same replay,
     /// then ended) did not.
@@ -299,7 +307,7 @@ impl Branches {
                 **h >= 1
                     && **h != g
                     && b.clean_end_ms.is_some_and(|t| t >= me.registered_ms)
-                    && (**h > g || fed_after(b.latest, me.first))
+                    && (**h > g || fed_since(b, Some(me)))
             })
             .map(|(_, b)| b)
     }
@@ -328,7 +336,7 @@ impl Branches {
             None => self.open_rival(g, None, now_ms),
             Some(me) => match self.beaten(g, me) {
                 Some(true) => false,
-                Some(false) => self.open_rival(g, me.first, now_ms),
+                Some(false) => self.open_rival(g, Some(me), now_ms),
                 None => true,
             },
         };
@@ -376,11 +384,11 @@ impl Branches {
     }
 }
 
-/// Was a branch whose latest events landed at store order `latest` fed after one that started
-/// relaying at `first`? Unknown orders count as after (the records may be a flush away).
-fn fed_after(latest: Option<u64>, first: Option<u64>) -> bool {
-    match (latest, first) {
-        (Some(l), Some(f)) => l > f,
+/// Was branch `b` fed since `me` was registered (its latest events landed after that)? Unknown
+/// times count as since (`me` no longer listed, or `b` relaying from before times were kept).
+fn fed_since(b: &Branch, me: Option<&Branch>) -> bool {
+    match (b.latest_ms, me) {
+        (Some(l), Some(m)) => l >= m.registered_ms,
         _ => true,
     }
 }
@@ -905,7 +913,7 @@ impl Inner {
                 }
                 if let Some(b) = &mut inc.branches {
                     let reach = (!ids.is_empty()).then(|| *first_seq + ids.len() as u64 - 1);
-                    b.relayed(*branch, tick, reach);
+                    b.relayed(*branch, tick, reach, now_ms);
                 }
                 // The owner answered for the stream again: an earlier failure passed.
                 inc.failed = None;

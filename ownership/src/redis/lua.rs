@@ -60,10 +60,11 @@ local function branches(inc)
     elseif k == 'w' then
       t.writer = tonumber(v)
     elseif k ~= 't' and k ~= 'a' then
-      -- "o first latest at reach clean_end [registration]"; written before reach: "o first latest [at] [registration]".
-      local o, f, l, r, x, c, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) (%d+) (%-?%d+) (%-?%d+) ?(%x*)$')
+      -- "o first latest at reach clean_end latest_ms [registration]"; written before reach:
+      -- "o first latest [at] [registration]".
+      local o, f, l, r, x, c, m, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) (%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%x*)$')
       if not o then o, f, l, r, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*) ?(%x*)$') end
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', waiting = o == '3', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reach = tonumber(x) or -1, ce = tonumber(c) or -1, reg = g} end
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', waiting = o == '3', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reach = tonumber(x) or -1, ce = tonumber(c) or -1, lm = tonumber(m) or -1, reg = g} end
     end
   end
   if not t.top then return nil end
@@ -85,7 +86,7 @@ local function put_branch(inc, g, b)
   local reg = ''
   if b.reg and b.reg ~= '' then reg = ' ' .. b.reg end
   redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0)
-    .. ' ' .. fmt(b.reach or -1) .. ' ' .. fmt(b.ce or -1) .. reg)
+    .. ' ' .. fmt(b.reach or -1) .. ' ' .. fmt(b.ce or -1) .. ' ' .. fmt(b.lm or -1) .. reg)
 end
 -- `abandoned` records that came before their registration (field `a`: "<registration>:<ms>"
 -- entries, oldest first), those within registration_grace; and whether the field exists.
@@ -131,15 +132,15 @@ local function prune(inc, t, keep)
     n = n - 1
   end
 end
--- Was a branch whose latest events landed at order `latest` fed after one that started at
--- `first`? Unknown orders (-1) count as after (the records may be a flush away).
-local function fed_after(latest, first)
-  return latest < 0 or first < 0 or latest > first
+-- Was branch e fed since b was registered (its latest events landed after that)? Unknown times
+-- count as since (as the memory store's `fed_since`).
+local function fed_since(e, b)
+  return e.lm < 0 or not b or e.lm >= b.at
 end
 -- The branches the replica may have ended g for that have ended since: newer than g, or fed
--- after g started, ended cleanly (ce) after g was registered (as the memory store's `ended_for`).
+-- since g was registered, ended cleanly (ce) after that (as the memory store's `ended_for`).
 local function ended_for(g, b, h, e)
-  return h >= 1 and h ~= g and e.ce >= 0 and e.ce >= b.at and (h > g or fed_after(e.latest, b.first))
+  return h >= 1 and h ~= g and e.ce >= 0 and e.ce >= b.at and (h > g or fed_since(e, b))
 end
 -- Was g beaten (one of those relayed further)? true, false, or nil while the records that tell
 -- may be a flush away (as the memory store's `beaten`).
@@ -157,13 +158,14 @@ local function beaten(t, g, b)
   if open then return nil end
   return false
 end
--- An open rival that relayed and is newer or was fed after g started (at `first`), or
--- registered within its grace and not relayed yet (as the memory store's `open_rival`).
-local function open_rival(t, g, first)
+-- An open rival that relayed and is newer or was fed since g (its entry b, or nil) was
+-- registered, or registered within its grace and not relayed yet (as the memory store's
+-- `open_rival`).
+local function open_rival(t, g, b)
   for h, e in pairs(t.kept) do
     if h >= 1 and h ~= g and e.open then
       if e.first >= 0 then
-        if h > g or fed_after(e.latest, first) then return true end
+        if h > g or fed_since(e, b) then return true end
       elseif now - e.at <= registration_grace then
         return true
       end
@@ -175,24 +177,22 @@ end
 -- one that reached nowhere)? As the memory store's `would_fork`.
 local function would_fork(t, g)
   local b = t.kept[g]
-  local first = -1
   if b then
     for h, e in pairs(t.kept) do
       if ended_for(g, b, h, e) and e.reach >= 0 and (b.reach < 0 or e.reach > b.reach) then return true end
     end
-    first = b.first
   end
-  return open_rival(t, g, first)
+  return open_rival(t, g, b)
 end
 -- May g's answer still turn (an open rival, or records still to tell whether it was beaten)?
 -- As the memory store's `end_settled`.
 local function answer_waits(t, g)
   local b = t.kept[g]
-  if not b then return open_rival(t, g, -1) end
+  if not b then return open_rival(t, g, nil) end
   local x = beaten(t, g, b)
   if x == nil then return true end
   if x then return false end
-  return open_rival(t, g, b.first)
+  return open_rival(t, g, b)
 end
 -- Are branch g's events refused: another open, newer branch relayed after g started, or g was
 -- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
@@ -519,7 +519,7 @@ elseif typ == 'ev' then
     -- no longer lists comes back, open, relaying from now).
     local b = table_.kept[branch]
     if not b and branch >= 1 and branch <= table_.top then
-      b = {open = true, cut = false, first = -1, latest = -1, at = 0, reach = -1, ce = -1}
+      b = {open = true, cut = false, first = -1, latest = -1, at = 0, reach = -1, ce = -1, lm = -1}
       table_.kept[branch] = b
       prune(inc, table_, branch)
     end
@@ -532,6 +532,7 @@ elseif typ == 'ev' then
         local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
         if b.first < 0 then b.first = tick end
         b.latest = tick
+        b.lm = now
       end
       if reached or b.open or b.waiting then put_branch(inc, branch, b) end
     end
@@ -748,7 +749,7 @@ if mode == 'open' then
     end
     reg = ' ' .. reg
   end
-  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. ' -1 -1' .. reg)
+  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. ' -1 -1 -1' .. reg)
   if top > kept then
     local t = branches(inc)
     if t then prune(inc, t, top) end

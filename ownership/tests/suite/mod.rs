@@ -1548,7 +1548,16 @@ pub fn branch_end(session: &str, inc: &str, branch: u64) -> Record {
 
 /// Apply at T0; per record, the name it was refused with (`None`: applied).
 pub async fn refusals<S: Store>(s: &S, records: &[Record]) -> Vec<Option<&'static str>> {
-    let done = s.apply(records, T0).await.expect("apply");
+    refusals_at(s, records, T0).await
+}
+
+/// [`refusals`], applied at store time `now`.
+pub async fn refusals_at<S: Store>(
+    s: &S,
+    records: &[Record],
+    now: u64,
+) -> Vec<Option<&'static str>> {
+    let done = s.apply(records, now).await.expect("apply");
     (0..records.len())
         .map(|i| done.refused.iter().find(|r| r.index == i).map(|r| r.error))
         .collect()
@@ -2174,7 +2183,7 @@ pub async fn an_abandon_after_the_end_ask_never_forks_the_reader<S: Store>(
     ];
     let late = async {
         tokio::time::sleep(soon).await;
-        refusals(&s, &records).await
+        refusals_at(&s, &records, T0 + 3).await
     };
     let (forked, refused) = tokio::join!(end_branch_waiting(&s, B, newer, wait, T0 + 10), late);
     assert!(forked, "the reader the replica chose took the stream");
@@ -2309,6 +2318,25 @@ pub async fn a_reset_resume_its_owner_answered_never_forks_the_reader<S: Store>(
     assert!(
         older_forked,
         "the fork loser hears it, whichever end asked first"
+    );
+    // H: the older registration reached the replica last (the replica's order is not the
+    // store's): the owner answered it after the newer one was registered, then ended the newer
+    // one. It is the reader the replica chose, though its answer landed before the newer one's.
+    let inc = "00000000000000f3";
+    apply(&s, &[req_stream(inc), events(S1, inc, 1, 3)]).await;
+    let older = continue_registered(&s, inc, 1, "00000000000000f4", T0 + 1).await;
+    let newer = continue_registered(&s, inc, 1, "00000000000000f5", T0 + 2).await;
+    assert_eq!(
+        refusals_at(&s, &[answered(inc, older, 2)], T0 + 3).await,
+        [None]
+    );
+    assert_eq!(
+        refusals_at(&s, &[answered(inc, newer, 2)], T0 + 4).await,
+        [None]
+    );
+    assert!(
+        end_branch_waiting(&s, inc, newer, short, T0 + 10).await,
+        "an older rival fed since this one was registered may be the reader the replica chose"
     );
 }
 
