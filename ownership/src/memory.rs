@@ -120,13 +120,6 @@ struct Branch {
     registered_ms: u64,
     /// The guard's token for the resume that registered it (`ResumeQuery.registration`).
     registration: Option<String>,
-    /// Its clean end asked and its answer is held (`Branches::end_settled`).
-    waiting: bool,
-    /// The highest seq it relayed (whatever its state: records land after ends).
-    reach: Option<u64>,
-    /// When its replica ended it cleanly (store time of a told end, while its answer waits or
-    /// once it is not `forked`).
-    clean_end_ms: Option<u64>,
 }
 
 impl Branches {
@@ -140,9 +133,6 @@ impl Branches {
             latest_ms: None,
             registered_ms: 0,
             registration: None,
-            waiting: false,
-            reach: None,
-            clean_end_ms: None,
         };
         Branches {
             top: 0,
@@ -163,9 +153,6 @@ impl Branches {
             latest_ms: None,
             registered_ms: now_ms,
             registration: registration.map(str::to_owned),
-            waiting: false,
-            reach: None,
-            clean_end_ms: None,
         };
         self.kept.insert(self.top, b);
         self.prune(self.top);
@@ -212,13 +199,12 @@ impl Branches {
         }
     }
 
-    /// Branch `g`'s events up to seq `reach` were accepted at store order `tick` (no `reach`:
-    /// without ids, its owner answered it: a continuation's response opened). It relays from
-    /// then: an ended branch keeps its order (one whose answer waits still takes its records'
-    /// order: they tell what it relayed before its end); a handed-out branch the table no
-    /// longer lists comes back, open.
-    fn relayed(&mut self, g: u64, tick: u64, reach: Option<u64>, now_ms: u64) {
-        if reach.is_some() {
+    /// Branch `g`'s events were accepted at store order `tick`, store time `now_ms` (`wrote`:
+    /// with ids; without, its owner answered it: a continuation's response opened). It relays
+    /// from then: an ended branch keeps its order; a handed-out branch the table no longer
+    /// lists comes back, open.
+    fn relayed(&mut self, g: u64, tick: u64, wrote: bool, now_ms: u64) {
+        if wrote {
             self.writer = Some(g);
         }
         if (1..=self.top).contains(&g) && !self.kept.contains_key(&g) {
@@ -230,127 +216,59 @@ impl Branches {
                 latest_ms: None,
                 registered_ms: 0,
                 registration: None,
-                waiting: false,
-                reach: None,
-                clean_end_ms: None,
             };
             self.kept.insert(g, b);
             self.prune(g);
         }
-        if let Some(b) = self.kept.get_mut(&g) {
-            b.reach = b.reach.max(reach);
-            if b.open || b.waiting {
-                b.first.get_or_insert(tick);
-                b.latest = Some(tick);
-                b.latest_ms = Some(now_ms);
-            }
+        if let Some(b) = self.kept.get_mut(&g).filter(|b| b.open) {
+            b.first.get_or_insert(tick);
+            b.latest = Some(tick);
+            b.latest_ms = Some(now_ms);
         }
     }
 
     /// Mark `g` ended; would it be answered `forked` ([`Branches::would_fork`])?
     ///
     /// `told`: the guard asks at the branch's end and tells its client `forked` on a yes: that
-    /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`);
-    /// on a no, its replica ended it cleanly (see `beaten`).
+    /// branch lost a fork, so it is cut (its records give way to the survivor's, see `arbitrate`).
     fn end(&mut self, g: u64, told: bool, now_ms: u64) -> bool {
         let forked = self.would_fork(g, now_ms);
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
-            b.waiting = false;
             b.cut |= told && forked;
-            if told {
-                b.clean_end_ms = (!forked).then_some(b.clean_end_ms.unwrap_or(now_ms));
-            }
         }
         forked
     }
 
-    /// Would `g`'s end be answered `forked` now? Yes when it was beaten, or when an open rival
-    /// is a reader the replica may have chosen over it: a newer branch that relayed, or any fed
-    /// since `g` was registered, or one registered within [`REGISTRATION_GRACE_MS`] that has not
-    /// relayed yet (its request may still be reaching the replica). An older rival whose latest
-    /// events landed before `g` was registered is not (a half-open old connection never locks
-    /// its client out: red team 6, `olderopen`); records only land after they happened, so no
-    /// flush makes a reader the replica chose over `g` look that old. Nor a registration past
-    /// its grace (its guard never used the answer). Every such rival's guard may have its word a flush
-    /// away: the owner's answer of a newer reader, or the end of a branch whose client went (an
-    /// `abandoned` record, or the `branch_end` of a resume it reset after its owner answered).
-    /// The clean end waits for it (`crate::resume::end_branch`), so a client's own dropped
-    /// retry is never a reader; a rival still open after the wait is one.
+    /// Would `g`'s end be answered `forked` now? Yes when an open rival is a reader the replica
+    /// may have chosen over it: a newer branch that relayed, or any fed since `g` was
+    /// registered, or one registered within [`REGISTRATION_GRACE_MS`] that has not relayed yet
+    /// (its request may still be reaching the replica). An older rival whose latest events
+    /// landed before `g` was registered is not (a half-open old connection never locks its
+    /// client out: red team 6, `olderopen`); records only land after they happened, so no flush
+    /// makes a reader the replica chose over `g` look that old. Nor a registration past its
+    /// grace (its guard never used the answer). Every such rival's guard may have its word a
+    /// flush away: the owner's answer of a newer reader, or the end of a branch whose client
+    /// went (an `abandoned` record, or the `branch_end` of a resume it reset after its owner
+    /// answered). The clean end waits for it (`crate::resume::end_branch`), so a client's own
+    /// dropped retry is never a reader; a rival still open after the wait is one.
     fn would_fork(&self, g: u64, now_ms: u64) -> bool {
         let me = self.kept.get(&g);
-        let beaten = me.is_some_and(|me| {
-            self.ended_for(g, me)
-                .any(|b| b.reach.is_some_and(|r| me.reach.is_none_or(|m| r > m)))
-        });
-        beaten || self.open_rival(g, me, now_ms)
-    }
-
-    /// An open rival that may be a reader the replica chose over `g` (`me`: its entry, if the
-    /// table still lists it; see [`Branches::would_fork`]).
-    fn open_rival(&self, g: u64, me: Option<&Branch>, now_ms: u64) -> bool {
         self.rivals(g).any(|(h, b)| match b.first {
             Some(_) => h > g || fed_since(b, me),
             None => b.in_grace(now_ms),
         })
     }
 
-    /// The branches the replica may have ended `g` for that have ended since: newer than `g`,
-    /// or fed since `g` was registered, and ended cleanly after that. One that relayed
-    /// further than `g` (events `g` never got: a hand-over, red team 6's `loser-silent`) beat
-    /// it; one that relayed no further (a client's own resumes, each given the same replay,
-    /// then ended) did not.
-    fn ended_for<'a>(&'a self, g: u64, me: &'a Branch) -> impl Iterator<Item = &'a Branch> {
-        self.kept
-            .iter()
-            .filter(move |(h, b)| {
-                **h >= 1
-                    && **h != g
-                    && b.clean_end_ms.is_some_and(|t| t >= me.registered_ms)
-                    && (**h > g || fed_since(b, Some(me)))
-            })
-            .map(|(_, b)| b)
-    }
-
-    /// Was `g` beaten ([`Branches::ended_for`])? `None` while the records that tell may be a
-    /// flush away: the reach of such a branch, or `g`'s own (past the wait, a branch that
-    /// reached somewhere beats one that reached nowhere).
-    fn beaten(&self, g: u64, me: &Branch) -> Option<bool> {
-        let mut open = false;
-        for b in self.ended_for(g, me) {
-            match (b.reach, me.reach) {
-                (Some(r), Some(m)) if r > m => return Some(true),
-                (Some(_), Some(_)) => {}
-                _ => open = true,
-            }
-        }
-        (!open).then_some(false)
-    }
-
-    /// [`Branches::end`] (told), or `None` while its answer may still turn (an open rival, or
-    /// records still to tell whether `g` was beaten): `g` is ended at once all the same (its
-    /// replica ended it: it must not overtake the branch that may be reading now), and cut only
-    /// once the answer is `forked`.
+    /// [`Branches::end`] (told), or `None` while [`Branches::would_fork`]: `g` is ended at once
+    /// all the same (its replica ended it: it must not overtake the branch that may be reading
+    /// now), and cut only once the answer is `forked`.
     fn end_settled(&mut self, g: u64, now_ms: u64) -> Option<bool> {
-        let wait = match self.kept.get(&g) {
-            None => self.open_rival(g, None, now_ms),
-            Some(me) => match self.beaten(g, me) {
-                Some(true) => false,
-                Some(false) => self.open_rival(g, Some(me), now_ms),
-                None => true,
-            },
-        };
-        if !wait {
+        if !self.would_fork(g, now_ms) {
             return Some(self.end(g, true, now_ms));
         }
         if let Some(b) = self.kept.get_mut(&g) {
             b.open = false;
-            b.waiting = !b.cut;
-            // Its replica ended it cleanly: a rival's end asked meanwhile weighs it as such
-            // (a hand-over ends both, and their asks may come in either order).
-            if !b.cut {
-                b.clean_end_ms.get_or_insert(now_ms);
-            }
         }
         None
     }
@@ -912,8 +830,7 @@ impl Inner {
                     return Err(refused);
                 }
                 if let Some(b) = &mut inc.branches {
-                    let reach = (!ids.is_empty()).then(|| *first_seq + ids.len() as u64 - 1);
-                    b.relayed(*branch, tick, reach, now_ms);
+                    b.relayed(*branch, tick, !ids.is_empty(), now_ms);
                 }
                 // The owner answered for the stream again: an earlier failure passed.
                 inc.failed = None;

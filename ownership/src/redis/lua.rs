@@ -48,8 +48,7 @@ end
 
 /// An incarnation's branch table (docs/forks.md), for the scripts that arbitrate with it.
 const BRANCHES: &str = r#"
--- The table of `inc`, or nil: {top, kept = {[number] = {open, cut, waiting, first, latest, at,
--- reach, ce, reg}}}.
+-- The table of `inc`, or nil: {top, kept = {[number] = {open, cut, first, latest, at, lm, reg}}}.
 local function branches(inc)
   local raw = redis.call('HGETALL', bkey(inc))
   local t = {kept = {}}
@@ -60,11 +59,11 @@ local function branches(inc)
     elseif k == 'w' then
       t.writer = tonumber(v)
     elseif k ~= 't' and k ~= 'a' then
-      -- "o first latest at reach clean_end latest_ms [registration]"; written before reach:
-      -- "o first latest [at] [registration]".
-      local o, f, l, r, x, c, m, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) (%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%x*)$')
+      -- "o first latest at m<latest ms> [registration]"; written before latest ms:
+      -- "o first latest [at] [registration]" (the `m` keeps the two apart).
+      local o, f, l, r, m, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) (%d+) m(%-?%d+) ?(%x*)$')
       if not o then o, f, l, r, g = string.match(v, '^(%d) (%-?%d+) (%-?%d+) ?(%d*) ?(%x*)$') end
-      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', waiting = o == '3', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, reach = tonumber(x) or -1, ce = tonumber(c) or -1, lm = tonumber(m) or -1, reg = g} end
+      if o then t.kept[tonumber(k)] = {open = o == '1', cut = o == '2', first = tonumber(f), latest = tonumber(l), at = tonumber(r) or 0, lm = tonumber(m) or -1, reg = g} end
     end
   end
   if not t.top then return nil end
@@ -81,12 +80,11 @@ local function table_lost(inc)
 end
 local function put_branch(inc, g, b)
   local o = '0'
-  -- 0 ended, 1 open, 2 cut, 3 ended with its answer held (waiting).
-  if b.open then o = '1' elseif b.cut then o = '2' elseif b.waiting then o = '3' end
+  if b.open then o = '1' elseif b.cut then o = '2' end
   local reg = ''
   if b.reg and b.reg ~= '' then reg = ' ' .. b.reg end
   redis.call('HSET', bkey(inc), fmt(g), o .. ' ' .. fmt(b.first) .. ' ' .. fmt(b.latest) .. ' ' .. fmt(b.at or 0)
-    .. ' ' .. fmt(b.reach or -1) .. ' ' .. fmt(b.ce or -1) .. ' ' .. fmt(b.lm or -1) .. reg)
+    .. ' m' .. fmt(b.lm or -1) .. reg)
 end
 -- `abandoned` records that came before their registration (field `a`: "<registration>:<ms>"
 -- entries, oldest first), those within registration_grace; and whether the field exists.
@@ -137,31 +135,11 @@ end
 local function fed_since(e, b)
   return e.lm < 0 or not b or e.lm >= b.at
 end
--- The branches the replica may have ended g for that have ended since: newer than g, or fed
--- since g was registered, ended cleanly (ce) after that (as the memory store's `ended_for`).
-local function ended_for(g, b, h, e)
-  return h >= 1 and h ~= g and e.ce >= 0 and e.ce >= b.at and (h > g or fed_since(e, b))
-end
--- Was g beaten (one of those relayed further)? true, false, or nil while the records that tell
--- may be a flush away (as the memory store's `beaten`).
-local function beaten(t, g, b)
-  local open = false
-  for h, e in pairs(t.kept) do
-    if ended_for(g, b, h, e) then
-      if e.reach >= 0 and b.reach >= 0 then
-        if e.reach > b.reach then return true end
-      else
-        open = true
-      end
-    end
-  end
-  if open then return nil end
-  return false
-end
--- An open rival that relayed and is newer or was fed since g (its entry b, or nil) was
--- registered, or registered within its grace and not relayed yet (as the memory store's
--- `open_rival`).
-local function open_rival(t, g, b)
+-- Would g's end be answered forked now: an open rival that relayed and is newer or was fed
+-- since g was registered, or registered within its grace and not relayed yet (as the memory
+-- store's `would_fork`)? Its guard's word may be in flight: the end waits for it.
+local function would_fork(t, g)
+  local b = t.kept[g]
   for h, e in pairs(t.kept) do
     if h >= 1 and h ~= g and e.open then
       if e.first >= 0 then
@@ -172,27 +150,6 @@ local function open_rival(t, g, b)
     end
   end
   return false
-end
--- Would g's end be answered forked now (past the wait: a branch that reached somewhere beats
--- one that reached nowhere)? As the memory store's `would_fork`.
-local function would_fork(t, g)
-  local b = t.kept[g]
-  if b then
-    for h, e in pairs(t.kept) do
-      if ended_for(g, b, h, e) and e.reach >= 0 and (b.reach < 0 or e.reach > b.reach) then return true end
-    end
-  end
-  return open_rival(t, g, b)
-end
--- May g's answer still turn (an open rival, or records still to tell whether it was beaten)?
--- As the memory store's `end_settled`.
-local function answer_waits(t, g)
-  local b = t.kept[g]
-  if not b then return open_rival(t, g, nil) end
-  local x = beaten(t, g, b)
-  if x == nil then return true end
-  if x then return false end
-  return open_rival(t, g, b)
 end
 -- Are branch g's events refused: another open, newer branch relayed after g started, or g was
 -- cut? A branch's first events never are, nor an ended branch's, nor those of a branch the
@@ -209,14 +166,13 @@ local function overtaken(t, g)
 end
 -- Mark g ended; would it be answered forked (would_fork)? told: the guard asked at the
 -- branch's end and tells its client `forked` on a yes: that branch lost a fork, so it is cut
--- (its records give way to the survivor's); on a no, its replica ended it cleanly (`ce`).
+-- (its records give way to the survivor's).
 local function end_branch(inc, t, g, told)
   local forked = would_fork(t, g)
   local b = t.kept[g]
-  if b and (b.open or b.waiting or (told and (not forked or not b.cut))) then
-    b.open, b.waiting = false, false
+  if b and (b.open or (told and forked and not b.cut)) then
+    b.open = false
     if told and forked then b.cut = true end
-    if told and forked then b.ce = -1 elseif told and b.ce < 0 then b.ce = now end
     put_branch(inc, g, b)
   end
   return forked
@@ -519,22 +475,16 @@ elseif typ == 'ev' then
     -- no longer lists comes back, open, relaying from now).
     local b = table_.kept[branch]
     if not b and branch >= 1 and branch <= table_.top then
-      b = {open = true, cut = false, first = -1, latest = -1, at = 0, reach = -1, ce = -1, lm = -1}
+      b = {open = true, cut = false, first = -1, latest = -1, at = 0, lm = -1}
       table_.kept[branch] = b
       prune(inc, table_, branch)
     end
-    if b then
-      -- Its reach whatever its state (records land after ends); its order while open or while
-      -- its end's answer waits (they tell what it relayed before that end).
-      local reached = n > 0 and first + n - 1 > b.reach
-      if reached then b.reach = first + n - 1 end
-      if b.open or b.waiting then
-        local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
-        if b.first < 0 then b.first = tick end
-        b.latest = tick
-        b.lm = now
-      end
-      if reached or b.open or b.waiting then put_branch(inc, branch, b) end
+    if b and b.open then
+      local tick = redis.call('HINCRBY', bkey(inc), 't', 1)
+      if b.first < 0 then b.first = tick end
+      b.latest = tick
+      b.lm = now
+      put_branch(inc, branch, b)
     end
   end
   evict(inc)
@@ -749,7 +699,7 @@ if mode == 'open' then
     end
     reg = ' ' .. reg
   end
-  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. ' -1 -1 -1' .. reg)
+  redis.call('HSET', bk, fmt(top), state .. ' -1 -1 ' .. fmt(now) .. ' m-1' .. reg)
   if top > kept then
     local t = branches(inc)
     if t then prune(inc, t, top) end
@@ -761,13 +711,11 @@ end
 -- not overtake the branch that may be reading now) and leaves it uncut.
 if mode == 'settle' and redis.call('HGET', ik, 'b') == '1' and not table_lost(inc) then
   local t, g = branches(inc), tonumber(ARGV[6])
-  local b = t and t.kept[g]
-  if t and answer_waits(t, g) then
+  if t and would_fork(t, g) then
     redis.call('HDEL', ik, 'ff', 'fl')
-    if b and not b.cut and (b.open or not b.waiting) then
-      b.open, b.waiting = false, true
-      -- Its replica ended it cleanly: a rival's end asked meanwhile weighs it as such.
-      if b.ce < 0 then b.ce = now end
+    local b = t.kept[g]
+    if b and b.open then
+      b.open = false
       put_branch(inc, g, b)
     end
     return 2
