@@ -168,15 +168,7 @@ fn a_replicas_long_retry_is_bounded() {
         let mut w = Worker::new(config(extra));
         let bound = w.config.max_retry_ms;
         let mut host = MockHost::new();
-        let mut ex = Exchange::new();
-        let post = hdrs(&[
-            (":method", "POST"),
-            (":path", "/mcp"),
-            ("mcp-session-id", SID),
-        ]);
-        rq(&mut ex, &mut w, &mut host, &post);
-        ex.on_request_body(Some(CALL.as_bytes()), true);
-        rs(&mut ex, &mut w, &mut host, &sse_ok());
+        let mut ex = open_fresh_call(&mut w, &mut host, CALL.as_bytes());
         bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
         let out = body_str(&host);
         assert!(bound.is_some());
@@ -185,15 +177,7 @@ fn a_replicas_long_retry_is_bounded() {
     // Off: the replica's word passes.
     let mut w = Worker::new(config(r#","max_retry_ms":0"#));
     let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    let post = hdrs(&[
-        (":method", "POST"),
-        (":path", "/mcp"),
-        ("mcp-session-id", SID),
-    ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(Some(CALL.as_bytes()), true);
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    let mut ex = open_fresh_call(&mut w, &mut host, CALL.as_bytes());
     bd(&mut ex, &mut w, &mut host, body.as_bytes(), true);
     assert_eq!(last_retry(&body_str(&host)), Some(3_600_000));
     // A GET stream too: TypeScript keeps the last `retry:` of any stream for every reconnect.

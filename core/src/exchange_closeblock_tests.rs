@@ -107,18 +107,11 @@ fn a_cut_inside_a_long_event_is_closed_then_signalled() {
     // The host loses a chunk after part of a long event went out.
     let mut w = worker();
     let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    let post = hdrs(&[
-        (":method", "POST"),
-        (":path", "/mcp"),
-        ("mcp-session-id", SID),
-    ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(
-        Some(br#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#),
-        true,
+    let mut ex = open_fresh_call(
+        &mut w,
+        &mut host,
+        br#"{"jsonrpc":"2.0","id":9,"method":"tools/call"}"#,
     );
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
     let part = format!("data: {}", "x".repeat(200_000));
     bd(&mut ex, &mut w, &mut host, part.as_bytes(), false);
     ex.on_response_body(&mut w, &mut host, None, false);

@@ -158,18 +158,11 @@ fn a_reset_cursor_is_refused_by_name_before_any_callout() {
     // call's id, not the cursor before (from which the replica would replay this event again).
     let mut w = worker();
     let mut host = MockHost::new();
-    let mut ex = Exchange::new();
-    let post = hdrs(&[
-        (":method", "POST"),
-        (":path", "/mcp"),
-        ("mcp-session-id", SID),
-    ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(
-        Some(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#),
-        true,
+    let mut ex = open_fresh_call(
+        &mut w,
+        &mut host,
+        br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#,
     );
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
     let body = b"id: r1\ndata: {}\n\nid:\ndata: {}\n\n";
     bd(&mut ex, &mut w, &mut host, body, false);
     let ids = ids_in(&host.body());

@@ -1319,18 +1319,25 @@ fn fresh_call_chunks(call: &str, chunks: &[&str]) -> (MockHost, String) {
     fresh_call_under(worker(), call, chunks)
 }
 
-/// [`fresh_call_chunks`] through the guard of worker `w`.
-fn fresh_call_under(mut w: Worker, call: &str, chunks: &[&str]) -> (MockHost, String) {
-    let mut host = MockHost::new();
+/// A fresh POST of `call` through the guard of `w`, answered `200 text/event-stream`: the
+/// exchange, ready for the answer's body.
+fn open_fresh_call(w: &mut Worker, host: &mut MockHost, call: &[u8]) -> Exchange {
     let mut ex = Exchange::new();
     let post = hdrs(&[
         (":method", "POST"),
         (":path", "/mcp"),
         ("mcp-session-id", SID),
     ]);
-    rq(&mut ex, &mut w, &mut host, &post);
-    ex.on_request_body(Some(call.as_bytes()), true);
-    rs(&mut ex, &mut w, &mut host, &sse_ok());
+    rq(&mut ex, w, host, &post);
+    ex.on_request_body(Some(call), true);
+    rs(&mut ex, w, host, &sse_ok());
+    ex
+}
+
+/// [`fresh_call_chunks`] through the guard of worker `w`.
+fn fresh_call_under(mut w: Worker, call: &str, chunks: &[&str]) -> (MockHost, String) {
+    let mut host = MockHost::new();
+    let mut ex = open_fresh_call(&mut w, &mut host, call.as_bytes());
     for (i, chunk) in chunks.iter().enumerate() {
         bd(
             &mut ex,
