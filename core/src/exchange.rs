@@ -1230,10 +1230,7 @@ impl Exchange {
     /// the hold bound) is closed first, so no client dispatches it as a message.
     fn end_signalled(&mut self, reason: Reason, out: &mut Vec<u8>) {
         self.phase = Phase::Replied;
-        if let Some(stream) = self.stream.as_mut() {
-            stream.close_block(out);
-        }
-        out.extend_from_slice(control_event(reason).as_bytes());
+        signal(self.stream.as_mut(), reason, out);
     }
 
     fn branch_query(&self) -> Option<BranchQuery> {
@@ -1338,12 +1335,7 @@ impl Exchange {
             return;
         }
         host.count(Stat::Refused(reason), 1);
-        // Part of an unfinished block may be out: it is closed (no client dispatches it as a
-        // message), so the signal starts a block of its own.
-        if let Some(stream) = self.stream.as_mut() {
-            stream.close_block(out);
-        }
-        out.extend_from_slice(control_event(reason).as_bytes());
+        signal(self.stream.as_mut(), reason, out);
         // Only the calls the client has no response to: a batch's answered ones are done.
         let unanswered = watch.filter(|_| reason == Reason::ResponseMissing);
         self.settle_tail_of(w, out, reason, unanswered);
@@ -1378,10 +1370,7 @@ impl Exchange {
     /// Ends the stream after the control event for `reason` (an event partly out is closed
     /// first: no client dispatches it as a message).
     fn cut(&mut self, w: &Worker, out: &mut Vec<u8>, reason: Reason) {
-        if let Some(stream) = self.stream.as_mut() {
-            stream.close_block(out);
-        }
-        out.extend_from_slice(control_event(reason).as_bytes());
+        signal(self.stream.as_mut(), reason, out);
         self.settle_tail(w, out, reason);
         self.cut_sent = true;
         self.phase = Phase::Replied;
@@ -1969,6 +1958,16 @@ fn refusal_body(reason: Reason, message: &str) -> String {
         }
     })
     .to_string()
+}
+
+/// The control event for `reason`, after closing an event of `stream` partly out (longer than
+/// the hold bound) so that no client dispatches it as a message: the signal starts a block of
+/// its own.
+fn signal(stream: Option<&mut StreamState>, reason: Reason, out: &mut Vec<u8>) {
+    if let Some(stream) = stream {
+        stream.close_block(out);
+    }
+    out.extend_from_slice(control_event(reason).as_bytes());
 }
 
 #[cfg(test)]
