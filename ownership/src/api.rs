@@ -330,8 +330,8 @@ pub async fn branch<S: Store>(
     Ok(Json(branch_answer(&st, forked)))
 }
 
-/// One try of a clean end that does not wait: `None` while its answer waits on unsettled
-/// registrations (the branch is ended, not yet cut). The simulator drives the service's wait with it, on its
+/// One try of a clean end that does not wait: `None` while its answer would be `forked` (the
+/// branch is ended, not yet cut). The simulator drives the service's wait with it, on its
 /// own clock, as it re-asks a resume that records in flight could turn.
 pub async fn branch_settled<S: Store>(
     State(st): State<AppState<S>>,

@@ -941,8 +941,8 @@ impl Inner {
             .is_some_and(|b| b.end(branch, told, now_ms))
     }
 
-    /// `end_branch` (told), except that an answer waiting on unsettled registrations is `None`:
-    /// the branch is ended all the same, not yet cut.
+    /// `end_branch` (told), except that an answer that would be `forked` is `None` (the rivals'
+    /// word may be in flight): the branch is ended all the same, not yet cut.
     fn end_branch_settled(
         &mut self,
         session: &str,

@@ -4,7 +4,7 @@
 //! them; a Redis store's run to completion on a current-thread Tokio runtime, one `block_on` per
 //! request, so the simulation stays one thread and every call sees the simulated `now_ms`.
 //! Nothing here waits (`record_wait` is 0: the world re-asks a refusal that records in flight
-//! could turn, and a branch end that unsettled registrations hold, as the service's wait does).
+//! could turn, and a branch end that would be `forked`, as the service's wait does).
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -11,7 +11,7 @@ const NOT_OPENED: i64 = -1;
 const REFUSED: i64 = -2;
 /// What the `open` script answers when the table was lost apart from its incarnation.
 const TABLE_LOST: i64 = -3;
-/// What the `settle` script answers when the end waits on unsettled registrations.
+/// What the `settle` script answers while the end's answer would be `forked` (it waits).
 const UNSETTLED: i64 = 2;
 
 impl RedisStore {
@@ -67,8 +67,8 @@ impl RedisStore {
         }
     }
 
-    /// `settle`: `None` (the branch ended, not cut) while the answer waits on unsettled
-    /// registrations.
+    /// `settle`: `None` (the branch ended, not cut) while the answer would be `forked` (the
+    /// rivals' word may be in flight).
     pub(super) async fn end_branch_inner(
         &self,
         session: &str,

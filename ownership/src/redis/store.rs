@@ -199,7 +199,7 @@ impl Store for RedisStore {
         let ended = self
             .bounded("end_branch", self.opts.op_timeout, ended)
             .await?;
-        ended.ok_or_else(|| corrupt("branch", "end unsettled"))
+        ended.ok_or_else(|| corrupt("branch", "end answered as waiting"))
     }
 
     async fn end_branch_settled(

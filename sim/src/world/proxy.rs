@@ -203,8 +203,9 @@ impl World {
         body: Vec<u8>,
         since: u64,
     ) {
-        // The service's wait on a clean end that registrations still unsettled would turn
-        // `forked` (`resume::end_branch`): asked again a little later, until the wait is over.
+        // The service's wait on a clean end whose answer would be `forked` while its rivals'
+        // word may be in flight (`resume::end_branch`): asked again a little later, until the
+        // wait is over.
         let settling = path == BRANCH_PATH && self.net.now + RECHECK_MS <= since + RECORD_WAIT_MS;
         let (status, answer) = if self.net.now < self.blip_until {
             (503, Vec::new())
